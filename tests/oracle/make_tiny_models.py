@@ -15,6 +15,8 @@ writes them, bf16 weights) and golden.safetensors:
     rope.inv_freq       F32 [rope/2]   the rotary inverse frequencies transformers uses
 and in the metadata: softmax_scale and rope_attention_scaling of layer 0 as transformers
 computed them, min_greedy_margin, versions.
+The MLA dims are the real ones (kv_lora_rank 512, qk_rope_head_dim 64: every DeepSeek-V2/V3 and
+Kimi model, and the only shape of DESIGN.md's KV cache formats); everything else is shrunk.
 The weights are stored in bf16 and the oracle runs in fp32 on the bf16 values (model loaded
 back with dtype=float32), so a correct fp32 implementation agrees to float rounding.
 """
@@ -38,7 +40,7 @@ CONFIGS = {
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
         n_shared_experts=1, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
         routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
-        q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        q_lora_rank=48, kv_lora_rank=512, qk_nope_head_dim=16, qk_rope_head_dim=64, v_head_dim=16,
         max_position_embeddings=2560, rms_norm_eps=1e-6, rope_interleave=True,
         rope_scaling=dict(type="yarn", factor=40.0, original_max_position_embeddings=64,
                           beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
@@ -50,7 +52,7 @@ CONFIGS = {
         num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=8,
         n_shared_experts=1, n_routed_experts=32, num_experts_per_tok=8, n_group=1, topk_group=1,
         routed_scaling_factor=2.827, norm_topk_prob=True, first_k_dense_replace=1,
-        q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        q_lora_rank=64, kv_lora_rank=512, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32,
         max_position_embeddings=4096, rms_norm_eps=1e-6, rope_interleave=True,
         rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=128,
                           beta_fast=1, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
@@ -62,7 +64,7 @@ CONFIGS = {
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
         n_shared_experts=2, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
         routed_scaling_factor=1.0, norm_topk_prob=False, first_k_dense_replace=1,
-        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16,
+        q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=16, qk_rope_head_dim=64,
         v_head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_interleave=False,
         rope_scaling=None, rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False,
         initializer_range=0.2),
