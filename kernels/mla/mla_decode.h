@@ -1,0 +1,74 @@
+// Absorbed-MLA decode on the GPU over a paged latent KV cache in any KvCacheFormat.
+//
+// One portable implementation for SM90, SM100 and SM120: warp-level mma.sync (bf16 in, fp32
+// accumulate), cp.async loads, < 99 KB of shared memory per block; no wgmma/TMA. FP8 rows are
+// dequantized to bf16 in shared memory (exactly: e4m3 * a power of two, or e4m3 with the per-layer
+// scale applied to the fp32 scores and outputs), so the only rounding beyond the CPU reference
+// (mla_decode_ref.h) is P = softmax weights in bf16 for the P.V product.
+//
+// Work split: the KV tokens of the whole batch are cut into equal shares, one per persistent
+// worker (a worker = one block per 16 or 32 query rows), so a single 128k sequence among short
+// ones, or batch 1, still fills every SM. A sequence that spans several workers gets one partial
+// result per worker (fp32, normalized, with its log-sum-exp), merged by a combine kernel. The
+// per-call schedule is computed on the device from seq_lens, so the three kernels of a call can be
+// captured in a CUDA graph once and replayed with new lengths.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/mla/kv_cache_format.h"
+
+namespace mlaserve {
+
+struct MlaDecodeParams {
+  const void* q;               // bf16 [batch, s_q, heads, 576], contiguous.
+  const void* kv_pool;         // [num_blocks, 64, KvCacheBytesPerToken(format)], 16-B aligned.
+  const int32_t* block_table;  // [batch, max_blocks_per_seq] (device).
+  int max_blocks_per_seq = 0;
+  const int32_t* seq_lens = nullptr;  // [batch] (device): cached tokens INCLUDING the s_q new ones.
+  int batch = 0, s_q = 1, heads = 0;  // s_q 1..4, heads 1..128.
+  KvCacheFormat format = KvCacheFormat::kBf16;
+  float kv_scale = 1.0f;       // kFp8 per-layer scale (dequant = e4m3 * kv_scale); else ignored.
+  float softmax_scale = 0.0f;  // Multiplies q.k.
+  void* out = nullptr;         // bf16 [batch, s_q, heads, 512].
+  float* lse = nullptr;        // [batch, s_q, heads], natural log (nullable).
+  void* workspace = nullptr;   // MlaDecodePlan::workspace_bytes, 256-B aligned (cudaMalloc).
+  size_t workspace_bytes = 0;
+  int rows_per_cta = 0;  // 0: chosen from heads * s_q; 16 or 32 to force a variant (benchmarks).
+};
+
+// Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.
+
+struct MlaDecodePlan {
+  int rows_per_cta;       // 16 or 32 query rows (of heads * s_q) per block.
+  int num_workers;        // Persistent workers; the grid is num_workers * row tiles blocks.
+  size_t workspace_bytes; // Schedule + partial outputs: ~ (num_workers + batch) * rows * 2 KiB.
+};
+
+// The launch shape for the current device; depends on shapes, not on sequence lengths.
+absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
+                                            int rows_per_cta = 0);
+
+// Runs schedule, split decode and combine on `stream` (three kernels, graph-capturable).
+absl::Status InvokeMlaDecode(const MlaDecodeParams& params, cudaStream_t stream);
+
+// Quantizes and stores new cache rows with exactly KvCacheEncodeRow's rounding and scales.
+struct KvCacheWriteParams {
+  KvCacheFormat format = KvCacheFormat::kBf16;
+  float fp8_scale = 1.0f;      // kFp8 only.
+  const void* latent;          // bf16 [n, 512], row stride latent_stride elements (16-B aligned).
+  const void* rope;            // bf16 [n, 64], row stride rope_stride elements (4-B aligned).
+  int64_t latent_stride = 512, rope_stride = 64;
+  const int64_t* slots;        // [n] (device): global slot block * 64 + offset; < 0 skips the row.
+  int n = 0;
+  void* kv_pool;               // [num_blocks, 64, KvCacheBytesPerToken(format)].
+};
+
+absl::Status InvokeKvCacheWrite(const KvCacheWriteParams& params, cudaStream_t stream);
+
+}  // namespace mlaserve

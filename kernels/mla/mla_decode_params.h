@@ -1,0 +1,50 @@
+// Kernel-side parameters and launchers of the MLA decode (internal to kernels/mla).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/mla/kv_cache_format.h"
+
+namespace mlaserve::mla {
+
+constexpr int kTileTokens = 16;        // KV tokens per pipeline stage (one mma k-step of P.V).
+constexpr int kWarpsPerRowGroup = 4;   // Split 576 (q.k) and 512 (p.v) four ways.
+constexpr int kSeqFixedCost = 3;       // Schedule cost of a sequence piece, in tiles (q load,
+                                       // output write, pipeline fill).
+constexpr int kMinTilesPerWorker = 4;  // Smallest share: below it partials cost more than KV.
+
+struct MlaDecodeKernelParams {
+  const uint16_t* __restrict__ q;             // bf16 [batch, s_q, heads, 576]
+  const uint8_t* __restrict__ kv_pool;        // [num_blocks, 64, row_bytes]
+  const int32_t* __restrict__ block_table;    // [batch, max_blocks_per_seq]
+  const int32_t* __restrict__ seq_lens;       // [batch]
+  int max_blocks_per_seq;
+  int batch, s_q, heads, rows;                // rows = s_q * heads
+  int num_workers;
+  float score_scale_log2;                     // softmax_scale * log2(e) (* kv_scale for kFp8)
+  float out_scale;                            // kv_scale for kFp8, else 1
+  uint16_t* __restrict__ out;                 // bf16 [batch, s_q, heads, 512]
+  float* __restrict__ lse;                    // [batch, s_q, heads] or null
+  // Workspace (device):
+  int32_t* __restrict__ schedule;  // [batch + 2]: cost prefix P[0..batch], then tiles per worker
+  float* __restrict__ o_part;      // [num_workers + batch, rows, 512]: normalized partial outputs
+  float* __restrict__ lse_part;    // [num_workers + batch, rows]: their log2-sum-exp (log2 units)
+};
+
+// Split decode kernel per (format, row groups of 16 query rows per block).
+template <KvCacheFormat kFormat, int kRowGroups>
+cudaError_t LaunchMlaDecodeSplit(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
+template <KvCacheFormat kFormat, int kRowGroups>
+int MlaDecodeSplitBlocksPerSm();  // Occupancy on the current device (after the smem opt-in).
+
+// Cache write: one warp per token (kv_cache_write.cu).
+cudaError_t LaunchKvCacheWrite(KvCacheFormat format, float fp8_scale, const uint16_t* latent,
+                               int64_t latent_stride, const uint16_t* rope, int64_t rope_stride,
+                               const int64_t* slots, int n, uint8_t* kv_pool, cudaStream_t stream);
+
+cudaError_t LaunchMlaDecodeSchedule(const MlaDecodeKernelParams& p, cudaStream_t stream);
+cudaError_t LaunchMlaDecodeCombine(const MlaDecodeKernelParams& p, cudaStream_t stream);
+
+}  // namespace mlaserve::mla
