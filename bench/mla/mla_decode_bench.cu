@@ -1,0 +1,293 @@
+// MLA decode speed on the current GPU: time per call of the whole decode (schedule + split
+// kernel + combine), cold L2, replayed from a CUDA graph as a serving step would run it.
+//
+// For each (format, heads, batch, context): every sequence holds `context` tokens (s_q = 1),
+// block tables are random permutations of the pool's blocks. Bytes counted = KV rows read in the
+// format (context * bytes_per_token per sequence) + q (bf16) + out (bf16); the partial outputs
+// of split sequences are NOT counted (they are overhead the kernel must hide). Cold L2: the graph
+// holds `copies` calls, each on its own KV pool, with copies * pool >= 256 MB (L2 is 60 MB).
+// The ceiling is the device-to-device copy bandwidth measured in the same run (bytes read +
+// written).
+//
+// Output: one CSV line per configuration on stdout (and a summary table on stderr).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/mla/kv_cache_format.h"
+#include "kernels/mla/mla_decode.h"
+
+namespace mlaserve {
+namespace {
+
+#define CHECK_CUDA(expr)                                                                    \
+  do {                                                                                      \
+    cudaError_t err_ = (expr);                                                              \
+    if (err_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                     \
+                   cudaGetErrorString(err_));                                               \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+__device__ __forceinline__ uint32_t Hash(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+
+// Random finite bf16: |x| in [2^-7, 2^4).
+__device__ __forceinline__ uint16_t RandomBf16(uint32_t h) {
+  const uint32_t exp = 120 + (h % 11);
+  return static_cast<uint16_t>(((h >> 8) & 0x8000) | (exp << 7) | ((h >> 4) & 0x7f));
+}
+// Random finite e4m3 (never the NaN code 0x7f / 0xff): exponent field 0..14.
+__device__ __forceinline__ uint8_t RandomE4m3(uint32_t h) {
+  return static_cast<uint8_t>((h & 0x80) | (h % 15) << 3 | ((h >> 8) & 7));
+}
+
+// Fills rows of the format with random finite values (no zeros: they run faster than data).
+__global__ void FillPool(uint8_t* pool, size_t rows, KvCacheFormat format, uint64_t seed) {
+  const size_t row_bytes = KvCacheBytesPerToken(format);
+  for (size_t r = blockIdx.x * size_t(blockDim.y) + threadIdx.y; r < rows;
+       r += size_t(gridDim.x) * blockDim.y) {
+    uint8_t* row = pool + r * row_bytes;
+    for (int i = threadIdx.x; i < static_cast<int>(row_bytes) / 2; i += blockDim.x) {
+      const uint32_t h = Hash(seed * 0x9e3779b97f4a7c15ULL + r * 1024 + i);
+      uint16_t v;
+      if (format == KvCacheFormat::kBf16) {
+        v = RandomBf16(h);
+      } else if (format == KvCacheFormat::kFp8 || 2 * i < kMlaLatentDim) {
+        v = RandomE4m3(h) | (RandomE4m3(h >> 12) << 8);
+      } else if (2 * i < kFp8TiledRopeOffset) {
+        // Tile scales: fp32 2^-4 = 0x3d800000, little endian halves.
+        v = (i % 2 == 0) ? 0x0000 : 0x3d80;
+      } else {
+        v = RandomBf16(h);
+      }
+      reinterpret_cast<uint16_t*>(row)[i] = v;
+    }
+  }
+}
+
+__global__ void FillBf16(uint16_t* x, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    x[i] = RandomBf16(Hash(seed + i * 7919));
+  }
+}
+
+std::vector<int> ParseList(const char* s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::stoi(item));
+  return v;
+}
+
+double MeasureCopyBandwidth() {
+  const size_t bytes = size_t{4} << 30;
+  void *a, *b;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 12; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float t;
+    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);  // read + write
+}
+
+struct Result {
+  double us, bytes;
+};
+
+Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int rows_per_cta) {
+  const size_t row_bytes = KvCacheBytesPerToken(format);
+  const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
+  const size_t num_blocks = size_t(batch) * blocks_per_seq;
+  const size_t pool_bytes = num_blocks * kKvBlockTokens * row_bytes;
+  const int copies = static_cast<int>(
+      std::clamp<size_t>((size_t{256} << 20) / pool_bytes + 1, 1, 512));
+  std::vector<uint8_t*> pools(copies);
+  for (int c = 0; c < copies; ++c) {
+    CHECK_CUDA(cudaMalloc(&pools[c], pool_bytes));
+    FillPool<<<1024, dim3(32, 8)>>>(pools[c], num_blocks * kKvBlockTokens, format, 17 + c);
+    CHECK_CUDA(cudaGetLastError());
+  }
+  std::mt19937 rng(batch * 131 + context);
+  std::vector<int32_t> table(num_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<int32_t> lens(batch, context);
+  int32_t *d_table, *d_lens;
+  uint16_t *d_q, *d_out;
+  float* d_lse;
+  CHECK_CUDA(cudaMalloc(&d_table, table.size() * 4));
+  CHECK_CUDA(cudaMalloc(&d_lens, lens.size() * 4));
+  CHECK_CUDA(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  const size_t q_elems = size_t(batch) * heads * kMlaQkDim;
+  const size_t out_elems = size_t(batch) * heads * kMlaLatentDim;
+  CHECK_CUDA(cudaMalloc(&d_q, q_elems * 2));
+  CHECK_CUDA(cudaMalloc(&d_out, out_elems * 2));
+  CHECK_CUDA(cudaMalloc(&d_lse, size_t(batch) * heads * 4));
+  FillBf16<<<1024, 256>>>(d_q, q_elems, 5);
+  auto plan = PlanMlaDecode(batch, 1, heads, format, rows_per_cta);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
+    std::exit(1);
+  }
+  void* ws;
+  CHECK_CUDA(cudaMalloc(&ws, plan->workspace_bytes));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  MlaDecodeParams p;
+  p.q = d_q;
+  p.block_table = d_table;
+  p.max_blocks_per_seq = blocks_per_seq;
+  p.seq_lens = d_lens;
+  p.batch = batch;
+  p.s_q = 1;
+  p.heads = heads;
+  p.format = format;
+  p.kv_scale = 0.05f;
+  p.softmax_scale = 0.1352f * 0.1352f / 0.0417f / 24.0f;  // ~ DeepSeek-V3 (mscale^2 / sqrt(192))
+  p.out = d_out;
+  p.lse = d_lse;
+  p.workspace = ws;
+  p.workspace_bytes = plan->workspace_bytes;
+  p.rows_per_cta = rows_per_cta;
+  // Warm-up outside the graph (module load, smem opt-in, occupancy query).
+  p.kv_pool = pools[0];
+  absl::Status st = InvokeMlaDecode(p, stream);
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s\n", st.ToString().c_str());
+    std::exit(1);
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int c = 0; c < copies; ++c) {
+    p.kv_pool = pools[c];
+    const absl::Status captured = InvokeMlaDecode(p, stream);
+    if (!captured.ok()) {
+      std::fprintf(stderr, "%s\n", captured.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  for (int i = 0; i < 2; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> ms;
+  float total = 0.0f;
+  for (int i = 0; i < 200 && (i < 5 || total < 100.0f); ++i) {
+    CHECK_CUDA(cudaEventRecord(e0, stream));
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaEventRecord(e1, stream));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float t;
+    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+    total += t;
+  }
+  std::sort(ms.begin(), ms.end());
+  const double us = ms[ms.size() / 2] * 1e3 / copies;
+  const double bytes =
+      double(batch) * context * row_bytes + double(q_elems) * 2 + double(out_elems) * 2;
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  for (uint8_t* pool : pools) CHECK_CUDA(cudaFree(pool));
+  CHECK_CUDA(cudaFree(d_table));
+  CHECK_CUDA(cudaFree(d_lens));
+  CHECK_CUDA(cudaFree(d_q));
+  CHECK_CUDA(cudaFree(d_out));
+  CHECK_CUDA(cudaFree(d_lse));
+  CHECK_CUDA(cudaFree(ws));
+  return {us, bytes};
+}
+
+int Main(int argc, char** argv) {
+  std::vector<int> batches = {1, 8, 32, 64, 128}, contexts = {1024, 8192, 32768, 131072},
+                   heads_list = {8, 16, 64, 128}, rows_list = {0};
+  std::vector<KvCacheFormat> formats = {KvCacheFormat::kBf16, KvCacheFormat::kFp8,
+                                        KvCacheFormat::kFp8Tiled};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--batch") batches = ParseList(argv[i + 1]);
+    else if (k == "--context") contexts = ParseList(argv[i + 1]);
+    else if (k == "--heads") heads_list = ParseList(argv[i + 1]);
+    else if (k == "--rows_per_cta") rows_list = ParseList(argv[i + 1]);
+    else if (k == "--format") {
+      formats.clear();
+      std::stringstream ss(argv[i + 1]);
+      std::string item;
+      while (std::getline(ss, item, ',')) formats.push_back(*ParseKvCacheFormat(item));
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double copy_bw = MeasureCopyBandwidth();
+  std::fprintf(stderr, "device %s, %d SMs, L2 %d MB; d2d copy bandwidth %.0f GB/s\n", prop.name,
+               prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw / 1e9);
+  std::printf("impl,format,heads,batch,context,rows_per_cta,us,bytes,gbps,frac_copy,copy_gbps\n");
+  for (KvCacheFormat f : formats) {
+    for (int heads : heads_list) {
+      for (int rows : rows_list) {
+        if (rows == 16 && heads * 1 <= 16 && rows_list.size() > 1 && rows_list[0] == 0) continue;
+        for (int batch : batches) {
+          for (int context : contexts) {
+            const Result r = TimeConfig(f, heads, batch, context, rows);
+            const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
+            std::printf("mlaserve,%s,%d,%d,%d,%d,%.2f,%.0f,%.1f,%.3f,%.1f\n",
+                        std::string(KvCacheFormatName(f)).c_str(), heads, batch, context, rows,
+                        r.us, r.bytes, gbps, gbps * 1e9 / copy_bw, copy_bw / 1e9);
+            std::fflush(stdout);
+            std::fprintf(stderr, "%-9s h=%3d rows/cta=%2d b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
+                         std::string(KvCacheFormatName(f)).c_str(), heads, rows, batch, context,
+                         r.us, gbps, gbps * 1e9 / copy_bw);
+          }
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace mlaserve
+
+int main(int argc, char** argv) { return mlaserve::Main(argc, argv); }

@@ -1,0 +1,331 @@
+// GPU MLA decode and cache write (kernels/mla/mla_decode.h) against the CPU reference
+// (kernels/mla/mla_decode_ref.h), which dequantizes the same cache bytes.
+//
+// Error bound of the decode output, per element:
+//   |o_gpu - o_ref| <= 2^-7 * max|v| + 2^-7 * |o_ref| + 1e-6
+// Why: q and the dequantized K/V are exact in bf16 (bf16 input; e4m3 times a power of two; fp8's
+// per-layer scale is applied in fp32), S is accumulated in fp32 (relative error ~1e-6 over 576
+// terms), so the only roundings that matter are (a) the softmax weights P rounded to bf16 for the
+// P.V product (relative 2^-9 each; normalized by the sum of the same rounded weights, the output
+// moves by at most ~2 * 2^-9 * max|v|) and (b) the final bf16 output (2^-9 * |o|). The bound
+// doubles both. LSE (natural log): |lse_gpu - lse_ref| <= 4e-3 + 1e-5 * |lse_ref| (the sum uses
+// the rounded weights: log(1 + 2^-9) ~ 2e-3).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/mla/kv_cache_format.h"
+#include "kernels/mla/mla_decode.h"
+#include "kernels/mla/mla_decode_ref.h"
+
+namespace mlaserve {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  explicit DeviceBuffer(size_t n) : count(n) {
+    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) {
+      ptr = nullptr;
+    }
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void Upload(const std::vector<T>& v) {
+    cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  std::vector<T> Download() const {
+    std::vector<T> v(count);
+    cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+};
+
+// Latent with one magnitude per 128-value tile (so fp8_tiled scales differ), rope separately.
+void RandomRow(std::mt19937& rng, float* latent, float* rope) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exp_dist(-3, 2);
+  for (int t = 0; t < kFp8TilesPerRow; ++t) {
+    const float mag = std::ldexp(1.0f, exp_dist(rng));
+    for (int i = 0; i < kFp8TileDim; ++i) latent[t * kFp8TileDim + i] = normal(rng) * mag;
+  }
+  for (int i = 0; i < kMlaRopeDim; ++i) rope[i] = normal(rng);
+}
+
+struct DecodeCase {
+  KvCacheFormat format;
+  int heads, s_q;
+  std::vector<int32_t> lens;
+  int rows_per_cta = 0;
+};
+
+std::string Name(const DecodeCase& c) {
+  std::string s = std::string(KvCacheFormatName(c.format)) + " heads=" + std::to_string(c.heads) +
+                  " s_q=" + std::to_string(c.s_q) + " rows_per_cta=" +
+                  std::to_string(c.rows_per_cta) + " lens=";
+  for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
+  if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
+  return s;
+}
+
+void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
+  SCOPED_TRACE(Name(c));
+  std::mt19937 rng(seed);
+  const int batch = static_cast<int>(c.lens.size());
+  const size_t row_bytes = KvCacheBytesPerToken(c.format);
+  const float kv_scale = 0.0625f * 1.37f;  // Not a power of two: exercises the fp32 scaling.
+  const float softmax_scale = 1.4f / std::sqrt(576.0f);
+
+  // Paged pool: shuffled physical blocks, spare blocks, unused slots filled with 0xff (NaN in
+  // every format) so that reading past a sequence end would poison the result.
+  int max_blocks = 1, used_blocks = 0;
+  for (int32_t l : c.lens) {
+    max_blocks = std::max(max_blocks, (l + 63) / 64);
+    used_blocks += (l + 63) / 64;
+  }
+  const int num_blocks = used_blocks + 5;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<uint8_t> pool(static_cast<size_t>(num_blocks) * 64 * row_bytes, 0xff);
+  std::vector<int32_t> table(static_cast<size_t>(batch) * max_blocks, -1);
+  int next = 0;
+  std::vector<float> latent(kMlaLatentDim), rope(kMlaRopeDim);
+  for (int b = 0; b < batch; ++b) {
+    for (int t = 0; t < c.lens[b]; ++t) {
+      if (t % 64 == 0) table[static_cast<size_t>(b) * max_blocks + t / 64] = perm[next++];
+      RandomRow(rng, latent.data(), rope.data());
+      const int64_t slot = int64_t{table[static_cast<size_t>(b) * max_blocks + t / 64]} * 64 + t % 64;
+      KvCacheEncodeRow(c.format, latent.data(), rope.data(), kv_scale,
+                       pool.data() + slot * row_bytes);
+    }
+  }
+  const int rows = c.s_q * c.heads;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> q_bf16(static_cast<size_t>(batch) * rows * kMlaQkDim);
+  std::vector<float> q_f32(q_bf16.size());
+  for (size_t i = 0; i < q_bf16.size(); ++i) {
+    q_bf16[i] = FloatToBf16(normal(rng));
+    q_f32[i] = Bf16ToFloat(q_bf16[i]);
+  }
+
+  std::vector<float> ref_out(static_cast<size_t>(batch) * rows * kMlaLatentDim);
+  std::vector<float> ref_lse(static_cast<size_t>(batch) * rows);
+  MlaDecodeRefParams rp{q_f32.data(), pool.data(), table.data(), max_blocks, c.lens.data(),
+                        batch, c.s_q, c.heads, c.format, kv_scale, softmax_scale,
+                        ref_out.data(), ref_lse.data()};
+  MlaDecodeRef(rp);
+
+  auto plan = PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.rows_per_cta);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  DeviceBuffer<uint8_t> d_pool(pool.size()), d_ws(plan->workspace_bytes);
+  DeviceBuffer<int32_t> d_table(table.size()), d_lens(c.lens.size());
+  DeviceBuffer<uint16_t> d_q(q_bf16.size()), d_out(ref_out.size());
+  DeviceBuffer<float> d_lse(ref_lse.size());
+  ASSERT_TRUE(d_pool.ptr && d_ws.ptr && d_table.ptr && d_lens.ptr && d_q.ptr && d_out.ptr &&
+              d_lse.ptr);
+  d_pool.Upload(pool);
+  d_table.Upload(table);
+  d_lens.Upload(c.lens);
+  d_q.Upload(q_bf16);
+  // Poison: NaN outputs and workspace, so an unwritten element fails the bound.
+  CUDA_OK(cudaMemset(d_out.ptr, 0xff, d_out.count * 2));
+  CUDA_OK(cudaMemset(d_lse.ptr, 0xff, d_lse.count * 4));
+  CUDA_OK(cudaMemset(d_ws.ptr, 0xff, d_ws.count));
+
+  MlaDecodeParams p;
+  p.q = d_q.ptr;
+  p.kv_pool = d_pool.ptr;
+  p.block_table = d_table.ptr;
+  p.max_blocks_per_seq = max_blocks;
+  p.seq_lens = d_lens.ptr;
+  p.batch = batch;
+  p.s_q = c.s_q;
+  p.heads = c.heads;
+  p.format = c.format;
+  p.kv_scale = kv_scale;
+  p.softmax_scale = softmax_scale;
+  p.out = d_out.ptr;
+  p.lse = d_lse.ptr;
+  p.workspace = d_ws.ptr;
+  p.workspace_bytes = d_ws.count;
+  p.rows_per_cta = c.rows_per_cta;
+  const absl::Status st = InvokeMlaDecode(p, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> out = d_out.Download();
+  const std::vector<float> lse = d_lse.Download();
+
+  double err2 = 0, ref2 = 0;
+  int bad = 0;
+  for (int b = 0; b < batch; ++b) {
+    // max |v| over the rows this sequence can see (all visible rows of the sequence).
+    float vmax = 0.0f;
+    std::vector<float> row(kMlaQkDim);
+    for (int t = 0; t < c.lens[b]; ++t) {
+      const int64_t slot = int64_t{table[static_cast<size_t>(b) * max_blocks + t / 64]} * 64 + t % 64;
+      KvCacheDecodeRow(c.format, pool.data() + slot * row_bytes, kv_scale, row.data());
+      for (int d = 0; d < kMlaLatentDim; ++d) vmax = std::max(vmax, std::fabs(row[d]));
+    }
+    for (int r = 0; r < rows; ++r) {
+      const size_t rr = static_cast<size_t>(b) * rows + r;
+      const float lse_tol = 4e-3f + 1e-5f * std::fabs(ref_lse[rr]);
+      if (!(std::fabs(lse[rr] - ref_lse[rr]) <= lse_tol) && bad++ < 5) {
+        ADD_FAILURE() << "lse b=" << b << " row=" << r << ": " << lse[rr] << " vs " << ref_lse[rr];
+      }
+      for (int d = 0; d < kMlaLatentDim; ++d) {
+        const float got = Bf16ToFloat(out[rr * kMlaLatentDim + d]);
+        const float want = ref_out[rr * kMlaLatentDim + d];
+        const float tol = std::ldexp(vmax, -7) + std::ldexp(std::fabs(want), -7) + 1e-6f;
+        err2 += double(got - want) * (got - want);
+        ref2 += double(want) * want;
+        if (!(std::fabs(got - want) <= tol) && bad++ < 5) {
+          ADD_FAILURE() << "out b=" << b << " row=" << r << " d=" << d << ": " << got << " vs "
+                        << want << " (tol " << tol << ")";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  // Whole-tensor relative error: bf16 output rounding alone is ~2^-9 / sqrt(3) = 1.1e-3.
+  EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), 5e-3);
+}
+
+constexpr KvCacheFormat kFormats[] = {KvCacheFormat::kBf16, KvCacheFormat::kFp8,
+                                      KvCacheFormat::kFp8Tiled};
+
+TEST(MlaDecodeGpuTest, Small) {  // Also the compute-sanitizer case.
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 1;
+  for (KvCacheFormat f : kFormats) RunDecodeCase({f, 16, 2, {1, 63, 65, 130}}, seed++);
+  RunDecodeCase({KvCacheFormat::kFp8Tiled, 40, 1, {70, 3}}, seed++);
+}
+
+TEST(MlaDecodeGpuTest, HeadsSqLengths) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 100;
+  for (KvCacheFormat f : kFormats) {
+    for (int heads : {1, 8, 16, 64, 128}) {
+      for (int s_q = 1; s_q <= 4; ++s_q) {
+        RunDecodeCase({f, heads, s_q, {1 + s_q, 63, 64, 65, 4096 + 17}}, seed++);
+      }
+    }
+  }
+}
+
+TEST(MlaDecodeGpuTest, BothRowTilings) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 200;
+  for (KvCacheFormat f : kFormats) {
+    for (int rows_per_cta : {16, 32}) {
+      RunDecodeCase({f, 64, 1, {300, 1000, 5}, rows_per_cta}, seed++);
+      RunDecodeCase({f, 8, 3, {300, 1000, 5}, rows_per_cta}, seed++);
+    }
+  }
+}
+
+TEST(MlaDecodeGpuTest, SkewedAndLargeBatches) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 300;
+  std::mt19937 rng(7);
+  for (KvCacheFormat f : kFormats) {
+    std::vector<int32_t> skewed(31, 257);
+    skewed.insert(skewed.begin() + 9, 32768 + 5);  // One long sequence among short ones.
+    RunDecodeCase({f, 16, 1, skewed}, seed++);
+    std::vector<int32_t> many(200);
+    for (int32_t& l : many) l = std::uniform_int_distribution<int>(2, 700)(rng);
+    RunDecodeCase({f, 8, 2, many}, seed++);
+    RunDecodeCase({f, 128, 1, {20000}}, seed++);  // Batch 1: split over every SM.
+  }
+}
+
+TEST(KvCacheWriteGpuTest, BytesMatchHostEncoder) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(11);
+  const int n = 300, num_blocks = 8;
+  for (KvCacheFormat f : kFormats) {
+    SCOPED_TRACE(std::string(KvCacheFormatName(f)));
+    const size_t row_bytes = KvCacheBytesPerToken(f);
+    // Rows of bf16 values with tile magnitudes from 2^-20 to 2^10, some exact zero tiles, some
+    // beyond the fp8 range of the per-layer scale (saturation).
+    std::vector<uint16_t> latent(static_cast<size_t>(n) * kMlaLatentDim), rope(n * kMlaRopeDim);
+    std::vector<float> latent_f(latent.size()), rope_f(rope.size());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> exp_dist(-20, 10);
+    for (int r = 0; r < n; ++r) {
+      for (int t = 0; t < kFp8TilesPerRow; ++t) {
+        const float mag = (r + t) % 17 == 0 ? 0.0f : std::ldexp(1.0f, exp_dist(rng));
+        for (int i = 0; i < kFp8TileDim; ++i) {
+          const size_t k = static_cast<size_t>(r) * kMlaLatentDim + t * kFp8TileDim + i;
+          latent[k] = FloatToBf16(normal(rng) * mag);
+          latent_f[k] = Bf16ToFloat(latent[k]);
+        }
+      }
+      for (int i = 0; i < kMlaRopeDim; ++i) {
+        rope[r * kMlaRopeDim + i] = FloatToBf16(normal(rng) * 4.0f);
+        rope_f[r * kMlaRopeDim + i] = Bf16ToFloat(rope[r * kMlaRopeDim + i]);
+      }
+    }
+    std::vector<int64_t> slots(num_blocks * 64);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    slots.resize(n);
+    for (int r = 0; r < n; r += 23) slots[r] = -1;  // Padding rows are skipped.
+    std::vector<uint8_t> expect(static_cast<size_t>(num_blocks) * 64 * row_bytes, 0x5a);
+    std::vector<int64_t> kept_slots;
+    std::vector<float> kept_latent, kept_rope;
+    for (int r = 0; r < n; ++r) {
+      if (slots[r] < 0) continue;
+      kept_slots.push_back(slots[r]);
+      kept_latent.insert(kept_latent.end(), &latent_f[size_t(r) * 512], &latent_f[size_t(r + 1) * 512]);
+      kept_rope.insert(kept_rope.end(), &rope_f[size_t(r) * 64], &rope_f[size_t(r + 1) * 64]);
+    }
+    const float fp8_scale = 0.37f;
+    KvCacheWriteRef(f, fp8_scale, kept_latent.data(), kept_rope.data(), kept_slots.data(),
+                    static_cast<int>(kept_slots.size()), expect.data());
+
+    DeviceBuffer<uint16_t> d_latent(latent.size()), d_rope(rope.size());
+    DeviceBuffer<int64_t> d_slots(slots.size());
+    DeviceBuffer<uint8_t> d_pool(expect.size());
+    d_latent.Upload(latent);
+    d_rope.Upload(rope);
+    d_slots.Upload(slots);
+    CUDA_OK(cudaMemset(d_pool.ptr, 0x5a, d_pool.count));
+    KvCacheWriteParams p;
+    p.format = f;
+    p.fp8_scale = fp8_scale;
+    p.latent = d_latent.ptr;
+    p.rope = d_rope.ptr;
+    p.slots = d_slots.ptr;
+    p.n = n;
+    p.kv_pool = d_pool.ptr;
+    const absl::Status st = InvokeKvCacheWrite(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> got = d_pool.Download();
+    size_t mismatches = 0, first = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] != expect[i] && mismatches++ == 0) first = i;
+    }
+    EXPECT_EQ(mismatches, 0u) << "first at byte " << first << " (row " << first / row_bytes
+                              << ", offset " << first % row_bytes << ")";
+  }
+}
+
+}  // namespace
+}  // namespace mlaserve
