@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/tokenizer/string_view_bridge.h"
 
@@ -127,9 +128,54 @@ absl::StatusOr<std::string> RewriteClassIntersections(std::string_view p) {
   return out;
 }
 
+std::string PortPatternToPcre2(std::string_view p) {
+  // Two differences between PCRE2 and the engines the patterns were written for. PCRE2 (10.40+) reads \p{Han} as Script_Extensions, which puts shared punctuation
+  // such as U+3001 "、" in Han; Oniguruma, Rust's regex (tiktoken) and Python's regex read it
+  // as the Script property, which PCRE2 spells \p{sc:Han}. General categories stay as they are.
+  static const absl::flat_hash_set<std::string> kGeneralCategories = {
+      "C", "Cc", "Cf", "Cn", "Co", "Cs", "L", "L&", "Ll", "Lm", "Lo", "Lt", "Lu", "M", "Mc", "Me",
+      "Mn", "N", "Nd", "Nl", "No", "P", "Pc", "Pd", "Pe", "Pf", "Pi", "Po", "Ps", "S", "Sc", "Sk",
+      "Sm", "So", "Z", "Zl", "Zp", "Zs", "Any", "Xan", "Xps", "Xsp", "Xwd", "Xuc", "LC",
+      "White_Space"};
+  std::string out;
+  size_t i = 0;
+  while (i < p.size()) {
+    if (p[i] != '\\' || i + 1 >= p.size()) {
+      out.push_back(p[i++]);
+      continue;
+    }
+    const char kind = p[i + 1];
+    if ((kind == 'p' || kind == 'P') && i + 2 < p.size() && p[i + 2] == '{') {
+      const size_t close = p.find('}', i + 3);
+      if (close != std::string_view::npos) {
+        std::string name(p.substr(i + 3, close - i - 3));
+        const bool negated = !name.empty() && name[0] == '^';
+        const std::string bare = negated ? name.substr(1) : name;
+        if (!kGeneralCategories.contains(bare) && bare.find_first_of(":=") == std::string::npos) {
+          name = absl::StrCat(negated ? "^" : "", "sc:", bare);
+        }
+        absl::StrAppend(&out, "\\", std::string(1, kind), "{", name, "}");
+        i = close + 1;
+        continue;
+      }
+    }
+    if (kind == 's' || kind == 'S') {
+      // PCRE2's \s adds U+180E (no longer White_Space since Unicode 6.3) to White_Space;
+      // the reference engines use White_Space exactly.
+      out.append(kind == 's' ? "\\p{White_Space}" : "\\P{White_Space}");
+      i += 2;
+      continue;
+    }
+    out.append(p.substr(i, 2));
+    i += 2;
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<UnicodeRegex>> UnicodeRegex::Compile(std::string_view pattern) {
   absl::StatusOr<std::string> rewritten = RewriteClassIntersections(pattern);
   if (!rewritten.ok()) return rewritten.status();
+  *rewritten = PortPatternToPcre2(*rewritten);
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten->data()), rewritten->size(),

@@ -47,4 +47,9 @@ class UnicodeRegex {
 // `(?:(?=[B])(?=[C])[A])`, which PCRE2 understands. Patterns without `&&` come back unchanged.
 absl::StatusOr<std::string> RewriteClassIntersections(std::string_view pattern);
 
+// Rewrites what PCRE2 reads differently from Oniguruma / Rust regex / Python regex: script
+// properties (\p{Han} -> \p{sc:Han}, Script rather than Script_Extensions) and \s / \S
+// (-> \p{White_Space} / \P{White_Space}, without PCRE2's extra U+180E).
+std::string PortPatternToPcre2(std::string_view pattern);
+
 }  // namespace mlaserve
