@@ -57,9 +57,13 @@ MLASERVE_HD float Rint(float x) {
 // 2^e for -126 <= e <= 127, exactly.
 MLASERVE_HD float Pow2(int e) {
   const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
   float f;
   std::memcpy(&f, &bits, sizeof(f));
   return f;
+#endif
 }
 
 // exp(x) within about 2 ulp (Cephes expf: Cody-Waite reduction by ln 2, degree-7 polynomial),

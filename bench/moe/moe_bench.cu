@@ -1,0 +1,246 @@
+// NVFP4 MoE expert-path benchmark on full-size shapes (hidden 7168, intermediate 2048, top-8):
+// decode (1..128 tokens) against the device's measured copy bandwidth on the weight bytes of the
+// active experts, prefill (2k..32k tokens) in TFLOP/s. Weights are cold: L2 is flushed (a 256 MB
+// memset) before every timed run. The BF16 peer (cuBLAS through PyTorch) is bf16_peer.py.
+//
+// Usage: moe_bench [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/moe/nvfp4_moe.h"
+#include "kernels/moe/nvfp4_moe_gemm.h"
+
+namespace {
+
+#define CK(x)                                                                        \
+  do {                                                                               \
+    cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+__device__ uint32_t Hash(uint64_t i, uint32_t seed) {
+  uint64_t x = i * 0x9e3779b97f4a7c15ull + seed;
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 29;
+  return static_cast<uint32_t>(x);
+}
+
+// Random codes; scale codes for e4m3 scales in [0.25, 4) (bf16 exponents 244..247 of the layout's
+// 8-bit code); activations ~ uniform(-1, 1) in bf16.
+__global__ void FillCodes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    p[i] = Hash(i, seed) & 0xff;
+  }
+}
+__global__ void FillScales(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const uint32_t h = Hash(i, seed);
+    p[i] = static_cast<uint8_t>(((12 + (h & 3)) << 3) | ((h >> 2) & 7));
+  }
+}
+__global__ void FillBf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    p[i] = __float2bfloat16((Hash(i, seed) & 0xffff) / 32768.0f - 1.0f);
+  }
+}
+
+float Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Config {
+  const char* name;
+  int num_experts;  // global
+  int num_local;    // experts on this rank: ids [0, num_local)
+};
+
+}  // namespace
+
+using namespace mlaserve;  // NOLINT: a benchmark main
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int H = 7168, I = 2048, K = 8;
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  cudaEvent_t ev[5];
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  void* flush;
+  const size_t flush_bytes = 256ull << 20;
+  CK(cudaMalloc(&flush, flush_bytes));
+
+  // Copy bandwidth: device-to-device copy of 2 GiB, bytes read + written.
+  float copy_gbps;
+  {
+    const size_t bytes = 2ull << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemsetAsync(a, 1, bytes, s));
+    std::vector<float> t;
+    for (int i = 0; i < 12; ++i) {
+      CK(cudaEventRecord(ev[0], s));
+      CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+      CK(cudaEventRecord(ev[1], s));
+      CK(cudaEventSynchronize(ev[1]));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+      if (i >= 2) t.push_back(ms);
+    }
+    copy_gbps = 2.0 * bytes / (Median(t) * 1e-3) / 1e9;
+    std::printf("copy bandwidth (read + write): %.0f GB/s\n", copy_gbps);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+  }
+
+  const Config configs[] = {{"ep8_48_of_384", 384, 48}, {"all_256", 256, 256}};
+  std::vector<int> decode_tokens = {1, 8, 32, 64, 128};
+  std::vector<int> prefill_tokens = {2048, 8192, 32768};
+  if (quick) prefill_tokens = {2048};
+  const size_t gu_codes_e = static_cast<size_t>(2 * I) * H / 2, gu_scales_e = gu_codes_e / 8;
+  const size_t dn_codes_e = static_cast<size_t>(H) * I / 2, dn_scales_e = dn_codes_e / 8;
+  const double bytes_per_expert = gu_codes_e + gu_scales_e + dn_codes_e + dn_scales_e;
+  const double flop_per_row = 2.0 * (2.0 * I * H + 1.0 * H * I);
+  std::printf("weight bytes per expert (codes + e4m3 scales): %.2f MB; bf16: %.2f MB\n",
+              bytes_per_expert / 1e6, 3.0 * H * I * 2 / 1e6);
+  std::printf(
+      "\n%-14s %6s %5s %6s %7s | %9s %9s %9s %9s | %9s %7s %7s | %8s %8s\n", "config", "tokens",
+      "tile", "active", "rows", "dispatch", "gate_up", "down", "combine", "total_us", "GB/s",
+      "%copy", "TFLOP/s", "TF_total");
+
+  std::mt19937 rng(1234);
+  for (const Config& c : configs) {
+    const int E = c.num_local;
+    uint8_t *gu_c, *gu_s, *dn_c, *dn_s;
+    float *gu_gs, *dn_gs;
+    CK(cudaMalloc(&gu_c, gu_codes_e * E));
+    CK(cudaMalloc(&gu_s, gu_scales_e * E));
+    CK(cudaMalloc(&dn_c, dn_codes_e * E));
+    CK(cudaMalloc(&dn_s, dn_scales_e * E));
+    CK(cudaMalloc(&gu_gs, 2 * E * sizeof(float)));
+    CK(cudaMalloc(&dn_gs, E * sizeof(float)));
+    FillCodes<<<4096, 256, 0, s>>>(gu_c, gu_codes_e * E, 1);
+    FillScales<<<4096, 256, 0, s>>>(gu_s, gu_scales_e * E, 2);
+    FillCodes<<<4096, 256, 0, s>>>(dn_c, dn_codes_e * E, 3);
+    FillScales<<<4096, 256, 0, s>>>(dn_s, dn_scales_e * E, 4);
+    std::vector<float> gs(2 * E, 1e-3f);
+    CK(cudaMemcpy(gu_gs, gs.data(), 2 * E * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dn_gs, gs.data(), E * 4, cudaMemcpyHostToDevice));
+    const Nvfp4MoeWeights weights{0, E, H, I, gu_c, gu_s, gu_gs, dn_c, dn_s, dn_gs};
+
+    std::vector<int> all_tokens = decode_tokens;
+    all_tokens.insert(all_tokens.end(), prefill_tokens.begin(), prefill_tokens.end());
+    for (int tokens : all_tokens) {
+      const bool decode = tokens <= 128;
+      // Uniform routing over all global experts, 8 distinct per token.
+      std::vector<int32_t> ids(static_cast<size_t>(tokens) * K);
+      std::vector<int> perm(c.num_experts);
+      std::vector<int> count(E, 0);
+      for (int t = 0; t < tokens; ++t) {
+        for (int e = 0; e < c.num_experts; ++e) perm[e] = e;
+        for (int j = 0; j < K; ++j) {
+          std::uniform_int_distribution<int> d(j, c.num_experts - 1);
+          std::swap(perm[j], perm[d(rng)]);
+          ids[static_cast<size_t>(t) * K + j] = perm[j];
+          if (perm[j] < E) ++count[perm[j]];
+        }
+      }
+      int active = 0, rows = 0;
+      for (int n : count) {
+        active += n > 0;
+        rows += n;
+      }
+      std::vector<float> w(ids.size(), 1.0f / K);
+      int32_t* d_ids;
+      float* d_w;
+      __nv_bfloat16* d_x;
+      float* d_out;
+      CK(cudaMalloc(&d_ids, ids.size() * 4));
+      CK(cudaMalloc(&d_w, w.size() * 4));
+      CK(cudaMalloc(&d_x, static_cast<size_t>(tokens) * H * 2));
+      CK(cudaMalloc(&d_out, static_cast<size_t>(tokens) * H * 4));
+      CK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(d_w, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+      FillBf16<<<1024, 256, 0, s>>>(d_x, static_cast<size_t>(tokens) * H, 5);
+      const size_t ws_bytes = Nvfp4MoeWorkspaceBytes(tokens, K, E, H, I);
+      void* ws;
+      CK(cudaMalloc(&ws, ws_bytes));
+      Nvfp4MoeParams p{};
+      p.weights = weights;
+      p.tokens = tokens;
+      p.top_k = K;
+      p.tile_tokens = ChooseMoeTileTokens(tokens, K, c.num_experts);
+      p.x = d_x;
+      p.topk_ids = d_ids;
+      p.topk_weights = d_w;
+      p.out = d_out;
+      p.workspace = ws;
+      p.workspace_bytes = ws_bytes;
+      const int reps = decode ? 30 : (tokens >= 32768 ? 3 : 6);
+      std::vector<float> t_disp, t_gu, t_dn, t_comb, t_total;
+      for (int it = 0; it < reps + 2; ++it) {
+        CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
+        CK(cudaEventRecord(ev[0], s));
+        CK(InvokeNvfp4MoeDispatchStage(p, s));
+        CK(cudaEventRecord(ev[1], s));
+        CK(InvokeNvfp4MoeGateUpStage(p, s));
+        CK(cudaEventRecord(ev[2], s));
+        CK(InvokeNvfp4MoeDownStage(p, s));
+        CK(cudaEventRecord(ev[3], s));
+        CK(InvokeNvfp4MoeCombineStage(p, s));
+        CK(cudaEventRecord(ev[4], s));
+        CK(cudaEventSynchronize(ev[4]));
+        if (it < 2) continue;  // warm-up
+        float ms[4], tot;
+        for (int i = 0; i < 4; ++i) CK(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
+        CK(cudaEventElapsedTime(&tot, ev[0], ev[4]));
+        t_disp.push_back(ms[0] * 1e3f);
+        t_gu.push_back(ms[1] * 1e3f);
+        t_dn.push_back(ms[2] * 1e3f);
+        t_comb.push_back(ms[3] * 1e3f);
+        t_total.push_back(tot * 1e3f);
+      }
+      const double us_total = Median(t_total), us_gemm = Median(t_gu) + Median(t_dn);
+      const double bytes = bytes_per_expert * active;
+      const double gbps = bytes / (us_total * 1e-6) / 1e9;
+      const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
+      std::printf(
+          "%-14s %6d %5d %6d %7d | %9.1f %9.1f %9.1f %9.1f | %9.1f %7.0f %6.1f%% | %8.1f %8.1f\n",
+          c.name, tokens, p.tile_tokens, active, rows, Median(t_disp), Median(t_gu), Median(t_dn),
+          Median(t_comb), us_total, gbps, 100.0 * gbps / copy_gbps, tflops,
+          flop_per_row * rows / (us_total * 1e-6) / 1e12);
+      std::fflush(stdout);
+      CK(cudaFree(ws));
+      CK(cudaFree(d_ids));
+      CK(cudaFree(d_w));
+      CK(cudaFree(d_x));
+      CK(cudaFree(d_out));
+    }
+    CK(cudaFree(gu_c));
+    CK(cudaFree(gu_s));
+    CK(cudaFree(dn_c));
+    CK(cudaFree(dn_s));
+    CK(cudaFree(gu_gs));
+    CK(cudaFree(dn_gs));
+  }
+  std::printf(
+      "\nGB/s: weight bytes of the active experts (codes + scales) / total time (dispatch + "
+      "GEMMs + combine); %%copy: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 * H * I / "
+      "(gate_up + down time); TF_total: the same over the total time.\n");
+  return 0;
+}

@@ -1,0 +1,42 @@
+// Mixture-of-experts router on the GPU: fp32 logits from BF16 gate weights (cuBLAS), then the
+// selection of moe_router_ref.h with identical expert ids and weight bits for the same logits.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/moe/moe_router_ref.h"
+
+namespace mlaserve {
+
+struct MoeRouterLogitsParams {
+  int tokens;
+  int hidden;
+  int num_experts;
+  const __nv_bfloat16* hidden_states;  // [tokens, hidden]
+  const __nv_bfloat16* gate_weight;    // [num_experts, hidden] (the checkpoint's mlp.gate.weight)
+  float* logits;                       // [tokens, num_experts]
+  cublasHandle_t cublas;               // set to `stream` by the launcher
+};
+
+// logits = hidden_states @ gate_weight^T: bf16 products (exact in fp32), fp32 sums
+// (CUBLAS_COMPUTE_32F). The summation order is cuBLAS's, so logits match MoeRouterLogitsRef to
+// fp32 rounding, not bit for bit.
+cublasStatus_t InvokeMoeRouterLogits(const MoeRouterLogitsParams& params, cudaStream_t stream);
+
+struct MoeRouteParams {
+  MoeRouterConfig config;  // must pass ValidateMoeRouterConfig
+  int tokens;
+  const float* logits;  // [tokens, num_experts]
+  const float* bias;    // [num_experts] e_score_correction_bias, or nullptr
+  int32_t* topk_ids;    // [tokens, top_k], rank order
+  float* topk_weights;  // [tokens, top_k]
+};
+
+// One warp per token; same rule, arithmetic and tie-breaking as MoeRouteRef.
+cudaError_t InvokeMoeRoute(const MoeRouteParams& params, cudaStream_t stream);
+
+}  // namespace mlaserve

@@ -1,0 +1,126 @@
+#include "kernels/moe/nvfp4_moe.h"
+
+#include <algorithm>
+
+#include "kernels/moe/moe_combine.h"
+#include "kernels/moe/moe_dispatch.h"
+#include "kernels/moe/nvfp4_moe_gemm.h"
+
+namespace mlaserve {
+namespace {
+
+size_t Align(size_t x) { return (x + 255) / 256 * 256; }
+
+Nvfp4MoeGemmParams GemmParams(const Nvfp4MoeParams& p, const Nvfp4MoeWorkspace& ws,
+                              bool gate_up) {
+  const Nvfp4MoeWeights& w = p.weights;
+  const int rows = p.tokens * p.top_k;
+  Nvfp4MoeGemmParams g{};
+  g.tile_tokens = p.tile_tokens;
+  g.num_local_experts = w.num_local_experts;
+  g.n = gate_up ? 2 * w.intermediate : w.hidden;
+  g.k = gate_up ? w.hidden : w.intermediate;
+  g.max_tiles = rows / p.tile_tokens + std::min(w.num_local_experts, rows);
+  g.expert_offsets = ws.expert_offsets;
+  g.tile_offsets = ws.tile_offsets;
+  g.sorted_assignment = ws.sorted_assignment;
+  g.top_k = p.top_k;
+  g.a = gate_up ? p.x : ws.h;
+  g.w_codes = gate_up ? w.gate_up_codes : w.down_codes;
+  g.w_scales = gate_up ? w.gate_up_scales : w.down_scales;
+  g.w_global_scale = gate_up ? w.gate_up_global_scale : w.down_global_scale;
+  g.h = ws.h;
+  g.topk_weights = p.topk_weights;
+  g.y = ws.y;
+  return g;
+}
+
+Nvfp4MoeWorkspace Carve(const Nvfp4MoeParams& p) {
+  return CarveNvfp4MoeWorkspace(p.workspace, p.tokens, p.top_k, p.weights.num_local_experts,
+                                p.weights.hidden, p.weights.intermediate);
+}
+
+}  // namespace
+
+size_t Nvfp4MoeWorkspaceBytes(int tokens, int top_k, int num_local_experts, int hidden,
+                              int intermediate) {
+  const size_t rows = static_cast<size_t>(tokens) * top_k;
+  const size_t e1 = static_cast<size_t>(num_local_experts) + 1;
+  return 3 * Align(e1 * 4) + 2 * Align(rows * 4) + Align(rows * intermediate * 2) +
+         Align(rows * hidden * 4);
+}
+
+Nvfp4MoeWorkspace CarveNvfp4MoeWorkspace(void* workspace, int tokens, int top_k,
+                                         int num_local_experts, int hidden, int intermediate) {
+  const size_t rows = static_cast<size_t>(tokens) * top_k;
+  const size_t e1 = static_cast<size_t>(num_local_experts) + 1;
+  char* p = static_cast<char*>(workspace);
+  Nvfp4MoeWorkspace ws;
+  ws.expert_counts = reinterpret_cast<int32_t*>(p);
+  p += Align(e1 * 4);
+  ws.expert_offsets = reinterpret_cast<int32_t*>(p);
+  p += Align(e1 * 4);
+  ws.tile_offsets = reinterpret_cast<int32_t*>(p);
+  p += Align(e1 * 4);
+  ws.sorted_assignment = reinterpret_cast<int32_t*>(p);
+  p += Align(rows * 4);
+  ws.assignment_row = reinterpret_cast<int32_t*>(p);
+  p += Align(rows * 4);
+  ws.h = reinterpret_cast<__nv_bfloat16*>(p);
+  p += Align(rows * intermediate * 2);
+  ws.y = reinterpret_cast<float*>(p);
+  return ws;
+}
+
+cudaError_t InvokeNvfp4MoeDispatchStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
+  if (p.workspace_bytes < Nvfp4MoeWorkspaceBytes(p.tokens, p.top_k, p.weights.num_local_experts,
+                                                 p.weights.hidden, p.weights.intermediate)) {
+    return cudaErrorInvalidValue;
+  }
+  const Nvfp4MoeWorkspace ws = Carve(p);
+  MoeDispatchParams d{};
+  d.tokens = p.tokens;
+  d.top_k = p.top_k;
+  d.first_expert = p.weights.first_expert;
+  d.num_local_experts = p.weights.num_local_experts;
+  d.tile_tokens = p.tile_tokens;
+  d.topk_ids = p.topk_ids;
+  d.expert_counts = ws.expert_counts;
+  d.expert_offsets = ws.expert_offsets;
+  d.tile_offsets = ws.tile_offsets;
+  d.sorted_assignment = ws.sorted_assignment;
+  d.assignment_row = ws.assignment_row;
+  return InvokeMoeDispatch(d, stream);
+}
+
+cudaError_t InvokeNvfp4MoeGateUpStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
+  return InvokeNvfp4MoeGateUp(GemmParams(p, Carve(p), true), stream);
+}
+
+cudaError_t InvokeNvfp4MoeDownStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
+  return InvokeNvfp4MoeDown(GemmParams(p, Carve(p), false), stream);
+}
+
+cudaError_t InvokeNvfp4MoeCombineStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
+  const Nvfp4MoeWorkspace ws = Carve(p);
+  MoeCombineParams c{};
+  c.tokens = p.tokens;
+  c.hidden = p.weights.hidden;
+  c.top_k = p.top_k;
+  c.assignment_row = ws.assignment_row;
+  c.y = ws.y;
+  c.shared_out = p.shared_out;
+  c.out = p.out;
+  c.out_bf16 = p.out_bf16;
+  return InvokeMoeCombine(c, stream);
+}
+
+cudaError_t InvokeNvfp4Moe(const Nvfp4MoeParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  if (cudaError_t e = InvokeNvfp4MoeDispatchStage(p, stream); e != cudaSuccess) return e;
+  if (cudaError_t e = InvokeNvfp4MoeGateUpStage(p, stream); e != cudaSuccess) return e;
+  if (cudaError_t e = InvokeNvfp4MoeDownStage(p, stream); e != cudaSuccess) return e;
+  return InvokeNvfp4MoeCombineStage(p, stream);
+}
+
+}  // namespace mlaserve

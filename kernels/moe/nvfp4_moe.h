@@ -1,0 +1,66 @@
+// The routed experts of one MoE layer on the GPU, NVFP4 weight-only path:
+// dispatch -> fused gate+up GEMM (SiLU * up) -> down GEMM (x routing weight) -> combine
+// (+ shared expert output). Same function as MoeExpertsRef (moe_ref.h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mlaserve {
+
+// A rank's local experts on the device, in the layout of nvfp4_moe_layout.h / nvfp4_moe_gemm.h.
+struct Nvfp4MoeWeights {
+  int first_expert;
+  int num_local_experts;
+  int hidden;        // multiple of 128
+  int intermediate;  // multiple of 128
+  const uint8_t* gate_up_codes;        // [E][2I/16][H/64][512]
+  const uint8_t* gate_up_scales;       // [E][2I/16][H/64][64]
+  const float* gate_up_global_scale;   // [E][2]: weight_scale_2 of gate, of up
+  const uint8_t* down_codes;           // [E][H/16][I/64][512]
+  const uint8_t* down_scales;          // [E][H/16][I/64][64]
+  const float* down_global_scale;      // [E]
+};
+
+struct Nvfp4MoeParams {
+  Nvfp4MoeWeights weights;
+  int tokens;
+  int top_k;
+  int tile_tokens;  // kMoeTileTokens*; see ChooseMoeTileTokens
+  const __nv_bfloat16* x;            // [tokens, hidden]
+  const int32_t* topk_ids;           // [tokens, top_k] global expert ids
+  const float* topk_weights;         // [tokens, top_k]
+  const __nv_bfloat16* shared_out;   // [tokens, hidden] or nullptr
+  float* out;                        // [tokens, hidden] fp32, or nullptr
+  __nv_bfloat16* out_bf16;           // [tokens, hidden], or nullptr
+  void* workspace;                   // Nvfp4MoeWorkspaceBytes, 256-byte aligned
+  size_t workspace_bytes;
+};
+
+size_t Nvfp4MoeWorkspaceBytes(int tokens, int top_k, int num_local_experts, int hidden,
+                              int intermediate);
+
+// Views of the workspace (for tests and benchmarks that time the stages one by one).
+struct Nvfp4MoeWorkspace {
+  int32_t* expert_counts;
+  int32_t* expert_offsets;
+  int32_t* tile_offsets;
+  int32_t* sorted_assignment;
+  int32_t* assignment_row;
+  __nv_bfloat16* h;  // [tokens * top_k, intermediate]
+  float* y;          // [tokens * top_k, hidden]
+};
+Nvfp4MoeWorkspace CarveNvfp4MoeWorkspace(void* workspace, int tokens, int top_k,
+                                         int num_local_experts, int hidden, int intermediate);
+
+// Each stage alone; InvokeNvfp4Moe runs all four.
+cudaError_t InvokeNvfp4MoeDispatchStage(const Nvfp4MoeParams& params, cudaStream_t stream);
+cudaError_t InvokeNvfp4MoeGateUpStage(const Nvfp4MoeParams& params, cudaStream_t stream);
+cudaError_t InvokeNvfp4MoeDownStage(const Nvfp4MoeParams& params, cudaStream_t stream);
+cudaError_t InvokeNvfp4MoeCombineStage(const Nvfp4MoeParams& params, cudaStream_t stream);
+cudaError_t InvokeNvfp4Moe(const Nvfp4MoeParams& params, cudaStream_t stream);
+
+}  // namespace mlaserve
