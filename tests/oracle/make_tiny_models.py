@@ -12,6 +12,9 @@ writes them, bf16 weights) and golden.safetensors:
     p2.greedy           I32 [32]       greedy continuation of prompt 2 through transformers' cache
     p2.greedy_logits    F32 [32, V]    the logits each greedy token was chosen from
     p2.greedy_margins   F32 [32]       top-1 minus top-2 logit at each greedy step
+    p2.bf16kv.*         the same for prompt 2 (logits, greedy, greedy_logits, greedy_margins)
+                        with the MLA cache contents (normalised latent, rotated k_rope) rounded
+                        to bf16: the oracle for absorbed decode over mlaserve's bf16 cache
     rope.inv_freq       F32 [rope/2]   the rotary inverse frequencies transformers uses
 and in the metadata: softmax_scale and rope_attention_scaling of layer 0 as transformers
 computed them, min_greedy_margin, versions.
@@ -24,8 +27,11 @@ import argparse
 import json
 import os
 
+import contextlib
+
 import torch
 import transformers
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as mdsv3
 from safetensors.torch import save_file
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 from transformers.cache_utils import DynamicCache
@@ -69,6 +75,32 @@ CONFIGS = {
         rope_scaling=None, rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False,
         initializer_range=0.2),
 }
+
+
+@contextlib.contextmanager
+def bf16_kv_cache(model):
+    """Rounds what an MLA cache stores (the normalised latent and the rotated k_rope) to bf16, as
+    mlaserve's `bf16` KV format does; queries and everything else stay fp32. Under it,
+    transformers computes exactly what a correct absorbed decode over a bf16 cache computes."""
+    rnd = lambda t: t.to(torch.bfloat16).to(t.dtype)
+    saved = (mdsv3.apply_rotary_pos_emb, mdsv3.apply_rotary_pos_emb_interleave)
+
+    def wrap(fn):
+        def rotated(q, k, cos, sin, *args, **kwargs):
+            q_embed, k_embed = fn(q, k, cos, sin, *args, **kwargs)
+            return q_embed, rnd(k_embed)
+        return rotated
+
+    mdsv3.apply_rotary_pos_emb = wrap(saved[0])
+    mdsv3.apply_rotary_pos_emb_interleave = wrap(saved[1])
+    hooks = [layer.self_attn.kv_a_layernorm.register_forward_hook(lambda m, i, o: rnd(o))
+             for layer in model.model.layers]
+    try:
+        yield
+    finally:
+        mdsv3.apply_rotary_pos_emb, mdsv3.apply_rotary_pos_emb_interleave = saved
+        for h in hooks:
+            h.remove()
 
 
 def greedy(model, ids):
@@ -131,6 +163,15 @@ def build(name, cfg_kwargs, out_dir, seed, min_margin, tries):
             logits = ref(input_ids=ids[None]).logits[0].float()
             tensors[f"p{i}.ids"] = ids.to(torch.int32)
             tensors[f"p{i}.logits"] = logits.contiguous()
+        # The same prompt with a bf16-rounded latent cache: the oracle for the absorbed path.
+        ids = tensors["p2.ids"].long()
+        with bf16_kv_cache(ref):
+            tensors["p2.bf16kv.logits"] = ref(input_ids=ids[None]).logits[0].float().contiguous()
+            toks, glogits, margins = greedy(ref, ids)
+        tensors["p2.bf16kv.greedy"] = torch.tensor(toks, dtype=torch.int32)
+        tensors["p2.bf16kv.greedy_logits"] = glogits.contiguous()
+        tensors["p2.bf16kv.greedy_margins"] = torch.tensor(margins, dtype=torch.float32)
+        bf16kv_margin = min(margins)
         attn = ref.model.layers[0].self_attn
         rot = ref.model.rotary_emb
         tensors["rope.inv_freq"] = rot.inv_freq.float().contiguous()
@@ -138,6 +179,7 @@ def build(name, cfg_kwargs, out_dir, seed, min_margin, tries):
         "softmax_scale": repr(float(attn.scaling)),
         "rope_attention_scaling": repr(float(rot.attention_scaling)),
         "min_greedy_margin": repr(worst),
+        "bf16kv_min_greedy_margin": repr(bf16kv_margin),
         "seed": str(seed),
         "transformers": transformers.__version__,
         "torch": torch.__version__,

@@ -1,0 +1,32 @@
+// Collective communication between the worker ranks of one model replica. One interface; MPI
+// implements it on the CPU backend, NCCL on GPUs. Buffers live on the backend's device.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/status.h"
+
+namespace mlaserve {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Sum over ranks, in place: data[count] fp32.
+  virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
+  // Every rank contributes send[count]; recv[size() * count] gets them in rank order.
+  virtual absl::Status AllGather(const float* send, size_t count, float* recv) = 0;
+};
+
+// The world of one rank: collectives are copies.
+class SingleRankCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  absl::Status AllReduceSum(float*, size_t) override { return absl::OkStatus(); }
+  absl::Status AllGather(const float* send, size_t count, float* recv) override;
+};
+
+}  // namespace mlaserve

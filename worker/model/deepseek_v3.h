@@ -1,0 +1,96 @@
+// The DeepSeek-V3 forward pass (also DeepSeek-V2 and Kimi-K2/K2.5), written once against Ops.
+//
+// One instance is one rank's shard of the model (DESIGN.md "Model"): attention heads split
+// across ranks (the MLA latent cache, needed by every head, is held on every rank), dense and
+// shared-expert MLPs split along their intermediate dimension, routed experts either whole per
+// rank (expert-parallel) or split along their intermediate dimension (tensor-parallel), the
+// embedding and lm_head split along the vocabulary. Partial sums are all-reduced; logits are
+// gathered so that every rank holds the full vocabulary row for sampling.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "common/safetensors.h"
+#include "worker/backend/ops.h"
+#include "worker/comm/communicator.h"
+
+namespace mlaserve {
+
+enum class MoeParallelism { kExpert, kTensor };
+
+struct ModelOptions {
+  KvCacheFormat kv_format = KvCacheFormat::kBf16;
+  int num_kv_blocks = 64;  // per layer, 64 tokens each
+  MoeParallelism moe = MoeParallelism::kExpert;
+  // Run every sequence through the absorbed (cache-reading) attention, also fresh prefills.
+  bool force_absorbed = false;
+};
+
+// A contiguous range [begin, begin + count) of `total` items owned by one rank: the first
+// total % world ranks get one more.
+struct ShardRange {
+  int begin = 0;
+  int count = 0;
+  static ShardRange Of(int total, int rank, int world);
+};
+
+// One forward step over a batch of sequences.
+struct StepBatch {
+  std::vector<int32_t> tokens;     // [T]
+  std::vector<int32_t> positions;  // [T]
+  std::vector<int64_t> slots;      // [T]: cache slot (block * 64 + offset) of each new token
+  std::vector<SequenceSlice> seqs;
+  std::vector<int32_t> logits_rows;  // rows of T whose logits are wanted
+};
+
+class DeepseekV3Model {
+ public:
+  static absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Load(const std::string& folder,
+                                                               const ModelOptions& options,
+                                                               Ops& ops, Communicator& comm);
+  ~DeepseekV3Model();
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+
+  // Runs the step; `logits` gets [logits_rows.size(), vocab_size] fp32 on every rank.
+  absl::Status Forward(const StepBatch& batch, std::vector<float>* logits);
+
+  // Bytes of weights and KV cache this rank holds.
+  size_t weight_bytes() const { return weight_bytes_; }
+  size_t kv_cache_bytes() const;
+
+ private:
+  struct Layer;
+  DeepseekV3Model(Ops& ops, Communicator& comm);
+  absl::Status LoadWeights(const Checkpoint& ckpt);
+  absl::Status Attention(Layer& layer, const StepBatch& batch, const Tensor& h, Tensor& out);
+  absl::Status Mlp(Layer& layer, const Tensor& h, Tensor& out);
+  absl::Status AllReduce(Tensor& t);
+
+  Ops& ops_;
+  Communicator& comm_;
+  ModelConfig config_;
+  ModelOptions options_;
+  ShardRange heads_;
+  ShardRange vocab_;
+  ShardRange dense_inter_;
+  ShardRange shared_inter_;
+  ShardRange experts_;       // expert-parallel: local experts
+  ShardRange expert_inter_;  // tensor-parallel: local slice of each expert
+  MlaShape mla_;
+  MoeRouting routing_;
+  Tensor embed_;  // [vocab_.count, hidden]
+  Tensor final_norm_;
+  LinearWeight lm_head_;  // [vocab_.count, hidden]
+  Tensor inv_freq_;
+  float rope_scaling_ = 1.0f;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace mlaserve
