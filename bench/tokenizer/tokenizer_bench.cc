@@ -44,10 +44,11 @@ int main(int argc, char** argv) {
     tokens = 0;
     const auto start = std::chrono::steady_clock::now();
     for (const std::string& text : texts) tokens += (*tok)->Encode(text, false).size();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = std::min(best, seconds);
   }
-  std::printf("mlaserve: %zu records, %.2f MB, %zu tokens, best of %d passes %.3f s, %.2f MB/s\n", texts.size(),
-              total / 1e6, tokens, passes, best, total / 1e6 / best);
+  std::printf("mlaserve: %zu records, %.2f MB, %zu tokens, best of %d passes %.3f s, %.2f MB/s\n",
+              texts.size(), total / 1e6, tokens, passes, best, total / 1e6 / best);
   return 0;
 }

@@ -18,16 +18,21 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfig(const nlohmann::j
   if (value.is_string()) return Parse(value.get<std::string>());
   if (value.is_array()) {
     for (const nlohmann::json& entry : value) {
-      if (entry.value("name", "") == "default") return Parse(entry.at("template").get<std::string>());
+      if (entry.value("name", "") == "default")
+        return Parse(entry.at("template").get<std::string>());
     }
   }
-  return absl::InvalidArgumentError("tokenizer_config.json: chat_template is neither a string nor a list with a \"default\" entry");
+  return absl::InvalidArgumentError(
+      "tokenizer_config.json: chat_template is neither a string nor a list with a \"default\" "
+      "entry");
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& context) const {
-  if (!context.is_object()) return absl::InvalidArgumentError("chat template context must be a JSON object");
+  if (!context.is_object())
+    return absl::InvalidArgumentError("chat template context must be a JSON object");
   jinja::Dict globals;
-  for (const auto& [key, value] : context.items()) globals.emplace_back(key, jinja::Value::FromJson(value));
+  for (const auto& [key, value] : context.items())
+    globals.emplace_back(key, jinja::Value::FromJson(value));
   return template_.Render(globals);
 }
 

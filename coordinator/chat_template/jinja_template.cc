@@ -16,16 +16,32 @@ namespace mlaserve::jinja {
 
 struct Expr {
   enum class Kind {
-    kLiteral, kName, kGetAttr, kGetItem, kSlice, kCall, kFilter, kTest, kNot, kNeg, kPos,
-    kBinary, kCompare, kAnd, kOr, kCondition, kList, kDict
+    kLiteral,
+    kName,
+    kGetAttr,
+    kGetItem,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kNot,
+    kNeg,
+    kPos,
+    kBinary,
+    kCompare,
+    kAnd,
+    kOr,
+    kCondition,
+    kList,
+    kDict
   };
   Kind kind;
-  Value literal;                             // kLiteral
-  std::string name;                          // kName, kGetAttr attribute, kFilter, kTest, op
-  std::vector<std::unique_ptr<Expr>> args;   // operands / positional arguments
-  std::vector<std::string> keyword_names;    // trailing args with names (calls, filters, tests)
-  std::vector<std::string> compare_ops;      // kCompare: op between args[i] and args[i + 1]
-  bool negated = false;                      // kTest: "is not"
+  Value literal;                            // kLiteral
+  std::string name;                         // kName, kGetAttr attribute, kFilter, kTest, op
+  std::vector<std::unique_ptr<Expr>> args;  // operands / positional arguments
+  std::vector<std::string> keyword_names;   // trailing args with names (calls, filters, tests)
+  std::vector<std::string> compare_ops;     // kCompare: op between args[i] and args[i + 1]
+  bool negated = false;                     // kTest: "is not"
   int line = 0;
 };
 using ExprPtr = std::unique_ptr<Expr>;
@@ -33,11 +49,11 @@ using ExprPtr = std::unique_ptr<Expr>;
 struct Node {
   enum class Kind { kBody, kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue };
   Kind kind = Kind::kBody;
-  std::string text;                      // kText; kSet/kSetBlock/kMacro name
-  std::string attribute;                 // kSet on namespace attribute
-  std::vector<std::string> targets;      // kFor loop variables; kMacro parameter names
-  std::vector<ExprPtr> exprs;            // kOutput: [e]; kIf: conditions; kFor: [iter, filter?];
-                                         // kSet: [value]; kMacro: parameter defaults (or null)
+  std::string text;                  // kText; kSet/kSetBlock/kMacro name
+  std::string attribute;             // kSet on namespace attribute
+  std::vector<std::string> targets;  // kFor loop variables; kMacro parameter names
+  std::vector<ExprPtr> exprs;        // kOutput: [e]; kIf: conditions; kFor: [iter, filter?];
+                                     // kSet: [value]; kMacro: parameter defaults (or null)
   std::vector<std::unique_ptr<Node>> children;  // kBody: statements; kIf: bodies (+ else);
                                                 // kFor: [body, else?]; kMacro/kSetBlock: [body]
   int line = 0;
@@ -61,7 +77,9 @@ class SyntaxError : public std::runtime_error {
       : std::runtime_error(absl::StrCat("line ", line, ": ", message)) {}
 };
 
-bool IsPySpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool IsPySpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 std::string RStrip(std::string s) {
   while (!s.empty() && IsPySpace(s.back())) s.pop_back();
@@ -149,7 +167,8 @@ std::vector<Item> Lex(std::string_view raw_source) {
     const char end_sign = end > body_start ? source[end - 1] : '\0';
     const bool strip_after = end_sign == '-';
     const bool keep_newline = end_sign == '+';
-    std::string content = source.substr(body_start, end - body_start - ((strip_after || keep_newline) && type != '#' ? 1 : 0));
+    std::string content = source.substr(
+        body_start, end - body_start - ((strip_after || keep_newline) && type != '#' ? 1 : 0));
     count_lines(tag, end + 2);
     pos = end + 2;
     if (strip_after) {
@@ -210,8 +229,9 @@ struct Token {
 std::vector<Token> Tokenize(const std::string& s, int line) {
   std::vector<Token> tokens;
   size_t i = 0;
-  static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~",
-                               "<", ">", "=", "(", ")", "[", "]", "{", "}", ",", ".", ":", "|"};
+  static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
+                               "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                               "]",  "{",  "}",  ",",  ".",  ":",  "|"};
   while (i < s.size()) {
     const char c = s[i];
     if (IsPySpace(c)) {
@@ -238,8 +258,9 @@ std::vector<Token> Tokenize(const std::string& s, int line) {
       }
       std::string number = s.substr(i, j - i);
       number.erase(std::remove(number.begin(), number.end(), '_'), number.end());
-      tokens.push_back(is_float ? Token{Token::Kind::kFloat, number, Value::Float(std::stod(number))}
-                                : Token{Token::Kind::kInt, number, Value::Int(std::stoll(number))});
+      tokens.push_back(is_float
+                           ? Token{Token::Kind::kFloat, number, Value::Float(std::stod(number))}
+                           : Token{Token::Kind::kInt, number, Value::Int(std::stoll(number))});
       i = j;
     } else if (c == '\'' || c == '"') {
       std::string value;
@@ -249,13 +270,26 @@ std::vector<Token> Tokenize(const std::string& s, int line) {
           const char e = s[j + 1];
           j += 2;
           switch (e) {
-            case 'n': value.push_back('\n'); break;
-            case 't': value.push_back('\t'); break;
-            case 'r': value.push_back('\r'); break;
-            case '\\': value.push_back('\\'); break;
-            case '\'': value.push_back('\''); break;
-            case '"': value.push_back('"'); break;
-            case '\n': break;
+            case 'n':
+              value.push_back('\n');
+              break;
+            case 't':
+              value.push_back('\t');
+              break;
+            case 'r':
+              value.push_back('\r');
+              break;
+            case '\\':
+              value.push_back('\\');
+              break;
+            case '\'':
+              value.push_back('\'');
+              break;
+            case '"':
+              value.push_back('"');
+              break;
+            case '\n':
+              break;
             default:
               value.push_back('\\');
               value.push_back(e);
@@ -278,7 +312,8 @@ std::vector<Token> Tokenize(const std::string& s, int line) {
           break;
         }
       }
-      if (!matched) throw SyntaxError(line, absl::StrCat("unexpected character '", std::string(1, c), "'"));
+      if (!matched)
+        throw SyntaxError(line, absl::StrCat("unexpected character '", std::string(1, c), "'"));
     }
   }
   tokens.push_back({Token::Kind::kEnd, "", Value()});
@@ -287,19 +322,22 @@ std::vector<Token> Tokenize(const std::string& s, int line) {
 
 const std::unordered_set<std::string>& KnownFilters() {
   static const std::unordered_set<std::string> filters = {
-      "abs", "capitalize", "count", "d", "default", "dictsort", "e", "escape", "first", "float",
-      "indent", "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min",
-      "reject", "rejectattr", "replace", "reverse", "round", "safe", "select", "selectattr",
-      "sort", "string", "sum", "title", "tojson", "trim", "unique", "upper", "wordcount"};
+      "abs",        "capitalize", "count",    "d",       "default", "dictsort", "e",
+      "escape",     "first",      "float",    "indent",  "int",     "items",    "join",
+      "last",       "length",     "list",     "lower",   "map",     "max",      "min",
+      "reject",     "rejectattr", "replace",  "reverse", "round",   "safe",     "select",
+      "selectattr", "sort",       "string",   "sum",     "title",   "tojson",   "trim",
+      "unique",     "upper",      "wordcount"};
   return filters;
 }
 
 const std::unordered_set<std::string>& KnownTests() {
   static const std::unordered_set<std::string> tests = {
-      "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "even", "false", "float",
-      "ge", "gt", "in", "integer", "iterable", "le", "lower", "lt", "mapping", "ne", "none",
-      "number", "odd", "sameas", "sequence", "string", "true", "undefined", "upper", "==", "!=",
-      "<", ">", "<=", ">="};
+      "boolean", "callable", "defined",  "divisibleby", "eq",   "equalto",   "even",
+      "false",   "float",    "ge",       "gt",          "in",   "integer",   "iterable",
+      "le",      "lower",    "lt",       "mapping",     "ne",   "none",      "number",
+      "odd",     "sameas",   "sequence", "string",      "true", "undefined", "upper",
+      "==",      "!=",       "<",        ">",           "<=",   ">="};
   return tests;
 }
 
@@ -310,7 +348,9 @@ class ExprParser {
  public:
   ExprParser(std::vector<Token> tokens, int line) : tokens_(std::move(tokens)), line_(line) {}
 
-  const Token& Peek(size_t ahead = 0) const { return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)]; }
+  const Token& Peek(size_t ahead = 0) const {
+    return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)];
+  }
   bool AtEnd() const { return Peek().kind == Token::Kind::kEnd; }
   bool IsOp(const char* op, size_t ahead = 0) const {
     return Peek(ahead).kind == Token::Kind::kOp && Peek(ahead).text == op;
@@ -324,7 +364,8 @@ class ExprParser {
     ++pos_;
   }
   std::string ExpectName() {
-    if (Peek().kind != Token::Kind::kName) Fail(absl::StrCat("expected a name, found '", Peek().text, "'"));
+    if (Peek().kind != Token::Kind::kName)
+      Fail(absl::StrCat("expected a name, found '", Peek().text, "'"));
     return Next().text;
   }
   [[noreturn]] void Fail(const std::string& message) const { throw SyntaxError(line_, message); }
@@ -613,7 +654,8 @@ class ExprParser {
         ++pos_;
         auto filter = Make(Expr::Kind::kFilter);
         filter->name = ExpectName();
-        if (!KnownFilters().count(filter->name)) Fail(absl::StrCat("no filter named '", filter->name, "'"));
+        if (!KnownFilters().count(filter->name))
+          Fail(absl::StrCat("no filter named '", filter->name, "'"));
         filter->args.push_back(std::move(e));
         if (IsOp("(")) {
           ++pos_;
@@ -645,7 +687,8 @@ class ExprParser {
         } else if (Peek().kind == Token::Kind::kString || Peek().kind == Token::Kind::kInt ||
                    Peek().kind == Token::Kind::kFloat ||
                    (Peek().kind == Token::Kind::kName && !IsName("and") && !IsName("or") &&
-                    !IsName("else") && !IsName("if") && !IsName("in") && !IsName("not") && !IsName("is"))) {
+                    !IsName("else") && !IsName("if") && !IsName("in") && !IsName("not") &&
+                    !IsName("is"))) {
           test->args.push_back(Postfix(Primary()));
         }
         e = std::move(test);
@@ -825,19 +868,25 @@ std::vector<std::string> CodePoints(const std::string& s) {
 
 int64_t Length(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kString: return static_cast<int64_t>(CodePoints(v.AsString()).size());
-    case Value::Kind::kList: return static_cast<int64_t>(v.AsList().size());
+    case Value::Kind::kString:
+      return static_cast<int64_t>(CodePoints(v.AsString()).size());
+    case Value::Kind::kList:
+      return static_cast<int64_t>(v.AsList().size());
     case Value::Kind::kDict:
-    case Value::Kind::kNamespace: return static_cast<int64_t>(v.AsDict().size());
-    case Value::Kind::kUndefined: return 0;
-    default: throw RenderError("object of type '" + v.TypeName() + "' has no len()");
+    case Value::Kind::kNamespace:
+      return static_cast<int64_t>(v.AsDict().size());
+    case Value::Kind::kUndefined:
+      return 0;
+    default:
+      throw RenderError("object of type '" + v.TypeName() + "' has no len()");
   }
 }
 
 // Items a for loop (or a filter) iterates over.
 List Iterate(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kList: return v.AsList();
+    case Value::Kind::kList:
+      return v.AsList();
     case Value::Kind::kDict: {
       List keys;
       for (const auto& [k, item] : v.AsDict()) keys.push_back(Value::String(k));
@@ -848,8 +897,10 @@ List Iterate(const Value& v) {
       for (std::string& c : CodePoints(v.AsString())) chars.push_back(Value::String(std::move(c)));
       return chars;
     }
-    case Value::Kind::kUndefined: return {};
-    default: throw RenderError("'" + v.TypeName() + "' object is not iterable");
+    case Value::Kind::kUndefined:
+      return {};
+    default:
+      throw RenderError("'" + v.TypeName() + "' object is not iterable");
   }
 }
 
@@ -873,7 +924,8 @@ bool Less(const Value& a, const Value& b) {
   }
   RequireDefined(a);
   RequireDefined(b);
-  throw RenderError("'<' not supported between instances of '" + a.TypeName() + "' and '" + b.TypeName() + "'");
+  throw RenderError("'<' not supported between instances of '" + a.TypeName() + "' and '" +
+                    b.TypeName() + "'");
 }
 
 bool Contains(const Value& container, const Value& item) {
@@ -887,18 +939,45 @@ bool Contains(const Value& container, const Value& item) {
       }
       return false;
     case Value::Kind::kDict:
-    case Value::Kind::kNamespace: return item.is_string() && container.Find(item.AsString()) != nullptr;
-    case Value::Kind::kUndefined: return false;
-    default: throw RenderError("argument of type '" + container.TypeName() + "' is not iterable");
+    case Value::Kind::kNamespace:
+      return item.is_string() && container.Find(item.AsString()) != nullptr;
+    case Value::Kind::kUndefined:
+      return false;
+    default:
+      throw RenderError("argument of type '" + container.TypeName() + "' is not iterable");
   }
 }
 
 bool IsSpaceCodePoint(const std::string& c) {
-  static const std::unordered_set<std::string> spaces = {
-      " ", "\t", "\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x1f", "\xc2\x85", "\xc2\xa0",
-      "\xe1\x9a\x80", "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84",
-      "\xe2\x80\x85", "\xe2\x80\x86", "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a",
-      "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf", "\xe2\x81\x9f", "\xe3\x80\x80"};
+  static const std::unordered_set<std::string> spaces = {" ",
+                                                         "\t",
+                                                         "\n",
+                                                         "\r",
+                                                         "\v",
+                                                         "\f",
+                                                         "\x1c",
+                                                         "\x1d",
+                                                         "\x1e",
+                                                         "\x1f",
+                                                         "\xc2\x85",
+                                                         "\xc2\xa0",
+                                                         "\xe1\x9a\x80",
+                                                         "\xe2\x80\x80",
+                                                         "\xe2\x80\x81",
+                                                         "\xe2\x80\x82",
+                                                         "\xe2\x80\x83",
+                                                         "\xe2\x80\x84",
+                                                         "\xe2\x80\x85",
+                                                         "\xe2\x80\x86",
+                                                         "\xe2\x80\x87",
+                                                         "\xe2\x80\x88",
+                                                         "\xe2\x80\x89",
+                                                         "\xe2\x80\x8a",
+                                                         "\xe2\x80\xa8",
+                                                         "\xe2\x80\xa9",
+                                                         "\xe2\x80\xaf",
+                                                         "\xe2\x81\x9f",
+                                                         "\xe3\x80\x80"};
   return spaces.count(c) > 0;
 }
 
@@ -924,7 +1003,9 @@ std::string Strip(const std::string& s, const Value& chars, bool left, bool righ
 }
 
 std::string AsciiCase(std::string s, bool upper) {
-  for (char& c : s) c = upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c));
+  for (char& c : s)
+    c = upper ? std::toupper(static_cast<unsigned char>(c))
+              : std::tolower(static_cast<unsigned char>(c));
   return s;
 }
 
@@ -952,7 +1033,8 @@ Value Split(const std::string& s, const Value& sep, int64_t max_split) {
   size_t start = 0;
   while (true) {
     const size_t found = s.find(separator, start);
-    if (found == std::string::npos || (max_split >= 0 && static_cast<int64_t>(parts.size()) == max_split)) {
+    if (found == std::string::npos ||
+        (max_split >= 0 && static_cast<int64_t>(parts.size()) == max_split)) {
       parts.push_back(Value::String(s.substr(start)));
       break;
     }
@@ -962,7 +1044,8 @@ Value Split(const std::string& s, const Value& sep, int64_t max_split) {
   return Value::MakeList(std::move(parts));
 }
 
-std::string Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+std::string Replace(const std::string& s, const std::string& from, const std::string& to,
+                    int64_t count) {
   if (from.empty()) throw RenderError("replace with an empty pattern is not supported");
   std::string out;
   size_t start = 0;
@@ -994,7 +1077,9 @@ class Renderer {
           if (flow != Flow::kNormal) return flow;
         }
         return Flow::kNormal;
-      case Node::Kind::kText: *out += node.text; return Flow::kNormal;
+      case Node::Kind::kText:
+        *out += node.text;
+        return Flow::kNormal;
       case Node::Kind::kOutput: {
         const Value v = Eval(*node.exprs[0]);
         *out += v.Str();
@@ -1006,7 +1091,8 @@ class Renderer {
         }
         if (node.children.size() > node.exprs.size()) return Execute(*node.children.back(), out);
         return Flow::kNormal;
-      case Node::Kind::kFor: return ExecuteFor(node, out);
+      case Node::Kind::kFor:
+        return ExecuteFor(node, out);
       case Node::Kind::kSet: {
         Value v = Eval(*node.exprs[0]);
         if (node.attribute.empty()) {
@@ -1014,10 +1100,12 @@ class Renderer {
         } else {
           const Value target = Lookup(node.text);
           if (target.kind() != Value::Kind::kNamespace) {
-            throw RenderError("cannot assign attribute on non-namespace object '" + node.text + "'");
+            throw RenderError("cannot assign attribute on non-namespace object '" + node.text +
+                              "'");
           }
           Dict& dict = target.MutableDict();
-          auto it = std::find_if(dict.begin(), dict.end(), [&](const auto& kv) { return kv.first == node.attribute; });
+          auto it = std::find_if(dict.begin(), dict.end(),
+                                 [&](const auto& kv) { return kv.first == node.attribute; });
           if (it != dict.end()) {
             it->second = std::move(v);
           } else {
@@ -1038,8 +1126,10 @@ class Renderer {
             [this, macro](CallArgs& args) { return CallMacro(*macro, args); }, node.text);
         return Flow::kNormal;
       }
-      case Node::Kind::kBreak: return Flow::kBreak;
-      case Node::Kind::kContinue: return Flow::kContinue;
+      case Node::Kind::kBreak:
+        return Flow::kBreak;
+      case Node::Kind::kContinue:
+        return Flow::kContinue;
     }
     return Flow::kNormal;
   }
@@ -1140,47 +1230,54 @@ class Renderer {
 
   Value Global(const std::string& name) {
     if (name == "range") {
-      return Value::MakeCallable([](CallArgs& a) {
-        int64_t start = 0, stop, step = 1;
-        if (a.positional.size() == 1) {
-          stop = a.positional[0].AsInt();
-        } else if (a.positional.size() >= 2) {
-          start = a.positional[0].AsInt();
-          stop = a.positional[1].AsInt();
-          if (a.positional.size() > 2) step = a.positional[2].AsInt();
-        } else {
-          throw RenderError("range expected at least 1 argument");
-        }
-        if (step == 0) throw RenderError("range() arg 3 must not be zero");
-        List out;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::Int(i));
-        return Value::MakeList(std::move(out));
-      }, name);
+      return Value::MakeCallable(
+          [](CallArgs& a) {
+            int64_t start = 0, stop, step = 1;
+            if (a.positional.size() == 1) {
+              stop = a.positional[0].AsInt();
+            } else if (a.positional.size() >= 2) {
+              start = a.positional[0].AsInt();
+              stop = a.positional[1].AsInt();
+              if (a.positional.size() > 2) step = a.positional[2].AsInt();
+            } else {
+              throw RenderError("range expected at least 1 argument");
+            }
+            if (step == 0) throw RenderError("range() arg 3 must not be zero");
+            List out;
+            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+              out.push_back(Value::Int(i));
+            return Value::MakeList(std::move(out));
+          },
+          name);
     }
     if (name == "namespace") {
-      return Value::MakeCallable([](CallArgs& a) {
-        Dict attrs;
-        for (const Value& p : a.positional) {
-          if (p.is_mapping()) attrs.insert(attrs.end(), p.AsDict().begin(), p.AsDict().end());
-        }
-        for (const auto& kv : a.keyword) attrs.push_back(kv);
-        return Value::MakeNamespace(std::move(attrs));
-      }, name);
+      return Value::MakeCallable(
+          [](CallArgs& a) {
+            Dict attrs;
+            for (const Value& p : a.positional) {
+              if (p.is_mapping()) attrs.insert(attrs.end(), p.AsDict().begin(), p.AsDict().end());
+            }
+            for (const auto& kv : a.keyword) attrs.push_back(kv);
+            return Value::MakeNamespace(std::move(attrs));
+          },
+          name);
     }
     if (name == "raise_exception") {
-      return Value::MakeCallable([](CallArgs& a) -> Value {
-        throw RenderError(a.Get(0, "message").Str());
-      }, name);
+      return Value::MakeCallable(
+          [](CallArgs& a) -> Value { throw RenderError(a.Get(0, "message").Str()); }, name);
     }
     if (name == "strftime_now") {
-      return Value::MakeCallable([](CallArgs& a) {
-        const std::time_t now = std::time(nullptr);
-        std::tm local;
-        localtime_r(&now, &local);
-        char buf[256];
-        const size_t n = std::strftime(buf, sizeof(buf), a.Get(0, "format").Str().c_str(), &local);
-        return Value::String(std::string(buf, n));
-      }, name);
+      return Value::MakeCallable(
+          [](CallArgs& a) {
+            const std::time_t now = std::time(nullptr);
+            std::tm local;
+            localtime_r(&now, &local);
+            char buf[256];
+            const size_t n =
+                std::strftime(buf, sizeof(buf), a.Get(0, "format").Str().c_str(), &local);
+            return Value::String(std::string(buf, n));
+          },
+          name);
     }
     return Value::Undefined(name);
   }
@@ -1206,11 +1303,13 @@ class Renderer {
       return v ? *v : Value::Undefined(key.AsString());
     }
     if (obj.is_list() || obj.is_string()) {
-      if (key.kind() != Value::Kind::kInt && key.kind() != Value::Kind::kBool) return Value::Undefined();
+      if (key.kind() != Value::Kind::kInt && key.kind() != Value::Kind::kBool)
+        return Value::Undefined();
       const bool is_list = obj.is_list();
       std::vector<std::string> cps;
       if (!is_list) cps = CodePoints(obj.AsString());
-      const int64_t n = is_list ? static_cast<int64_t>(obj.AsList().size()) : static_cast<int64_t>(cps.size());
+      const int64_t n =
+          is_list ? static_cast<int64_t>(obj.AsList().size()) : static_cast<int64_t>(cps.size());
       int64_t i = key.AsInt();
       if (i < 0) i += n;
       if (i < 0 || i >= n) return Value::Undefined();
@@ -1265,9 +1364,12 @@ class Renderer {
     if (obj.is_string()) {
       const std::string& s = obj.AsString();
       if (name == "strip" || name == "lstrip" || name == "rstrip") {
-        return Value::String(Strip(s, a.Get(0, "chars", Value::None()), name != "rstrip", name != "lstrip"));
+        return Value::String(
+            Strip(s, a.Get(0, "chars", Value::None()), name != "rstrip", name != "lstrip"));
       }
-      if (name == "split") return Split(s, a.Get(0, "sep", Value::None()), a.Get(1, "maxsplit", Value::Int(-1)).AsInt());
+      if (name == "split")
+        return Split(s, a.Get(0, "sep", Value::None()),
+                     a.Get(1, "maxsplit", Value::Int(-1)).AsInt());
       if (name == "startswith" || name == "endswith") {
         const Value arg = a.Get(0, "prefix");
         List options = arg.is_list() ? arg.AsList() : List{arg};
@@ -1275,7 +1377,8 @@ class Renderer {
           if (!o.is_string()) throw RenderError(name + " first arg must be str or a tuple of str");
           const std::string& t = o.AsString();
           if (t.size() <= s.size() &&
-              (name == "startswith" ? s.compare(0, t.size(), t) == 0 : s.compare(s.size() - t.size(), t.size(), t) == 0)) {
+              (name == "startswith" ? s.compare(0, t.size(), t) == 0
+                                    : s.compare(s.size() - t.size(), t.size(), t) == 0)) {
             return Value::Bool(true);
           }
         }
@@ -1283,7 +1386,8 @@ class Renderer {
       }
       if (name == "upper" || name == "lower") return Value::String(AsciiCase(s, name == "upper"));
       if (name == "replace") {
-        return Value::String(Replace(s, a.Get(0, "old").Str(), a.Get(1, "new").Str(), a.Get(2, "count", Value::Int(-1)).AsInt()));
+        return Value::String(Replace(s, a.Get(0, "old").Str(), a.Get(1, "new").Str(),
+                                     a.Get(2, "count", Value::Int(-1)).AsInt()));
       }
       if (name == "find") {
         const size_t found = s.find(a.Get(0, "sub").Str());
@@ -1293,14 +1397,17 @@ class Renderer {
       if (name == "count") {
         const std::string sub = a.Get(0, "sub").Str();
         int64_t count = 0;
-        for (size_t p = s.find(sub); !sub.empty() && p != std::string::npos; p = s.find(sub, p + sub.size())) ++count;
+        for (size_t p = s.find(sub); !sub.empty() && p != std::string::npos;
+             p = s.find(sub, p + sub.size()))
+          ++count;
         return Value::Int(count);
       }
       if (name == "join") {
         std::string out;
         bool first = true;
         for (const Value& v : Iterate(a.Get(0, "iterable"))) {
-          if (!v.is_string()) throw RenderError("sequence item: expected str instance, " + v.TypeName() + " found");
+          if (!v.is_string())
+            throw RenderError("sequence item: expected str instance, " + v.TypeName() + " found");
           out += (first ? "" : s) + v.AsString();
           first = false;
         }
@@ -1386,7 +1493,8 @@ class Renderer {
         return Value::String(out);
       }
       List out;
-      for (int64_t i = 0; i < b.AsInt(); ++i) out.insert(out.end(), a.AsList().begin(), a.AsList().end());
+      for (int64_t i = 0; i < b.AsInt(); ++i)
+        out.insert(out.end(), a.AsList().begin(), a.AsList().end());
       return Value::MakeList(std::move(out));
     }
     if (a.is_number() && b.is_number()) {
@@ -1419,7 +1527,8 @@ class Renderer {
         return Value::Float(std::pow(x, y));
       }
     }
-    throw RenderError("unsupported operand type(s) for " + op + ": '" + a.TypeName() + "' and '" + b.TypeName() + "'");
+    throw RenderError("unsupported operand type(s) for " + op + ": '" + a.TypeName() + "' and '" +
+                      b.TypeName() + "'");
   }
 
   bool Test(const std::string& name, const Value& v, CallArgs& a) {
@@ -1435,7 +1544,8 @@ class Renderer {
     if (name == "true") return v.kind() == Value::Kind::kBool && v.AsBool();
     if (name == "false") return v.kind() == Value::Kind::kBool && !v.AsBool();
     if (name == "mapping") return v.kind() == Value::Kind::kDict;
-    if (name == "iterable") return v.is_list() || v.is_string() || v.kind() == Value::Kind::kDict || v.is_undefined();
+    if (name == "iterable")
+      return v.is_list() || v.is_string() || v.kind() == Value::Kind::kDict || v.is_undefined();
     if (name == "sequence") return v.is_list() || v.is_string() || v.kind() == Value::Kind::kDict;
     if (name == "callable") return v.kind() == Value::Kind::kCallable;
     if (name == "odd" || name == "even") {
@@ -1450,7 +1560,8 @@ class Renderer {
     if (name == "le" || name == "<=") return !Less(arg, v);
     if (name == "ge" || name == ">=") return !Less(v, arg);
     if (name == "in") return Contains(arg, v);
-    if (name == "lower" || name == "upper") return v.is_string() && AsciiCase(v.AsString(), name == "upper") == v.AsString();
+    if (name == "lower" || name == "upper")
+      return v.is_string() && AsciiCase(v.AsString(), name == "upper") == v.AsString();
     throw RenderError("no test named '" + name + "'");
   }
 
@@ -1459,7 +1570,8 @@ class Renderer {
     size_t start = 0;
     while (true) {
       const size_t dot = path.find('.', start);
-      v = Attribute(v, path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+      v = Attribute(v,
+                    path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
       if (dot == std::string::npos) return v;
       start = dot + 1;
     }
@@ -1477,21 +1589,24 @@ class Renderer {
         item_sep = separators.AsList()[0].Str();
         key_sep = separators.AsList()[1].Str();
       }
-      return Value::String(PythonJsonDumps(v, indent.is_none() ? -1 : static_cast<int>(indent.AsInt()), item_sep,
-                                           key_sep, a.Get(3, "sort_keys", Value::Bool(false)).Truthy()));
+      return Value::String(
+          PythonJsonDumps(v, indent.is_none() ? -1 : static_cast<int>(indent.AsInt()), item_sep,
+                          key_sep, a.Get(3, "sort_keys", Value::Bool(false)).Truthy()));
     }
     if (name == "trim") {
       RequireDefined(v);
       return Value::String(Strip(v.Str(), a.Get(0, "chars", Value::None()), true, true));
     }
-    if (name == "upper" || name == "lower") return Value::String(AsciiCase(v.Str(), name == "upper"));
+    if (name == "upper" || name == "lower")
+      return Value::String(AsciiCase(v.Str(), name == "upper"));
     if (name == "capitalize" || name == "title") {
       CallArgs none;
       return *CallMethod(Value::String(v.Str()), name, none);
     }
     if (name == "default" || name == "d") {
       const bool boolean = a.Get(1, "boolean", Value::Bool(false)).Truthy();
-      if (v.is_undefined() || (boolean && !v.Truthy())) return a.Get(0, "default_value", Value::String(""));
+      if (v.is_undefined() || (boolean && !v.Truthy()))
+        return a.Get(0, "default_value", Value::String(""));
       return v;
     }
     if (name == "join") {
@@ -1500,7 +1615,8 @@ class Renderer {
       std::string out;
       bool first = true;
       for (const Value& item : Iterate(v)) {
-        out += (first ? "" : sep) + (attribute.is_none() ? item : AttributeOf(item, attribute.Str())).Str();
+        out += (first ? "" : sep) +
+               (attribute.is_none() ? item : AttributeOf(item, attribute.Str())).Str();
         first = false;
       }
       return Value::String(out);
@@ -1528,7 +1644,9 @@ class Renderer {
       return Value::MakeList(std::move(items));
     }
     if (name == "replace") {
-      return Value::String(Replace(v.Str(), a.Get(0, "old").Str(), a.Get(1, "new").Str(), a.Get(2, "count", Value::None()).is_none() ? -1 : a.Get(2, "count").AsInt()));
+      return Value::String(
+          Replace(v.Str(), a.Get(0, "old").Str(), a.Get(1, "new").Str(),
+                  a.Get(2, "count", Value::None()).is_none() ? -1 : a.Get(2, "count").AsInt()));
     }
     if (name == "int") {
       if (v.is_number()) return Value::Int(v.AsInt());
@@ -1546,7 +1664,9 @@ class Renderer {
         return a.Get(0, "default", Value::Float(0));
       }
     }
-    if (name == "abs") return v.kind() == Value::Kind::kFloat ? Value::Float(std::fabs(v.AsFloat())) : Value::Int(std::llabs(v.AsInt()));
+    if (name == "abs")
+      return v.kind() == Value::Kind::kFloat ? Value::Float(std::fabs(v.AsFloat()))
+                                             : Value::Int(std::llabs(v.AsInt()));
     if (name == "round") {
       const int64_t precision = a.Get(0, "precision", Value::Int(0)).AsInt();
       const double scale = std::pow(10.0, static_cast<double>(precision));
@@ -1579,8 +1699,10 @@ class Renderer {
       const bool reverse = a.Get(0, "reverse", Value::Bool(false)).Truthy();
       const Value attribute = a.Get(2, "attribute", Value::None());
       std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-        const Value kx = attribute.is_none() ? (name == "dictsort" ? x.AsList()[0] : x) : AttributeOf(x, attribute.Str());
-        const Value ky = attribute.is_none() ? (name == "dictsort" ? y.AsList()[0] : y) : AttributeOf(y, attribute.Str());
+        const Value kx = attribute.is_none() ? (name == "dictsort" ? x.AsList()[0] : x)
+                                             : AttributeOf(x, attribute.Str());
+        const Value ky = attribute.is_none() ? (name == "dictsort" ? y.AsList()[0] : y)
+                                             : AttributeOf(y, attribute.Str());
         return reverse ? Less(ky, kx) : Less(kx, ky);
       });
       return Value::MakeList(std::move(items));
@@ -1595,7 +1717,8 @@ class Renderer {
           out.push_back(got);
         } else {
           CallArgs inner;
-          inner.positional.assign(a.positional.begin() + std::min<size_t>(1, a.positional.size()), a.positional.end());
+          inner.positional.assign(a.positional.begin() + std::min<size_t>(1, a.positional.size()),
+                                  a.positional.end());
           if (a.positional.empty()) throw RenderError("map needs a filter name or attribute=");
           const std::string filter = a.positional[0].Str();
           if (!KnownFilters().count(filter)) throw RenderError("no filter named '" + filter + "'");
@@ -1634,7 +1757,8 @@ class Renderer {
       bool first_line = true;
       while (true) {
         const size_t nl = s.find('\n', start);
-        const std::string line = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+        const std::string line =
+            s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
         const bool pad_line = first_line ? first : (blank || !line.empty());
         out += (pad_line ? pad : "") + line;
         if (nl == std::string::npos) break;
@@ -1651,12 +1775,23 @@ class Renderer {
       std::string out;
       for (const char c : v.Str()) {
         switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out.push_back(c);
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out.push_back(c);
         }
       }
       return Value::String(out);
@@ -1667,14 +1802,18 @@ class Renderer {
  public:
   Value Eval(const Expr& e) {
     switch (e.kind) {
-      case Expr::Kind::kLiteral: return e.literal;
+      case Expr::Kind::kLiteral:
+        return e.literal;
       case Expr::Kind::kName: {
         Value v = Lookup(e.name);
         return v.is_undefined() ? Global(e.name) : v;
       }
-      case Expr::Kind::kGetAttr: return Attribute(Eval(*e.args[0]), e.name);
-      case Expr::Kind::kGetItem: return Item(Eval(*e.args[0]), Eval(*e.args[1]));
-      case Expr::Kind::kSlice: return Slice(Eval(*e.args[0]), e);
+      case Expr::Kind::kGetAttr:
+        return Attribute(Eval(*e.args[0]), e.name);
+      case Expr::Kind::kGetItem:
+        return Item(Eval(*e.args[0]), Eval(*e.args[1]));
+      case Expr::Kind::kSlice:
+        return Slice(Eval(*e.args[0]), e);
       case Expr::Kind::kCall: {
         const Expr& callee = *e.args[0];
         CallArgs args = EvalArgs(e, 1);
@@ -1683,7 +1822,8 @@ class Renderer {
           if (std::optional<Value> result = CallMethod(obj, callee.name, args)) return *result;
           const Value fn = Attribute(obj, callee.name);
           if (fn.kind() == Value::Kind::kCallable) return fn.AsCallable()(args);
-          throw RenderError("'" + obj.TypeName() + "' object has no callable attribute '" + callee.name + "'");
+          throw RenderError("'" + obj.TypeName() + "' object has no callable attribute '" +
+                            callee.name + "'");
         }
         const Value fn = Eval(callee);
         if (fn.kind() != Value::Kind::kCallable) {
@@ -1702,15 +1842,19 @@ class Renderer {
         CallArgs args = EvalArgs(e, 1);
         return Value::Bool(Test(e.name, v, args) != e.negated);
       }
-      case Expr::Kind::kNot: return Value::Bool(!Eval(*e.args[0]).Truthy());
+      case Expr::Kind::kNot:
+        return Value::Bool(!Eval(*e.args[0]).Truthy());
       case Expr::Kind::kNeg:
       case Expr::Kind::kPos: {
         const Value v = Eval(*e.args[0]);
-        if (!v.is_number()) throw RenderError("bad operand type for unary -: '" + v.TypeName() + "'");
+        if (!v.is_number())
+          throw RenderError("bad operand type for unary -: '" + v.TypeName() + "'");
         if (e.kind == Expr::Kind::kPos) return v;
-        return v.kind() == Value::Kind::kFloat ? Value::Float(-v.AsFloat()) : Value::Int(-v.AsInt());
+        return v.kind() == Value::Kind::kFloat ? Value::Float(-v.AsFloat())
+                                               : Value::Int(-v.AsInt());
       }
-      case Expr::Kind::kBinary: return Arithmetic(e.name, Eval(*e.args[0]), Eval(*e.args[1]));
+      case Expr::Kind::kBinary:
+        return Arithmetic(e.name, Eval(*e.args[0]), Eval(*e.args[1]));
       case Expr::Kind::kCompare: {
         Value left = Eval(*e.args[0]);
         for (size_t i = 0; i < e.compare_ops.size(); ++i) {
@@ -1759,8 +1903,10 @@ class Renderer {
         Dict items;
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
           const Value key = Eval(*e.args[i]);
-          if (!key.is_string()) throw RenderError("only string keys are supported in dict literals");
-          auto it = std::find_if(items.begin(), items.end(), [&](const auto& kv) { return kv.first == key.AsString(); });
+          if (!key.is_string())
+            throw RenderError("only string keys are supported in dict literals");
+          auto it = std::find_if(items.begin(), items.end(),
+                                 [&](const auto& kv) { return kv.first == key.AsString(); });
           if (it != items.end()) {
             it->second = Eval(*e.args[i + 1]);
           } else {

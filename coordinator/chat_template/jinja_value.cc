@@ -30,7 +30,8 @@ char32_t NextCodePoint(const std::string& s, size_t* pos) {
 }
 
 std::string PythonStringRepr(const std::string& s) {
-  const char quote = (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
+  const char quote =
+      (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
   std::string out(1, quote);
   size_t pos = 0;
   while (pos < s.size()) {
@@ -47,7 +48,8 @@ std::string PythonStringRepr(const std::string& s) {
     } else if (cp == '\t') {
       out += "\\t";
     } else if (PythonNonPrintable(cp)) {
-      std::snprintf(buf, sizeof(buf), cp < 0x100 ? "\\x%02x" : "\\u%04x", static_cast<unsigned>(cp));
+      std::snprintf(buf, sizeof(buf), cp < 0x100 ? "\\x%02x" : "\\u%04x",
+                    static_cast<unsigned>(cp));
       out += buf;
     } else {
       out.append(s, start, pos - start);
@@ -61,13 +63,27 @@ void JsonString(const std::string& s, std::string* out) {
   out->push_back('"');
   for (const char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -89,9 +105,15 @@ void JsonDump(const Value& v, int indent, int level, const std::string& item_sep
     out->append(static_cast<size_t>(indent * lvl), ' ');
   };
   switch (v.kind()) {
-    case Value::Kind::kNone: *out += "null"; return;
-    case Value::Kind::kBool: *out += v.AsBool() ? "true" : "false"; return;
-    case Value::Kind::kInt: *out += std::to_string(v.AsInt()); return;
+    case Value::Kind::kNone:
+      *out += "null";
+      return;
+    case Value::Kind::kBool:
+      *out += v.AsBool() ? "true" : "false";
+      return;
+    case Value::Kind::kInt:
+      *out += std::to_string(v.AsInt());
+      return;
     case Value::Kind::kFloat: {
       const double f = v.AsFloat();
       if (std::isnan(f)) {
@@ -103,7 +125,9 @@ void JsonDump(const Value& v, int indent, int level, const std::string& item_sep
       }
       return;
     }
-    case Value::Kind::kString: JsonString(v.AsString(), out); return;
+    case Value::Kind::kString:
+      JsonString(v.AsString(), out);
+      return;
     case Value::Kind::kList: {
       if (v.AsList().empty()) {
         *out += "[]";
@@ -155,12 +179,18 @@ void JsonDump(const Value& v, int indent, int level, const std::string& item_sep
 
 Value Value::FromJson(const nlohmann::ordered_json& json) {
   switch (json.type()) {
-    case nlohmann::ordered_json::value_t::null: return None();
-    case nlohmann::ordered_json::value_t::boolean: return Bool(json.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Int(json.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned: return Int(static_cast<int64_t>(json.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return Float(json.get<double>());
-    case nlohmann::ordered_json::value_t::string: return String(json.get<std::string>());
+    case nlohmann::ordered_json::value_t::null:
+      return None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Bool(json.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Int(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Int(static_cast<int64_t>(json.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float:
+      return Float(json.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return String(json.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List items;
       for (const auto& item : json) items.push_back(FromJson(item));
@@ -171,21 +201,29 @@ Value Value::FromJson(const nlohmann::ordered_json& json) {
       for (const auto& [key, item] : json.items()) items.emplace_back(key, FromJson(item));
       return MakeDict(std::move(items));
     }
-    default: return Value();
+    default:
+      return Value();
   }
 }
 
 bool Value::Truthy() const {
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
+    case Kind::kNone:
+      return false;
     case Kind::kBool:
-    case Kind::kInt: return int_ != 0;
-    case Kind::kFloat: return float_ != 0;
-    case Kind::kString: return !string_.empty();
-    case Kind::kList: return !list_->empty();
-    case Kind::kDict: return !dict_->empty();
-    default: return true;
+    case Kind::kInt:
+      return int_ != 0;
+    case Kind::kFloat:
+      return float_ != 0;
+    case Kind::kString:
+      return !string_.empty();
+    case Kind::kList:
+      return !list_->empty();
+    case Kind::kDict:
+      return !dict_->empty();
+    default:
+      return true;
   }
 }
 
@@ -199,20 +237,29 @@ const Value* Value::Find(const std::string& key) const {
 
 std::string Value::Str() const {
   switch (kind_) {
-    case Kind::kUndefined: return "";
-    case Kind::kString: return string_;
-    default: return Repr();
+    case Kind::kUndefined:
+      return "";
+    case Kind::kString:
+      return string_;
+    default:
+      return Repr();
   }
 }
 
 std::string Value::Repr() const {
   switch (kind_) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return int_ ? "True" : "False";
-    case Kind::kInt: return std::to_string(int_);
-    case Kind::kFloat: return PythonFloatRepr(float_);
-    case Kind::kString: return PythonStringRepr(string_);
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return int_ ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(int_);
+    case Kind::kFloat:
+      return PythonFloatRepr(float_);
+    case Kind::kString:
+      return PythonStringRepr(string_);
     case Kind::kList: {
       std::string out = "[";
       for (size_t i = 0; i < list_->size(); ++i) out += (i ? ", " : "") + (*list_)[i].Repr();
@@ -221,12 +268,15 @@ std::string Value::Repr() const {
     case Kind::kDict: {
       std::string out = "{";
       for (size_t i = 0; i < dict_->size(); ++i) {
-        out += (i ? ", " : "") + PythonStringRepr((*dict_)[i].first) + ": " + (*dict_)[i].second.Repr();
+        out += (i ? ", " : "") + PythonStringRepr((*dict_)[i].first) + ": " +
+               (*dict_)[i].second.Repr();
       }
       return out + "}";
     }
-    case Kind::kNamespace: return "<Namespace>";
-    case Kind::kCallable: return "<function " + string_ + ">";
+    case Kind::kNamespace:
+      return "<Namespace>";
+    case Kind::kCallable:
+      return "<function " + string_ + ">";
   }
   return "";
 }
@@ -239,8 +289,10 @@ bool Value::Equals(const Value& o) const {
   if (kind_ != o.kind_) return false;
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kString: return string_ == o.string_;
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return string_ == o.string_;
     case Kind::kList: {
       if (list_->size() != o.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
@@ -256,22 +308,33 @@ bool Value::Equals(const Value& o) const {
       }
       return true;
     }
-    default: return dict_ == o.dict_ && callable_ == o.callable_;
+    default:
+      return dict_ == o.dict_ && callable_ == o.callable_;
   }
 }
 
 std::string Value::TypeName() const {
   switch (kind_) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "Namespace";
-    case Kind::kCallable: return "function";
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "Namespace";
+    case Kind::kCallable:
+      return "function";
   }
   return "?";
 }

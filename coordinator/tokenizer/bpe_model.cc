@@ -106,7 +106,8 @@ void BpeModel::EncodePiece(std::string_view piece, std::vector<int32_t>* ids) co
     }
   }
   std::vector<int32_t> symbols(piece.size());
-  for (size_t i = 0; i < piece.size(); ++i) symbols[i] = byte_to_id_[static_cast<uint8_t>(piece[i])];
+  for (size_t i = 0; i < piece.size(); ++i)
+    symbols[i] = byte_to_id_[static_cast<uint8_t>(piece[i])];
   if (piece.size() <= kShortPieceBytes) {
     MergeShort(&symbols);
   } else {
@@ -161,7 +162,8 @@ void BpeModel::MergeLong(std::vector<int32_t>* symbols) const {
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
   const auto push = [&](int left) {
     if (left < 0 || next[left] < 0) return;
-    if (const MergeResult* m = FindMerge(s[left], s[next[left]])) queue.push({m->rank, left, m->id});
+    if (const MergeResult* m = FindMerge(s[left], s[next[left]]))
+      queue.push({m->rank, left, m->id});
   };
   for (int i = 0; i + 1 < n; ++i) push(i);
   while (!queue.empty()) {

@@ -35,8 +35,9 @@ class BpeModel {
 
   // Bytes of token `id`; empty when `id` is not in the vocabulary.
   std::string_view TokenBytes(int32_t id) const {
-    return id >= 0 && static_cast<size_t>(id) < id_to_bytes_.size() ? std::string_view(id_to_bytes_[id])
-                                                                    : std::string_view();
+    return id >= 0 && static_cast<size_t>(id) < id_to_bytes_.size()
+               ? std::string_view(id_to_bytes_[id])
+               : std::string_view();
   }
   bool HasToken(int32_t id) const {
     return id >= 0 && static_cast<size_t>(id) < has_id_.size() && has_id_[id];
@@ -50,7 +51,8 @@ class BpeModel {
     int32_t id;
   };
   static uint64_t PairKey(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
   }
   const MergeResult* FindMerge(int32_t left, int32_t right) const {
     auto it = merges_.find(PairKey(left, right));

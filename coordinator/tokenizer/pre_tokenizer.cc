@@ -41,9 +41,9 @@ absl::Status PreTokenizer::AddSteps(const nlohmann::json& config, PreTokenizer* 
   const std::string type = config.value("type", "");
   if (out->byte_level_) {
     // Later steps would see byte-level text, which no supported model does.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer.json: pre_tokenizer step \"", type,
-        "\" after ByteLevel is not supported (ByteLevel must come last)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer.json: pre_tokenizer step \"", type,
+                     "\" after ByteLevel is not supported (ByteLevel must come last)"));
   }
   if (type == "Sequence") {
     for (const nlohmann::json& child : config.at("pretokenizers")) {
@@ -90,9 +90,9 @@ absl::Status PreTokenizer::AddSteps(const nlohmann::json& config, PreTokenizer* 
     }
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "tokenizer.json: pre_tokenizer type \"", type,
-      "\" is not supported (supported: Sequence, Split, ByteLevel, Digits)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("tokenizer.json: pre_tokenizer type \"", type,
+                   "\" is not supported (supported: Sequence, Split, ByteLevel, Digits)"));
 }
 
 absl::StatusOr<PreTokenizer> PreTokenizer::FromHuggingFaceJson(const nlohmann::json& config) {

@@ -8,6 +8,8 @@
 
 namespace mlaserve {
 
-inline absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+inline absl::string_view ToAbsl(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
 
 }  // namespace mlaserve

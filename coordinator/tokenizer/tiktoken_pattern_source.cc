@@ -39,7 +39,8 @@ absl::StatusOr<std::string> ParseLiteral(std::string_view s, size_t* pos) {
   size_t end = begin;
   while (true) {
     end = s.find(quote, end);
-    if (end == std::string_view::npos) return absl::InvalidArgumentError("unterminated string literal");
+    if (end == std::string_view::npos)
+      return absl::InvalidArgumentError("unterminated string literal");
     // A quote preceded by an odd number of backslashes is escaped (also in raw literals).
     size_t backslashes = 0;
     while (end - backslashes > begin && s[end - backslashes - 1] == '\\') ++backslashes;
@@ -48,7 +49,8 @@ absl::StatusOr<std::string> ParseLiteral(std::string_view s, size_t* pos) {
   }
   std::string value(s.substr(begin, end - begin));
   if (!raw && value.find('\\') != std::string::npos) {
-    return absl::InvalidArgumentError("pat_str literal with escapes must be a raw string (r\"...\")");
+    return absl::InvalidArgumentError(
+        "pat_str literal with escapes must be a raw string (r\"...\")");
   }
   *pos = end + quote.size();
   return value;
@@ -107,8 +109,9 @@ absl::StatusOr<std::string> FindTiktokenPattern(const std::string& model_dir,
   const size_t dot = module.rfind('.');
   if (dot == std::string::npos) {
     return absl::NotFoundError(absl::StrCat(
-        model_dir, ": tiktoken.model needs a pre-tokenization pattern: add \"pat_str\" to "
-                   "tokenizer_config.json, or an auto_map.AutoTokenizer module defining pat_str"));
+        model_dir,
+        ": tiktoken.model needs a pre-tokenization pattern: add \"pat_str\" to "
+        "tokenizer_config.json, or an auto_map.AutoTokenizer module defining pat_str"));
   }
   const std::string path = absl::StrCat(model_dir, "/", module.substr(0, dot), ".py");
   std::ifstream in(path);
@@ -116,7 +119,8 @@ absl::StatusOr<std::string> FindTiktokenPattern(const std::string& model_dir,
   std::ostringstream source;
   source << in.rdbuf();
   absl::StatusOr<std::string> pat = ExtractPythonPatStr(source.str());
-  if (!pat.ok()) return absl::Status(pat.status().code(), absl::StrCat(path, ": ", pat.status().message()));
+  if (!pat.ok())
+    return absl::Status(pat.status().code(), absl::StrCat(path, ": ", pat.status().message()));
   return pat;
 }
 

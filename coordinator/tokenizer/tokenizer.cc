@@ -26,7 +26,8 @@ absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();
   nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  if (json.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   return json;
 }
 
@@ -62,8 +63,8 @@ absl::Status CheckDecoderIsByteLevel(const nlohmann::json& decoder) {
   if (type == "Sequence" && decoder.at("decoders").size() == 1) {
     return CheckDecoderIsByteLevel(decoder.at("decoders")[0]);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "tokenizer.json: decoder ", decoder.dump(), " is not supported (expected ByteLevel)"));
+  return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: decoder ", decoder.dump(),
+                                                 " is not supported (expected ByteLevel)"));
 }
 
 }  // namespace
@@ -96,11 +97,13 @@ absl::Status Tokenizer::SetAddedTokens(std::vector<AddedToken> tokens) {
 absl::Status Tokenizer::ApplyConfig(const nlohmann::json& config) {
   if (std::optional<std::string> bos = ConfigTokenContent(config, "bos_token")) {
     bos_id_ = TokenToId(*bos);
-    if (!bos_id_) return absl::InvalidArgumentError(absl::StrCat("bos_token ", *bos, " is not a token"));
+    if (!bos_id_)
+      return absl::InvalidArgumentError(absl::StrCat("bos_token ", *bos, " is not a token"));
   }
   if (std::optional<std::string> eos = ConfigTokenContent(config, "eos_token")) {
     eos_id_ = TokenToId(*eos);
-    if (!eos_id_) return absl::InvalidArgumentError(absl::StrCat("eos_token ", *eos, " is not a token"));
+    if (!eos_id_)
+      return absl::InvalidArgumentError(absl::StrCat("eos_token ", *eos, " is not a token"));
   }
   // transformers' LlamaTokenizerFast (DeepSeek's tokenizer_class) rebuilds the post-processor
   // from these two flags, so they win over tokenizer.json's post_processor when present.
@@ -115,11 +118,13 @@ absl::Status Tokenizer::ApplyConfig(const nlohmann::json& config) {
     prefix_ids_.clear();
     suffix_ids_.clear();
     if (add_bos.value_or(false)) {
-      if (!bos_id_) return absl::InvalidArgumentError("add_bos_token is true but bos_token is unset");
+      if (!bos_id_)
+        return absl::InvalidArgumentError("add_bos_token is true but bos_token is unset");
       prefix_ids_.push_back(*bos_id_);
     }
     if (add_eos.value_or(false)) {
-      if (!eos_id_) return absl::InvalidArgumentError("add_eos_token is true but eos_token is unset");
+      if (!eos_id_)
+        return absl::InvalidArgumentError("add_eos_token is true but eos_token is unset");
       suffix_ids_.push_back(*eos_id_);
     }
   }
@@ -145,17 +150,20 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHuggingFaceJson(
     if (model.value("byte_fallback", false)) {
       return absl::InvalidArgumentError("tokenizer.json: BPE byte_fallback is not supported");
     }
-    if (absl::Status s = CheckNormalizerIsIdentity(tj.value("normalizer", nlohmann::json())); !s.ok()) {
+    if (absl::Status s = CheckNormalizerIsIdentity(tj.value("normalizer", nlohmann::json()));
+        !s.ok()) {
       return s;
     }
-    absl::StatusOr<PreTokenizer> pre = PreTokenizer::FromHuggingFaceJson(tj.value("pre_tokenizer", nlohmann::json()));
+    absl::StatusOr<PreTokenizer> pre =
+        PreTokenizer::FromHuggingFaceJson(tj.value("pre_tokenizer", nlohmann::json()));
     if (!pre.ok()) return pre.status();
     if (!pre->byte_level()) {
       return absl::InvalidArgumentError(
           "tokenizer.json: only byte-level BPE (a ByteLevel pre_tokenizer) is supported");
     }
     tok->pre_tokenizer_ = std::move(*pre);
-    if (absl::Status s = CheckDecoderIsByteLevel(tj.value("decoder", nlohmann::json())); !s.ok()) return s;
+    if (absl::Status s = CheckDecoderIsByteLevel(tj.value("decoder", nlohmann::json())); !s.ok())
+      return s;
 
     std::vector<std::pair<std::string, int32_t>> vocab;
     vocab.reserve(model.at("vocab").size());
@@ -177,7 +185,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHuggingFaceJson(
         const std::string line = merge.get<std::string>();
         const size_t space = line.find(' ');
         if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-          return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: bad merge \"", line, "\""));
+          return absl::InvalidArgumentError(
+              absl::StrCat("tokenizer.json: bad merge \"", line, "\""));
         }
         left = line.substr(0, space);
         right = line.substr(space + 1);
@@ -186,14 +195,17 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHuggingFaceJson(
         right = merge.at(1).get<std::string>();
       }
       std::optional<std::string> l = ByteLevelToBytes(left), r = ByteLevelToBytes(right);
-      if (!l || !r) return absl::InvalidArgumentError("tokenizer.json: merge is not byte-level text");
+      if (!l || !r)
+        return absl::InvalidArgumentError("tokenizer.json: merge is not byte-level text");
       merges.emplace_back(std::move(*l), std::move(*r));
     }
-    absl::StatusOr<BpeModel> bpe = BpeModel::FromMerges(vocab, merges, model.value("ignore_merges", false));
+    absl::StatusOr<BpeModel> bpe =
+        BpeModel::FromMerges(vocab, merges, model.value("ignore_merges", false));
     if (!bpe.ok()) return bpe.status();
     tok->bpe_ = std::move(*bpe);
     tok->vocab_size_ = tok->bpe_->max_id() + 1;
-    for (const auto& [id, text] : tok->text_vocab_) tok->vocab_size_ = std::max(tok->vocab_size_, id + 1);
+    for (const auto& [id, text] : tok->text_vocab_)
+      tok->vocab_size_ = std::max(tok->vocab_size_, id + 1);
 
     std::vector<AddedToken> added;
     for (const nlohmann::json& a : tj.value("added_tokens", nlohmann::json::array())) {
@@ -222,8 +234,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHuggingFaceJson(
       const std::string type = p.value("type", "");
       if (type == "ByteLevel") continue;
       if (type != "TemplateProcessing") {
-        return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: post_processor type \"",
-                                                       type, "\" is not supported"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tokenizer.json: post_processor type \"", type, "\" is not supported"));
       }
       bool before_sequence = true;
       for (const nlohmann::json& item : p.at("single")) {
@@ -238,7 +250,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHuggingFaceJson(
       }
     }
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: unexpected layout: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer.json: unexpected layout: ", e.what()));
   }
   if (absl::Status s = tok->ApplyConfig(config); !s.ok()) return s;
   return tok;
@@ -261,9 +274,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromTiktoken(std::string_v
     const size_t space = line.find(' ');
     std::string bytes;
     int64_t rank = -1;
-    if (space == std::string_view::npos || !absl::Base64Unescape(ToAbsl(line.substr(0, space)), &bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat("tiktoken.model line ", line_no,
-                                                     ": expected \"<base64> <rank>\""));
+    if (space == std::string_view::npos ||
+        !absl::Base64Unescape(ToAbsl(line.substr(0, space)), &bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tiktoken.model line ", line_no, ": expected \"<base64> <rank>\""));
     }
     try {
       rank = std::stoll(std::string(line.substr(space + 1)));
@@ -271,9 +285,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromTiktoken(std::string_v
       rank = -1;
     }
     if (rank != static_cast<int64_t>(ranks.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("tiktoken.model line ", line_no, ": rank ",
-                                                     ToAbsl(line.substr(space + 1)), ", expected ",
-                                                     ranks.size(), " (ranks must be 0, 1, 2, ...)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tiktoken.model line ", line_no, ": rank ", ToAbsl(line.substr(space + 1)),
+                       ", expected ", ranks.size(), " (ranks must be 0, 1, 2, ...)"));
     }
     ranks.push_back(std::move(bytes));
   }
@@ -315,7 +329,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromModelDir(const std
     absl::StatusOr<nlohmann::json> tj = ReadJsonFile(json_path);
     if (!tj.ok()) return tj.status();
     absl::StatusOr<std::unique_ptr<Tokenizer>> tok = FromHuggingFaceJson(*tj, config);
-    if (!tok.ok()) return absl::Status(tok.status().code(), absl::StrCat(json_path, ": ", tok.status().message()));
+    if (!tok.ok())
+      return absl::Status(tok.status().code(),
+                          absl::StrCat(json_path, ": ", tok.status().message()));
     return tok;
   }
   const std::string tiktoken_path = dir + "/tiktoken.model";
@@ -325,11 +341,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromModelDir(const std
     absl::StatusOr<std::string> pat_str = FindTiktokenPattern(dir, config);
     if (!pat_str.ok()) return pat_str.status();
     absl::StatusOr<std::unique_ptr<Tokenizer>> tok = FromTiktoken(*model, *pat_str, config);
-    if (!tok.ok()) return absl::Status(tok.status().code(), absl::StrCat(tiktoken_path, ": ", tok.status().message()));
+    if (!tok.ok())
+      return absl::Status(tok.status().code(),
+                          absl::StrCat(tiktoken_path, ": ", tok.status().message()));
     return tok;
   }
-  return absl::NotFoundError(
-      absl::StrCat(dir, " has neither tokenizer.json nor tiktoken.model"));
+  return absl::NotFoundError(absl::StrCat(dir, " has neither tokenizer.json nor tiktoken.model"));
 }
 
 std::optional<int32_t> Tokenizer::TokenToId(std::string_view token_text) const {

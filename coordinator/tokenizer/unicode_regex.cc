@@ -98,7 +98,8 @@ absl::StatusOr<std::string> RewriteClassIntersections(std::string_view p) {
       } else if (body[j] == '[') {
         const size_t inner = ClassEnd(body, j);
         if (inner == std::string_view::npos) {
-          return absl::InvalidArgumentError(absl::StrCat("bad nested class in pattern ", ToAbsl(p)));
+          return absl::InvalidArgumentError(
+              absl::StrCat("bad nested class in pattern ", ToAbsl(p)));
         }
         j = inner;
       } else if (body.substr(j, 2) == "&&") {
@@ -120,7 +121,8 @@ absl::StatusOr<std::string> RewriteClassIntersections(std::string_view p) {
         return absl::StrCat("[", ToAbsl(operand), "]");
       };
       out.append("(?:");
-      for (size_t k = 1; k < operands.size(); ++k) absl::StrAppend(&out, "(?=", as_class(operands[k]), ")");
+      for (size_t k = 1; k < operands.size(); ++k)
+        absl::StrAppend(&out, "(?=", as_class(operands[k]), ")");
       absl::StrAppend(&out, as_class(operands[0]), ")");
     }
     i = end;
@@ -129,14 +131,15 @@ absl::StatusOr<std::string> RewriteClassIntersections(std::string_view p) {
 }
 
 std::string PortPatternToPcre2(std::string_view p) {
-  // Two differences between PCRE2 and the engines the patterns were written for. PCRE2 (10.40+) reads \p{Han} as Script_Extensions, which puts shared punctuation
-  // such as U+3001 "、" in Han; Oniguruma, Rust's regex (tiktoken) and Python's regex read it
-  // as the Script property, which PCRE2 spells \p{sc:Han}. General categories stay as they are.
+  // Two differences between PCRE2 and the engines the patterns were written for. PCRE2 (10.40+)
+  // reads \p{Han} as Script_Extensions, which puts shared punctuation such as U+3001 "、" in Han;
+  // Oniguruma, Rust's regex (tiktoken) and Python's regex read it as the Script property, which
+  // PCRE2 spells \p{sc:Han}. General categories stay as they are.
   static const absl::flat_hash_set<std::string> kGeneralCategories = {
-      "C", "Cc", "Cf", "Cn", "Co", "Cs", "L", "L&", "Ll", "Lm", "Lo", "Lt", "Lu", "M", "Mc", "Me",
-      "Mn", "N", "Nd", "Nl", "No", "P", "Pc", "Pd", "Pe", "Pf", "Pi", "Po", "Ps", "S", "Sc", "Sk",
-      "Sm", "So", "Z", "Zl", "Zp", "Zs", "Any", "Xan", "Xps", "Xsp", "Xwd", "Xuc", "LC",
-      "White_Space"};
+      "C",  "Cc", "Cf",  "Cn",  "Co",  "Cs",  "L",   "L&",  "Ll", "Lm",         "Lo", "Lt",
+      "Lu", "M",  "Mc",  "Me",  "Mn",  "N",   "Nd",  "Nl",  "No", "P",          "Pc", "Pd",
+      "Pe", "Pf", "Pi",  "Po",  "Ps",  "S",   "Sc",  "Sk",  "Sm", "So",         "Z",  "Zl",
+      "Zp", "Zs", "Any", "Xan", "Xps", "Xsp", "Xwd", "Xuc", "LC", "White_Space"};
   std::string out;
   size_t i = 0;
   while (i < p.size()) {
@@ -178,16 +181,15 @@ absl::StatusOr<std::unique_ptr<UnicodeRegex>> UnicodeRegex::Compile(std::string_
   *rewritten = PortPatternToPcre2(*rewritten);
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten->data()), rewritten->size(),
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &error_code,
-                                   &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten->data()),
+                                   rewritten->size(), PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK,
+                                   &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
-    return absl::InvalidArgumentError(absl::StrCat("cannot compile pre-tokenizer regex ", ToAbsl(pattern),
-                                                   " (as ", *rewritten, "): ",
-                                                   reinterpret_cast<const char*>(message),
-                                                   " at offset ", error_offset));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot compile pre-tokenizer regex ", ToAbsl(pattern), " (as ", *rewritten,
+                     "): ", reinterpret_cast<const char*>(message), " at offset ", error_offset));
   }
   // JIT is an optimisation only: without it (e.g. a platform PCRE2 built without JIT) matching
   // falls back to the interpreter, with identical results.
@@ -219,7 +221,8 @@ void UnicodeRegex::FindAll(std::string_view subject, std::vector<Match>* matches
     if (end == begin) {
       // Skip an empty match by one code point.
       offset = begin + 1;
-      while (offset < subject.size() && (static_cast<uint8_t>(subject[offset]) & 0xC0) == 0x80) ++offset;
+      while (offset < subject.size() && (static_cast<uint8_t>(subject[offset]) & 0xC0) == 0x80)
+        ++offset;
       continue;
     }
     matches->push_back({begin, end});

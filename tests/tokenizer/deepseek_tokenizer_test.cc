@@ -61,16 +61,18 @@ const OracleRun& Oracle() {
     const std::string corpus = dir + "/deepseek_corpus.bin", answers = dir + "/deepseek_hf.bin";
     std::string log;
     const std::string src = testing::SourceDir();
-    if (testing::RunCommand(absl::StrCat("/usr/bin/python3 ", Quote(src + "/tests/tokenizer/make_corpus.py"), " ",
-                                         Quote(corpus), " --vocab ", Quote(ModelDir() + "/tokenizer.json")),
-                            &log) != 0) {
+    if (testing::RunCommand(
+            absl::StrCat("/usr/bin/python3 ", Quote(src + "/tests/tokenizer/make_corpus.py"), " ",
+                         Quote(corpus), " --vocab ", Quote(ModelDir() + "/tokenizer.json")),
+            &log) != 0) {
       r->error = "make_corpus.py failed: " + log;
       return r;
     }
-    if (testing::RunCommand(absl::StrCat("/usr/bin/node ", Quote(src + "/tests/tokenizer/hf_tokenizers_oracle.js"), " ",
-                                         Quote(NodeModules()), " ", Quote(ModelDir() + "/tokenizer.json"),
-                                         " encode ", Quote(corpus), " ", Quote(answers)),
-                            &log) != 0) {
+    if (testing::RunCommand(
+            absl::StrCat("/usr/bin/node ", Quote(src + "/tests/tokenizer/hf_tokenizers_oracle.js"),
+                         " ", Quote(NodeModules()), " ", Quote(ModelDir() + "/tokenizer.json"),
+                         " encode ", Quote(corpus), " ", Quote(answers)),
+            &log) != 0) {
       r->error = "hf_tokenizers_oracle.js failed: " + log;
       return r;
     }
@@ -82,7 +84,8 @@ const OracleRun& Oracle() {
       r->decoded.push_back(out.Bytes());
       r->decoded_skip_special.push_back(out.Bytes());
     }
-    if (r->ids.size() != r->texts.size()) r->error = "oracle answered a different number of records";
+    if (r->ids.size() != r->texts.size())
+      r->error = "oracle answered a different number of records";
     return r;
   }();
   return *run;
@@ -101,8 +104,8 @@ const Tokenizer& DeepSeek() {
 }
 
 // Text around the first differing token, for a readable failure.
-std::string DescribeMismatch(const Tokenizer& tok, const std::string& text, const std::vector<int32_t>& ours,
-                             const std::vector<int32_t>& theirs) {
+std::string DescribeMismatch(const Tokenizer& tok, const std::string& text,
+                             const std::vector<int32_t>& ours, const std::vector<int32_t>& theirs) {
   size_t i = 0;
   while (i < ours.size() && i < theirs.size() && ours[i] == theirs[i]) ++i;
   const auto window = [&](const std::vector<int32_t>& ids) {
@@ -129,7 +132,8 @@ TEST(DeepSeekV3TokenizerTest, EncodeMatchesHuggingFaceTokenizersOnCorpus) {
     bytes += oracle.texts[i].size();
     tokens += ours.size();
     if (ours != oracle.ids[i]) {
-      if (++mismatches <= 10) ADD_FAILURE() << DescribeMismatch(tok, oracle.texts[i], ours, oracle.ids[i]);
+      if (++mismatches <= 10)
+        ADD_FAILURE() << DescribeMismatch(tok, oracle.texts[i], ours, oracle.ids[i]);
     }
   }
   std::printf("DeepSeek-V3 encode: %zu sequences, %zu bytes, %zu tokens, %zu differing\n",
@@ -166,7 +170,8 @@ TEST(DeepSeekV3TokenizerTest, DecodeOfRandomIdsMatchesHuggingFaceTokenizers) {
   for (int n = 0; n < 300; ++n) {
     std::vector<int32_t> ids(1 + rng() % 40);
     for (int32_t& id : ids) {
-      id = rng() % 5 == 0 ? 128000 + static_cast<int32_t>(rng() % 815) : static_cast<int32_t>(rng() % 128000);
+      id = rng() % 5 == 0 ? 128000 + static_cast<int32_t>(rng() % 815)
+                          : static_cast<int32_t>(rng() % 128000);
     }
     sequences.push_back(ids);
     AppendIdsRecord(ids, &ids_file);
@@ -174,12 +179,15 @@ TEST(DeepSeekV3TokenizerTest, DecodeOfRandomIdsMatchesHuggingFaceTokenizers) {
   const std::string dir = testing::ScratchDir();
   testing::WriteBinaryFile(dir + "/deepseek_ids.bin", ids_file);
   std::string log;
-  ASSERT_EQ(testing::RunCommand(absl::StrCat("/usr/bin/node ", Quote(testing::SourceDir() + "/tests/tokenizer/hf_tokenizers_oracle.js"),
-                                             " ", Quote(NodeModules()), " ", Quote(ModelDir() + "/tokenizer.json"),
-                                             " decode ", Quote(dir + "/deepseek_ids.bin"), " ",
-                                             Quote(dir + "/deepseek_ids_decoded.bin")),
-                                &log),
-            0)
+  ASSERT_EQ(
+      testing::RunCommand(
+          absl::StrCat("/usr/bin/node ",
+                       Quote(testing::SourceDir() + "/tests/tokenizer/hf_tokenizers_oracle.js"),
+                       " ", Quote(NodeModules()), " ", Quote(ModelDir() + "/tokenizer.json"),
+                       " decode ", Quote(dir + "/deepseek_ids.bin"), " ",
+                       Quote(dir + "/deepseek_ids_decoded.bin")),
+          &log),
+      0)
       << log;
   RecordReader out(testing::ReadBinaryFile(dir + "/deepseek_ids_decoded.bin"));
   for (const std::vector<int32_t>& ids : sequences) {
@@ -201,7 +209,8 @@ TEST(DeepSeekV3TokenizerTest, SpecialTokensFollowTokenizerConfig) {
   with_bos.insert(with_bos.end(), plain.begin(), plain.end());
   EXPECT_EQ(tok.Encode("Hello", true), with_bos);
   EXPECT_TRUE(tok.IsSpecial(0));
-  EXPECT_FALSE(tok.IsSpecial(*tok.TokenToId("<｜tool▁sep｜>")));  // "special": false in tokenizer.json
+  EXPECT_FALSE(
+      tok.IsSpecial(*tok.TokenToId("<｜tool▁sep｜>")));  // "special": false in tokenizer.json
   EXPECT_EQ(tok.vocab_size(), 128815);
 }
 
@@ -220,7 +229,8 @@ TEST(DeepSeekV3TokenizerTest, IncrementalDetokenizerNeverSplitsCharacters) {
         streamed += piece;
       }
       streamed += stream.Finish();
-      ASSERT_EQ(streamed, skip ? oracle.decoded_skip_special[i] : oracle.decoded[i]) << "record " << i;
+      ASSERT_EQ(streamed, skip ? oracle.decoded_skip_special[i] : oracle.decoded[i])
+          << "record " << i;
     }
   }
 }
@@ -228,7 +238,8 @@ TEST(DeepSeekV3TokenizerTest, IncrementalDetokenizerNeverSplitsCharacters) {
 TEST(DeepSeekV3TokenizerTest, LoadErrorsNameTheProblem) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> missing = Tokenizer::LoadFromModelDir("/nonexistent");
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.status().message().find("neither tokenizer.json nor tiktoken.model"), std::string::npos);
+  EXPECT_NE(missing.status().message().find("neither tokenizer.json nor tiktoken.model"),
+            std::string::npos);
   nlohmann::json unigram = {{"model", {{"type", "Unigram"}}}};
   absl::StatusOr<std::unique_ptr<Tokenizer>> bad = Tokenizer::FromHuggingFaceJson(unigram, nullptr);
   ASSERT_FALSE(bad.ok());

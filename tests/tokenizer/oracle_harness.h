@@ -30,8 +30,8 @@ class RecordReader {
  public:
   explicit RecordReader(std::string data) : data_(std::move(data)) {}
   bool done() const { return pos_ >= data_.size(); }
-  std::string Bytes();                 // uint32 length + bytes
-  std::vector<int32_t> Ids();          // uint32 count + int32 ids
+  std::string Bytes();         // uint32 length + bytes
+  std::vector<int32_t> Ids();  // uint32 count + int32 ids
  private:
   uint32_t U32();
   std::string data_;

