@@ -5,6 +5,8 @@
 //     does (ill-formed sequences -> U+FFFD) and encoded without special tokens. OUT: per record
 //     uint32 count + int32 ids, then uint32 length + bytes of decode(ids, skip=false), then
 //     uint32 length + bytes of decode(ids, skip=true).
+//   node hf_tokenizers_oracle.js NODE_MODULES TOKENIZER_JSON encode_special CORPUS OUT
+//     As encode, with addSpecialTokens: true (the post_processor's template applies).
 //   node hf_tokenizers_oracle.js NODE_MODULES TOKENIZER_JSON decode IDS OUT
 //     IDS: records of uint32 count + int32 ids. OUT: per record decode(skip=false) and
 //     decode(skip=true), each as uint32 length + bytes.
@@ -30,11 +32,11 @@ async function main() {
   const out = [];
   let pos = 0;
   while (pos < input.length) {
-    if (mode === 'encode') {
+    if (mode === 'encode' || mode === 'encode_special') {
       const len = input.readUInt32LE(pos);
       const text = input.subarray(pos + 4, pos + 4 + len).toString('utf8');
       pos += 4 + len;
-      const ids = (await tok.encode(text, null, { addSpecialTokens: false })).getIds();
+      const ids = (await tok.encode(text, null, { addSpecialTokens: mode === 'encode_special' })).getIds();
       const idBuf = Buffer.alloc(4 * ids.length);
       ids.forEach((id, i) => idBuf.writeInt32LE(id, 4 * i));
       out.push(u32(ids.length), idBuf);
