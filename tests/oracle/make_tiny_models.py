@@ -118,7 +118,7 @@ def greedy(model, ids):
     return tokens, torch.stack(logits), margins
 
 
-def build(name, cfg_kwargs, out_dir, seed, min_margin, tries):
+def build(name, cfg_kwargs, out_dir, seed, min_margin, tries, rounding_tolerance=5e-3):
     torch.manual_seed(seed)
     config = DeepseekV3Config(**cfg_kwargs)
     model = DeepseekV3ForCausalLM(config).eval()
@@ -143,23 +143,36 @@ def build(name, cfg_kwargs, out_dir, seed, min_margin, tries):
         for i, length in enumerate(PROMPT_LENGTHS):
             ids = torch.randint(0, config.vocab_size, (length,), generator=gen)
             if i == len(PROMPT_LENGTHS) - 1:
-                # The greedy continuation: pick, among `tries` random prompts, the first whose
-                # greedy path keeps a top-1/top-2 gap >= min_margin at every step, so that the
-                # bf16 rounding of a paged KV cache cannot flip a choice (else the best seen).
+                # The greedy continuation: among `tries` random prompts, the first whose greedy
+                # path (a) keeps a top-1/top-2 gap >= min_margin at every step and (b) is
+                # insensitive to a bf16 cache: with the cache contents rounded to bf16 the tokens
+                # are the same and the logits move by <= rounding_tolerance of their scale. Random
+                # tiny MoE models are chaotic (a near-tie in routing flips an expert and moves
+                # the logits by 10%); such prompts would test the model's chaos, not our code.
                 best = None
                 for t in range(tries):
                     cand = ids if t == 0 else torch.randint(0, config.vocab_size, (length,),
                                                             generator=gen)
                     toks, glogits, margins = greedy(ref, cand)
-                    if best is None or min(margins) > min(best[3]):
-                        best = (cand, toks, glogits, margins)
-                    if min(margins) >= min_margin:
+                    with bf16_kv_cache(ref):
+                        toks16, glogits16, _ = greedy(ref, cand)
+                        plog16 = ref(input_ids=cand[None]).logits[0].float()
+                    plog = ref(input_ids=cand[None]).logits[0].float()
+                    scale = float(glogits.abs().max())
+                    drift = max(float((glogits - glogits16).abs().max()),
+                                float((plog - plog16).abs().max())) / scale
+                    robust = toks == toks16 and drift <= rounding_tolerance
+                    score = (robust, min(margins))
+                    if best is None or score > best[0]:
+                        best = (score, cand, toks, glogits, margins, drift)
+                    if robust and min(margins) >= min_margin:
                         break
-                ids, toks, glogits, margins = best
+                _, ids, toks, glogits, margins, drift = best
                 tensors[f"p{i}.greedy"] = torch.tensor(toks, dtype=torch.int32)
                 tensors[f"p{i}.greedy_logits"] = glogits.contiguous()
                 tensors[f"p{i}.greedy_margins"] = torch.tensor(margins, dtype=torch.float32)
                 worst = min(margins)
+                bf16_drift = drift
             logits = ref(input_ids=ids[None]).logits[0].float()
             tensors[f"p{i}.ids"] = ids.to(torch.int32)
             tensors[f"p{i}.logits"] = logits.contiguous()
@@ -180,6 +193,7 @@ def build(name, cfg_kwargs, out_dir, seed, min_margin, tries):
         "rope_attention_scaling": repr(float(rot.attention_scaling)),
         "min_greedy_margin": repr(worst),
         "bf16kv_min_greedy_margin": repr(bf16kv_margin),
+        "bf16kv_relative_drift": repr(bf16_drift),
         "seed": str(seed),
         "transformers": transformers.__version__,
         "torch": torch.__version__,
