@@ -22,6 +22,8 @@ class ChatTemplate {
 
   // Renders with the variables apply_chat_template passes: messages, tools,
   // add_generation_prompt, bos_token, eos_token, and any extra keyword (e.g. thinking).
+  // transformers passes tools and documents as None when there are none: give them as JSON null
+  // (not absent) to render as it does, since templates test both `is defined` and `is none`.
   // ordered_json keeps the client's key order, which tojson output depends on (Python dicts
   // preserve insertion order); a plain nlohmann::json has its keys sorted.
   absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context) const;
