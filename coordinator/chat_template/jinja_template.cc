@@ -676,9 +676,6 @@ class ExprParser {
         } else {
           Fail("expected a test name after 'is'");
         }
-        if (test->name == "none" || test->name == "true" || test->name == "false") {
-          // "is none" etc.: names that are also literals.
-        }
         if (!KnownTests().count(test->name)) Fail(absl::StrCat("no test named '", test->name, "'"));
         test->args.push_back(std::move(e));
         if (IsOp("(")) {
