@@ -81,7 +81,8 @@ absl::Status PreTokenizer::AddSteps(const nlohmann::json& config, PreTokenizer* 
   }
   if (type == "ByteLevel") {
     out->byte_level_ = true;
-    if (config.value("add_prefix_space", false)) out->steps_.push_back({Step::Kind::kPrefixSpace});
+    if (config.value("add_prefix_space", false))
+      out->steps_.push_back({Step::Kind::kPrefixSpace, nullptr, Delimiter::kIsolated, false});
     if (config.value("use_regex", true)) {
       absl::StatusOr<std::unique_ptr<UnicodeRegex>> regex = UnicodeRegex::Compile(kGpt2Pattern);
       if (!regex.ok()) return regex.status();
