@@ -124,7 +124,7 @@ struct Result {
   double us, bytes;
 };
 
-Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int rows_per_cta) {
+Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int variant) {
   const size_t row_bytes = KvCacheBytesPerToken(format);
   const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
   const size_t num_blocks = size_t(batch) * blocks_per_seq;
@@ -155,7 +155,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int r
   CHECK_CUDA(cudaMalloc(&d_out, out_elems * 2));
   CHECK_CUDA(cudaMalloc(&d_lse, size_t(batch) * heads * 4));
   FillBf16<<<1024, 256>>>(d_q, q_elems, 5);
-  auto plan = PlanMlaDecode(batch, 1, heads, format, rows_per_cta);
+  auto plan = PlanMlaDecode(batch, 1, heads, format, variant);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     std::exit(1);
@@ -179,7 +179,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int r
   p.lse = d_lse;
   p.workspace = ws;
   p.workspace_bytes = plan->workspace_bytes;
-  p.rows_per_cta = rows_per_cta;
+  p.variant = plan->variant;
   // Warm-up outside the graph (module load, smem opt-in, occupancy query).
   p.kv_pool = pools[0];
   absl::Status st = InvokeMlaDecode(p, stream);
@@ -239,7 +239,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int r
 
 int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 32, 64, 128}, contexts = {1024, 8192, 32768, 131072},
-                   heads_list = {8, 16, 64, 128}, rows_list = {0};
+                   heads_list = {8, 16, 64, 128}, variants = {-1};
   std::vector<KvCacheFormat> formats = {KvCacheFormat::kBf16, KvCacheFormat::kFp8,
                                         KvCacheFormat::kFp8Tiled};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -247,7 +247,7 @@ int Main(int argc, char** argv) {
     if (k == "--batch") batches = ParseList(argv[i + 1]);
     else if (k == "--context") contexts = ParseList(argv[i + 1]);
     else if (k == "--heads") heads_list = ParseList(argv[i + 1]);
-    else if (k == "--rows_per_cta") rows_list = ParseList(argv[i + 1]);
+    else if (k == "--variant") variants = ParseList(argv[i + 1]);
     else if (k == "--format") {
       formats.clear();
       std::stringstream ss(argv[i + 1]);
@@ -263,21 +263,24 @@ int Main(int argc, char** argv) {
   const double copy_bw = MeasureCopyBandwidth();
   std::fprintf(stderr, "device %s, %d SMs, L2 %d MB; d2d copy bandwidth %.0f GB/s\n", prop.name,
                prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw / 1e9);
-  std::printf("impl,format,heads,batch,context,rows_per_cta,us,bytes,gbps,frac_copy,copy_gbps\n");
+  std::printf("impl,format,heads,batch,context,variant,us,bytes,gbps,frac_copy,copy_gbps\n");
   for (KvCacheFormat f : formats) {
     for (int heads : heads_list) {
-      for (int rows : rows_list) {
-        if (rows == 16 && heads * 1 <= 16 && rows_list.size() > 1 && rows_list[0] == 0) continue;
+      for (int variant : variants) {
         for (int batch : batches) {
           for (int context : contexts) {
-            const Result r = TimeConfig(f, heads, batch, context, rows);
+            const Result r = TimeConfig(f, heads, batch, context, variant);
+            const std::string vname = MlaDecodeVariantName(
+                variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
             const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
-            std::printf("mlaserve,%s,%d,%d,%d,%d,%.2f,%.0f,%.1f,%.3f,%.1f\n",
-                        std::string(KvCacheFormatName(f)).c_str(), heads, batch, context, rows,
+            std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
+                        std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
+                        variant < 0 ? "auto:" : "", vname.c_str(),
                         r.us, r.bytes, gbps, gbps * 1e9 / copy_bw, copy_bw / 1e9);
             std::fflush(stdout);
-            std::fprintf(stderr, "%-9s h=%3d rows/cta=%2d b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
-                         std::string(KvCacheFormatName(f)).c_str(), heads, rows, batch, context,
+            std::fprintf(stderr, "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
+                         std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(), batch,
+                         context,
                          r.us, gbps, gbps * 1e9 / copy_bw);
           }
         }

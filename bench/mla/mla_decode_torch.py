@@ -121,7 +121,7 @@ def main():
     bw = copy_bandwidth()
     print(f"torch {torch.__version__} {torch.cuda.get_device_name()} copy {bw / 1e9:.0f} GB/s",
           file=sys.stderr)
-    print("impl,format,heads,batch,context,rows_per_cta,us,bytes,gbps,frac_copy,copy_gbps")
+    print("impl,format,heads,batch,context,variant,us,bytes,gbps,frac_copy,copy_gbps")
     for fmt in a.format.split(","):
         for heads in map(int, a.heads.split(",")):
             for batch in map(int, a.batch.split(",")):
@@ -132,11 +132,11 @@ def main():
                         r = None
                         torch.cuda.empty_cache()
                     if r is None:
-                        print(f"torch,{fmt},{heads},{batch},{context},0,nan,nan,nan,nan,{bw / 1e9:.1f}")
+                        print(f"torch,{fmt},{heads},{batch},{context},torch,nan,nan,nan,nan,{bw / 1e9:.1f}")
                         continue
                     us, nbytes = r
                     gbps = nbytes / (us * 1e-6) / 1e9
-                    print(f"torch,{fmt},{heads},{batch},{context},0,{us:.2f},{nbytes},{gbps:.1f},"
+                    print(f"torch,{fmt},{heads},{batch},{context},torch,{us:.2f},{nbytes},{gbps:.1f},"
                           f"{gbps * 1e9 / bw:.3f},{bw / 1e9:.1f}", flush=True)
 
 

@@ -27,8 +27,7 @@ def main():
             for batch, style in ((64, "-"), (1, "--")):
                 pts = sorted((int(r["context"]), float(r["frac_copy"])) for r in rows
                              if r["impl"] == "mlaserve" and r["format"] == fmt and
-                             int(r["heads"]) == heads and int(r["batch"]) == batch and
-                             r["rows_per_cta"] == "0")
+                             int(r["heads"]) == heads and int(r["batch"]) == batch)
                 if pts:
                     ax.plot(*zip(*pts), style, color=color, marker="o",
                             label=f"mlaserve h={heads} b={batch}")

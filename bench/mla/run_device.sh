@@ -19,14 +19,41 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     >> $OUT/sanitizer.log 2>&1; echo "racecheck rc=$?"
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard" $OUT/sanitizer.log | head
 fi
-timeout ${BENCH_TIMEOUT:-200} $D/mla_decode_bench "$@" > $OUT/bench.csv 2> $OUT/bench.log
-echo "bench rc=$?"; head -1 $OUT/bench.log
-if [ -n "${ROWS16:-}" ]; then
-  timeout 90 $D/mla_decode_bench --heads 64,128 --batch 1,32,128 --context 8192,32768 \
-    --rows_per_cta 16,32 > $OUT/bench_rows.csv 2>> $OUT/bench.log; echo "rows variant rc=$?"
+if [ -n "${TUNE:-}" ]; then
+  # Every variant on a subset, then the full sweep per (format, heads) with the variant that had
+  # the highest mean fraction of copy bandwidth on the subset (written to tuned.txt).
+  timeout 120 $D/mla_decode_bench --batch 1,64 --context 32768,131072 --variant 0,1,2,3,4,5 \
+    > $OUT/variants.csv 2>> $OUT/bench.log; echo "variant sweep rc=$?"
+  python3 - $OUT/variants.csv > $OUT/tuned.txt <<'PY'
+import csv, sys, collections
+acc = collections.defaultdict(list)
+for r in csv.DictReader(open(sys.argv[1])):
+    acc[(r["format"], r["heads"], r["variant"])].append(float(r["frac_copy"]))
+best = {}
+for (f, h, v), xs in acc.items():
+    m = sum(xs) / len(xs)
+    if (f, h) not in best or m > best[(f, h)][1]:
+        best[(f, h)] = (v, m)
+names = ["rows16_warps4_tile16", "rows16_warps8_tile16", "rows16_warps8_tile32",
+         "rows16_warps4_tile32", "rows32_warps4_tile16", "rows32_warps8_tile16"]
+for (f, h), (v, m) in sorted(best.items()):
+    print(f, h, names.index(v), v, f"{m:.3f}")
+PY
+  cat $OUT/tuned.txt
+  first=1
+  while read f h idx name m; do
+    timeout 60 $D/mla_decode_bench --format $f --heads $h --variant $idx "$@" > $OUT/part.csv \
+      2>> $OUT/bench.log
+    if [ $first = 1 ]; then cat $OUT/part.csv; first=0; else tail -n +2 $OUT/part.csv; fi
+  done < $OUT/tuned.txt > $OUT/bench.csv
+  rm -f $OUT/part.csv
+else
+  timeout ${BENCH_TIMEOUT:-200} $D/mla_decode_bench "$@" > $OUT/bench.csv 2> $OUT/bench.log
+  echo "bench rc=$?"
 fi
+head -1 $OUT/bench.log
 if [ "${SKIP_TORCH:-0}" != 1 ]; then
-  PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-180} python3 bench/mla/mla_decode_torch.py "$@" \
+  PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-180} python3 bench/mla/mla_decode_torch.py ${TORCH_ARGS:-} \
     > $OUT/torch.csv 2> $OUT/torch.log; echo "torch rc=$?"; tail -2 $OUT/torch.log
 fi
 python3 bench/mla/plot_mla_decode.py $OUT/mla_decode_frac_copy.png $OUT/bench.csv $OUT/torch.csv \
@@ -40,9 +67,9 @@ try:
              for r in csv.DictReader(open(f"{out}/torch.csv"))}
 except FileNotFoundError:
     torch = {}
-print("fmt       h   b  ctx     us      frac  torch")
+print("fmt       h   b  ctx     us      frac  torch  variant")
 for r in rows:
     k = (r["format"], r["heads"], r["batch"], r["context"])
     print(f"{r['format']:9s} {r['heads']:>3s} {r['batch']:>3s} {r['context']:>6s} "
-          f"{float(r['us']):8.1f} {r['frac_copy']:>6s} {torch.get(k, '-')}")
+          f"{float(r['us']):8.1f} {r['frac_copy']:>6s} {torch.get(k, '-'):>6s} {r['variant']}")
 PY

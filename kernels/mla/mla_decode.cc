@@ -18,37 +18,38 @@ absl::Status CudaStatus(cudaError_t err, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
 }
 
-int BlocksPerSm(KvCacheFormat format, int row_groups) {
-  using mla::MlaDecodeSplitBlocksPerSm;
-  switch (format) {
-    case KvCacheFormat::kBf16:
-      return row_groups == 1 ? MlaDecodeSplitBlocksPerSm<KvCacheFormat::kBf16, 1>()
-                             : MlaDecodeSplitBlocksPerSm<KvCacheFormat::kBf16, 2>();
-    case KvCacheFormat::kFp8:
-      return row_groups == 1 ? MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8, 1>()
-                             : MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8, 2>();
-    case KvCacheFormat::kFp8Tiled:
-      return row_groups == 1 ? MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8Tiled, 1>()
-                             : MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8Tiled, 2>();
-  }
-  return 0;
-}
+using BlocksPerSmFn = int (*)();
+using LaunchFn = cudaError_t (*)(const mla::MlaDecodeKernelParams&, int, cudaStream_t);
+struct VariantEntry {
+  mla::MlaDecodeVariant shape;
+  BlocksPerSmFn blocks_per_sm[3];  // Indexed by KvCacheFormat.
+  LaunchFn launch[3];
+};
 
-cudaError_t LaunchSplit(KvCacheFormat format, int row_groups, const mla::MlaDecodeKernelParams& p,
-                        int grid, cudaStream_t stream) {
-  using mla::LaunchMlaDecodeSplit;
-  switch (format) {
-    case KvCacheFormat::kBf16:
-      return row_groups == 1 ? LaunchMlaDecodeSplit<KvCacheFormat::kBf16, 1>(p, grid, stream)
-                             : LaunchMlaDecodeSplit<KvCacheFormat::kBf16, 2>(p, grid, stream);
-    case KvCacheFormat::kFp8:
-      return row_groups == 1 ? LaunchMlaDecodeSplit<KvCacheFormat::kFp8, 1>(p, grid, stream)
-                             : LaunchMlaDecodeSplit<KvCacheFormat::kFp8, 2>(p, grid, stream);
-    case KvCacheFormat::kFp8Tiled:
-      return row_groups == 1 ? LaunchMlaDecodeSplit<KvCacheFormat::kFp8Tiled, 1>(p, grid, stream)
-                             : LaunchMlaDecodeSplit<KvCacheFormat::kFp8Tiled, 2>(p, grid, stream);
+#define MLASERVE_MLA_VARIANT(RG, W, T)                                                      \
+  VariantEntry {                                                                            \
+    {RG, W, T},                                                                             \
+        {&mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kBf16, RG, W, T>,                   \
+         &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8, RG, W, T>,                    \
+         &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8Tiled, RG, W, T>},              \
+    {                                                                                       \
+      &mla::LaunchMlaDecodeSplit<KvCacheFormat::kBf16, RG, W, T>,                           \
+          &mla::LaunchMlaDecodeSplit<KvCacheFormat::kFp8, RG, W, T>,                        \
+          &mla::LaunchMlaDecodeSplit<KvCacheFormat::kFp8Tiled, RG, W, T>                    \
+    }                                                                                       \
   }
-  return cudaErrorInvalidValue;
+
+// The instantiated kernels (instantiations/*.cu): (row groups, warps per row group, tile tokens).
+const VariantEntry kVariants[] = {
+    MLASERVE_MLA_VARIANT(1, 4, 16), MLASERVE_MLA_VARIANT(1, 8, 16),
+    MLASERVE_MLA_VARIANT(1, 8, 32), MLASERVE_MLA_VARIANT(1, 4, 32),
+    MLASERVE_MLA_VARIANT(2, 4, 16), MLASERVE_MLA_VARIANT(2, 8, 16),
+};
+constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
+
+int DefaultVariant(int rows, KvCacheFormat format) {
+  (void)format;
+  return rows <= 16 ? 1 : 5;
 }
 
 size_t AlignUp(size_t x) { return (x + 255) / 256 * 256; }
@@ -69,8 +70,17 @@ WorkspaceLayout Layout(int batch, int rows, int num_workers) {
 
 }  // namespace
 
+int MlaDecodeVariantCount() { return kNumVariants; }
+
+std::string MlaDecodeVariantName(int variant) {
+  if (variant < 0 || variant >= kNumVariants) return "auto";
+  const mla::MlaDecodeVariant& v = kVariants[variant].shape;
+  return absl::StrCat("rows", 16 * v.row_groups, "_warps", v.warps_per_row_group, "_tile",
+                      v.tile_tokens);
+}
+
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
-                                            int rows_per_cta) {
+                                            int variant) {
   if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("MLA decode: batch ", batch, " < 1"));
   if (s_q < 1 || s_q > 4) {
     return absl::InvalidArgumentError(absl::StrCat("MLA decode: s_q ", s_q, " outside 1..4"));
@@ -79,12 +89,12 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
     return absl::InvalidArgumentError(absl::StrCat("MLA decode: heads ", heads, " outside 1..128"));
   }
   const int rows = s_q * heads;
-  if (rows_per_cta == 0) rows_per_cta = rows <= 16 ? 16 : 32;
-  if (rows_per_cta != 16 && rows_per_cta != 32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MLA decode: rows_per_cta ", rows_per_cta, " must be 0, 16 or 32"));
+  if (variant < 0) variant = DefaultVariant(rows, format);
+  if (variant >= kNumVariants) {
+    return absl::InvalidArgumentError(absl::StrCat("MLA decode: variant ", variant, " >= ",
+                                                   kNumVariants, " (MlaDecodeVariantCount)"));
   }
-  const int row_groups = rows_per_cta / 16;
+  const int rows_per_cta = 16 * kVariants[variant].shape.row_groups;
   int device = 0, sms = 0;
   if (auto s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
   if (auto s = CudaStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
@@ -92,13 +102,14 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
       !s.ok()) {
     return s;
   }
-  const int per_sm = BlocksPerSm(format, row_groups);
+  const int per_sm = kVariants[variant].blocks_per_sm[static_cast<int>(format)]();
   if (per_sm == 0) {
     return absl::InternalError(
         "MLA decode kernel cannot be resident on this device (shared memory opt-in failed?)");
   }
   const int row_tiles = (rows + rows_per_cta - 1) / rows_per_cta;
   MlaDecodePlan plan;
+  plan.variant = variant;
   plan.rows_per_cta = rows_per_cta;
   plan.num_workers = std::max(1, sms * per_sm / row_tiles);
   plan.workspace_bytes = Layout(batch, rows, plan.num_workers).total;
@@ -107,7 +118,7 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
 
 absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   absl::StatusOr<MlaDecodePlan> plan =
-      PlanMlaDecode(p.batch, p.s_q, p.heads, p.format, p.rows_per_cta);
+      PlanMlaDecode(p.batch, p.s_q, p.heads, p.format, p.variant);
   if (!plan.ok()) return plan.status();
   if (p.q == nullptr || p.kv_pool == nullptr || p.block_table == nullptr ||
       p.seq_lens == nullptr || p.out == nullptr || p.workspace == nullptr) {
@@ -158,8 +169,8 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
       !s.ok()) {
     return s;
   }
-  if (auto s = CudaStatus(LaunchSplit(p.format, plan->rows_per_cta / 16, k,
-                                      plan->num_workers * row_tiles, stream),
+  if (auto s = CudaStatus(kVariants[plan->variant].launch[static_cast<int>(p.format)](
+                              k, plan->num_workers * row_tiles, stream),
                           "MLA decode split kernel");
       !s.ok()) {
     return s;

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,12 +40,13 @@ struct MlaDecodeParams {
   float* lse = nullptr;        // [batch, s_q, heads], natural log (nullable).
   void* workspace = nullptr;   // MlaDecodePlan::workspace_bytes, 256-B aligned (cudaMalloc).
   size_t workspace_bytes = 0;
-  int rows_per_cta = 0;  // 0: chosen from heads * s_q; 16 or 32 to force a variant (benchmarks).
+  int variant = -1;  // Kernel variant; -1 chooses from format and heads * s_q (tests, benchmarks).
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.
 
 struct MlaDecodePlan {
+  int variant;            // Index of the kernel variant (MlaDecodeVariantName).
   int rows_per_cta;       // 16 or 32 query rows (of heads * s_q) per block.
   int num_workers;        // Persistent workers; the grid is num_workers * row tiles blocks.
   size_t workspace_bytes; // Schedule + partial outputs: ~ (num_workers + batch) * rows * 2 KiB.
@@ -52,7 +54,12 @@ struct MlaDecodePlan {
 
 // The launch shape for the current device; depends on shapes, not on sequence lengths.
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
-                                            int rows_per_cta = 0);
+                                            int variant = -1);
+
+// Kernel variants (query rows per block, warps per 16 rows, KV tokens per pipeline stage), for
+// tests and benchmarks that cover each one.
+int MlaDecodeVariantCount();
+std::string MlaDecodeVariantName(int variant);
 
 // Runs schedule, split decode and combine on `stream` (three kernels, graph-capturable).
 absl::Status InvokeMlaDecode(const MlaDecodeParams& params, cudaStream_t stream);

@@ -10,7 +10,7 @@ namespace {
 constexpr int kScheduleThreads = 1024;
 
 __device__ __forceinline__ int SequenceCost(int len) {
-  return (len + kTileTokens - 1) / kTileTokens + kSeqFixedCost;
+  return (len + kCostTokens - 1) / kCostTokens + kSeqFixedCost;
 }
 
 // One block: prefix[b] = sum of costs of sequences < b, prefix[batch] = total,
@@ -45,38 +45,79 @@ __global__ void __launch_bounds__(kScheduleThreads) MlaDecodeScheduleKernel(
   }
 }
 
-constexpr int kCombineWarps = 4;
+constexpr int kCombineWarps = 8;
+constexpr int kCombineUnroll = 4;
 
-// One warp per (sequence, query row) whose sequence was split: merges the partials by their
-// log-sum-exp. Rows of unsplit sequences were written by the split kernel directly.
+// One block per (sequence, query row); rows of unsplit sequences were written by the split
+// kernel and exit at once. The warps of a block stride over the sequence's partials (4 loads in
+// flight each), weight them by 2^(lse - max), and reduce through shared memory.
 __global__ void __launch_bounds__(kCombineWarps * 32) MlaDecodeCombineKernel(
     const MlaDecodeKernelParams p) {
-  const int lane = threadIdx.x & 31;
-  const int idx = blockIdx.x * kCombineWarps + (threadIdx.x >> 5);
-  if (idx >= p.batch * p.rows) return;
-  const int b = idx / p.rows, row = idx % p.rows;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int b = blockIdx.x / p.rows, row = blockIdx.x % p.rows;
   const int share = p.schedule[p.batch + 1];
   const int first = p.schedule[b] / share, last = (p.schedule[b + 1] - 1) / share;
   if (first == last) return;
   const int n = last - first + 1;
   const size_t slot0 = static_cast<size_t>(first) + b;
+  __shared__ float4 acc_smem[kCombineWarps][4][32];
+  __shared__ float wsum_smem[kCombineWarps];
   float mx = -INFINITY;
-  for (int s = lane; s < n; s += 32) mx = fmaxf(mx, p.lse_part[(slot0 + s) * p.rows + row]);
+  for (int s = threadIdx.x; s < n; s += kCombineWarps * 32) {
+    mx = fmaxf(mx, p.lse_part[(slot0 + s) * p.rows + row]);
+  }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  __shared__ float mx_smem[kCombineWarps];
+  if (lane == 0) mx_smem[warp] = mx;
+  __syncthreads();
+  mx = mx_smem[0];
+#pragma unroll
+  for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, mx_smem[w]);
+
   float4 acc[4] = {};
   float wsum = 0.0f;
-  for (int s = 0; s < n; ++s) {
-    const float l = p.lse_part[(slot0 + s) * p.rows + row];
-    const float w = mx == -INFINITY ? 0.0f : exp2f(l - mx);
-    if (w == 0.0f) continue;  // Uniform across the warp.
-    wsum += w;
-    const float4* part =
-        reinterpret_cast<const float4*>(p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim);
+  for (int s0 = warp; s0 < n; s0 += kCombineWarps * kCombineUnroll) {
+    float w[kCombineUnroll];
+    float4 v[kCombineUnroll][4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 v = part[k * 32 + lane];
-      acc[k].x += w * v.x; acc[k].y += w * v.y; acc[k].z += w * v.z; acc[k].w += w * v.w;
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int s = s0 + u * kCombineWarps;
+      w[u] = 0.0f;
+      if (s < n) {
+        const float l = p.lse_part[(slot0 + s) * p.rows + row];
+        w[u] = mx == -INFINITY ? 0.0f : exp2f(l - mx);  // Empty pieces (lse -inf) weigh 0.
+        const float4* part = reinterpret_cast<const float4*>(
+            p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[u][k] = part[k * 32 + lane];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      if (w[u] == 0.0f) continue;  // Also skips never-written rows of empty pieces.
+      wsum += w[u];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        acc[k].x += w[u] * v[u][k].x; acc[k].y += w[u] * v[u][k].y;
+        acc[k].z += w[u] * v[u][k].z; acc[k].w += w[u] * v[u][k].w;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) acc_smem[warp][k][lane] = acc[k];
+  if (lane == 0) wsum_smem[warp] = wsum;
+  __syncthreads();
+  if (warp != 0) return;
+  wsum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) wsum += wsum_smem[w];
+  for (int k = 0; k < 4; ++k) {
+    acc[k] = acc_smem[0][k][lane];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) {
+      const float4 x = acc_smem[w][k][lane];
+      acc[k].x += x.x; acc[k].y += x.y; acc[k].z += x.z; acc[k].w += x.w;
     }
   }
   const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
@@ -102,9 +143,7 @@ cudaError_t LaunchMlaDecodeSchedule(const MlaDecodeKernelParams& p, cudaStream_t
 }
 
 cudaError_t LaunchMlaDecodeCombine(const MlaDecodeKernelParams& p, cudaStream_t stream) {
-  const int warps = p.batch * p.rows;
-  MlaDecodeCombineKernel<<<(warps + kCombineWarps - 1) / kCombineWarps, kCombineWarps * 32, 0,
-                           stream>>>(p);
+  MlaDecodeCombineKernel<<<p.batch * p.rows, kCombineWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

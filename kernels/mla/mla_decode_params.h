@@ -9,11 +9,17 @@
 
 namespace mlaserve::mla {
 
-constexpr int kTileTokens = 16;        // KV tokens per pipeline stage (one mma k-step of P.V).
-constexpr int kWarpsPerRowGroup = 4;   // Split 576 (q.k) and 512 (p.v) four ways.
-constexpr int kSeqFixedCost = 3;       // Schedule cost of a sequence piece, in tiles (q load,
-                                       // output write, pipeline fill).
+constexpr int kCostTokens = 16;        // Schedule granularity: work shares are multiples of 16
+                                       // tokens (kernel tiles of 32 may straddle two shares).
+constexpr int kSeqFixedCost = 3;       // Schedule cost of a sequence piece, in 16-token units
+                                       // (q load, output write, pipeline fill).
 constexpr int kMinTilesPerWorker = 4;  // Smallest share: below it partials cost more than KV.
+
+// Kernel variants: query rows per block = 16 * row_groups; each row group's q.k and p.v are
+// split over warps_per_row_group warps; tile_tokens KV tokens per pipeline stage.
+struct MlaDecodeVariant {
+  int row_groups, warps_per_row_group, tile_tokens;
+};
 
 struct MlaDecodeKernelParams {
   const uint16_t* __restrict__ q;             // bf16 [batch, s_q, heads, 576]
@@ -33,10 +39,10 @@ struct MlaDecodeKernelParams {
   float* __restrict__ lse_part;    // [num_workers + batch, rows]: their log2-sum-exp (log2 units)
 };
 
-// Split decode kernel per (format, row groups of 16 query rows per block).
-template <KvCacheFormat kFormat, int kRowGroups>
+// Split decode kernel per (format, variant).
+template <KvCacheFormat kFormat, int kRowGroups, int kWarps, int kTile>
 cudaError_t LaunchMlaDecodeSplit(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kRowGroups>
+template <KvCacheFormat kFormat, int kRowGroups, int kWarps, int kTile>
 int MlaDecodeSplitBlocksPerSm();  // Occupancy on the current device (after the smem opt-in).
 
 // Cache write: one warp per token (kv_cache_write.cu).

@@ -71,13 +71,13 @@ struct DecodeCase {
   KvCacheFormat format;
   int heads, s_q;
   std::vector<int32_t> lens;
-  int rows_per_cta = 0;
+  int variant = -1;  // -1: the launcher's choice.
 };
 
 std::string Name(const DecodeCase& c) {
   std::string s = std::string(KvCacheFormatName(c.format)) + " heads=" + std::to_string(c.heads) +
-                  " s_q=" + std::to_string(c.s_q) + " rows_per_cta=" +
-                  std::to_string(c.rows_per_cta) + " lens=";
+                  " s_q=" + std::to_string(c.s_q) + " variant=" +
+                  MlaDecodeVariantName(c.variant) + " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -131,7 +131,7 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
                         ref_out.data(), ref_lse.data()};
   MlaDecodeRef(rp);
 
-  auto plan = PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.rows_per_cta);
+  auto plan = PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant);
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<uint8_t> d_pool(pool.size()), d_ws(plan->workspace_bytes);
   DeviceBuffer<int32_t> d_table(table.size()), d_lens(c.lens.size());
@@ -164,7 +164,7 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   p.lse = d_lse.ptr;
   p.workspace = d_ws.ptr;
   p.workspace_bytes = d_ws.count;
-  p.rows_per_cta = c.rows_per_cta;
+  p.variant = c.variant;
   const absl::Status st = InvokeMlaDecode(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_OK(cudaDeviceSynchronize());
@@ -212,7 +212,7 @@ constexpr KvCacheFormat kFormats[] = {KvCacheFormat::kBf16, KvCacheFormat::kFp8,
 TEST(MlaDecodeGpuTest, Small) {  // Also the compute-sanitizer case.
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 1;
-  for (KvCacheFormat f : kFormats) RunDecodeCase({f, 16, 2, {1, 63, 65, 130}}, seed++);
+  for (KvCacheFormat f : kFormats) RunDecodeCase({f, 16, 2, {2, 63, 65, 130}}, seed++);
   RunDecodeCase({KvCacheFormat::kFp8Tiled, 40, 1, {70, 3}}, seed++);
 }
 
@@ -228,13 +228,15 @@ TEST(MlaDecodeGpuTest, HeadsSqLengths) {
   }
 }
 
-TEST(MlaDecodeGpuTest, BothRowTilings) {
+TEST(MlaDecodeGpuTest, EveryVariant) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 200;
   for (KvCacheFormat f : kFormats) {
-    for (int rows_per_cta : {16, 32}) {
-      RunDecodeCase({f, 64, 1, {300, 1000, 5}, rows_per_cta}, seed++);
-      RunDecodeCase({f, 8, 3, {300, 1000, 5}, rows_per_cta}, seed++);
+    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
+      RunDecodeCase({f, 64, 1, {300, 1000, 5}, v}, seed++);
+      RunDecodeCase({f, 8, 3, {300, 1000, 5, 3000}, v}, seed++);
+      RunDecodeCase({f, 16, 4, {9000}, v}, seed++);  // Batch 1: many pieces, 32-token tiles
+                                                      // straddling 16-token shares.
     }
   }
 }

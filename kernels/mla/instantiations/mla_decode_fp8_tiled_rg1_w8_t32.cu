@@ -2,5 +2,5 @@
 #include "kernels/mla/mla_decode_kernel.cuh"
 
 namespace mlaserve::mla {
-MLASERVE_INSTANTIATE_MLA_DECODE_SPLIT(KvCacheFormat::kFp8Tiled, 2)
+MLASERVE_INSTANTIATE_MLA_DECODE_SPLIT(KvCacheFormat::kFp8Tiled, 1, 8, 32)
 }  // namespace mlaserve::mla

@@ -2,5 +2,5 @@
 #include "kernels/mla/mla_decode_kernel.cuh"
 
 namespace mlaserve::mla {
-MLASERVE_INSTANTIATE_MLA_DECODE_SPLIT(KvCacheFormat::kFp8, 2)
+MLASERVE_INSTANTIATE_MLA_DECODE_SPLIT(KvCacheFormat::kBf16, 2, 4, 16)
 }  // namespace mlaserve::mla
