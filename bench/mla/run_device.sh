@@ -15,15 +15,17 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   grep -E "^\[  (PASSED|FAILED|  OK) |Failure|error" $OUT/test.log | head -30
   timeout 120 compute-sanitizer --tool memcheck $D/mla_decode_gpu_test --gtest_filter='*Small:*Bytes*' \
     > $OUT/sanitizer.log 2>&1; echo "memcheck rc=$?"
-  timeout 120 compute-sanitizer --tool racecheck $D/mla_decode_gpu_test --gtest_filter='*Small' \
+  timeout 120 compute-sanitizer --tool racecheck $D/mla_decode_gpu_test --gtest_filter='*.Small' \
     >> $OUT/sanitizer.log 2>&1; echo "racecheck rc=$?"
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Hazard" $OUT/sanitizer.log | head
 fi
 if [ -n "${TUNE:-}" ]; then
   # Every variant on a subset, then the full sweep per (format, heads) with the variant that had
   # the highest mean fraction of copy bandwidth on the subset (written to tuned.txt).
-  timeout 120 $D/mla_decode_bench --batch 1,64 --context 32768,131072 --variant 0,1,2,3,4,5 \
+  timeout 60 $D/mla_decode_bench --batch 64 --context 32768 --variant 0,1,2,3,4,5 \
     > $OUT/variants.csv 2>> $OUT/bench.log; echo "variant sweep rc=$?"
+  timeout 60 $D/mla_decode_bench --batch 1 --context 131072 --variant 0,1,2,3,4,5 \
+    2>> $OUT/bench.log | tail -n +2 >> $OUT/variants.csv; echo "variant sweep 2 rc=$?"
   python3 - $OUT/variants.csv > $OUT/tuned.txt <<'PY'
 import csv, sys, collections
 acc = collections.defaultdict(list)
