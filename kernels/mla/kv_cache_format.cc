@@ -14,8 +14,9 @@ absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(std::string_view name) {
   if (name == "bf16") return KvCacheFormat::kBf16;
   if (name == "fp8") return KvCacheFormat::kFp8;
   if (name == "fp8_tiled") return KvCacheFormat::kFp8Tiled;
+  if (name == "f32") return KvCacheFormat::kF32;
   return absl::InvalidArgumentError(absl::StrCat("unknown KV cache format \"", std::string(name),
-                                                 "\": expected bf16, fp8 or fp8_tiled"));
+                                                 "\": expected bf16, fp8, fp8_tiled (or f32, the lossless reference format)"));
 }
 
 std::string_view KvCacheFormatName(KvCacheFormat format) {
@@ -26,6 +27,8 @@ std::string_view KvCacheFormatName(KvCacheFormat format) {
       return "fp8";
     case KvCacheFormat::kFp8Tiled:
       return "fp8_tiled";
+    case KvCacheFormat::kF32:
+      return "f32";
   }
   return "?";
 }
@@ -69,6 +72,11 @@ void KvCacheEncodeRow(KvCacheFormat format, const float* latent, const float* ro
       }
       return;
     }
+    case KvCacheFormat::kF32: {
+      std::memcpy(dst, latent, kMlaLatentDim * sizeof(float));
+      std::memcpy(dst + kMlaLatentDim * sizeof(float), rope, kMlaRopeDim * sizeof(float));
+      return;
+    }
   }
 }
 
@@ -97,6 +105,10 @@ void KvCacheDecodeRow(KvCacheFormat format, const uint8_t* src, float fp8_scale,
         std::memcpy(&bits, src + kFp8TiledRopeOffset + 2 * i, 2);
         out576[kMlaLatentDim + i] = Bf16ToFloat(bits);
       }
+      return;
+    }
+    case KvCacheFormat::kF32: {
+      std::memcpy(out576, src, kMlaQkDim * sizeof(float));
       return;
     }
   }

@@ -30,7 +30,10 @@
 
 namespace mlaserve {
 
-enum class KvCacheFormat { kBf16, kFp8, kFp8Tiled };
+// kF32 (2304 B/token, 576 fp32) is lossless: the CPU reference model's golden tests use it to
+// check the absorbed, paged decode path against transformers exactly (random tiny MoE models
+// amplify bf16 rounding chaotically). It is not a serving format: GPU kernels reject it.
+enum class KvCacheFormat { kBf16, kFp8, kFp8Tiled, kF32 };
 
 constexpr int kMlaLatentDim = 512;  // kv_lora_rank; also the value dimension.
 constexpr int kMlaRopeDim = 64;     // qk_rope_head_dim.
@@ -57,6 +60,8 @@ constexpr size_t KvCacheBytesPerToken(KvCacheFormat format) {
       return kMlaQkDim;
     case KvCacheFormat::kFp8Tiled:
       return kMlaLatentDim + 4 * kFp8TilesPerRow + 2 * kMlaRopeDim;
+    case KvCacheFormat::kF32:
+      return 4 * kMlaQkDim;
   }
   return 0;
 }

@@ -105,6 +105,8 @@ cudaError_t LaunchKvCacheWrite(KvCacheFormat format, float fp8_scale, const uint
       KvCacheWriteKernel<KvCacheFormat::kFp8Tiled><<<grid, kWriteWarps * 32, 0, stream>>>(
           fp8_scale, latent, latent_stride, rope, rope_stride, slots, n, kv_pool);
       break;
+    case KvCacheFormat::kF32:  // the CPU reference's lossless format; not a GPU cache format
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -82,6 +82,9 @@ std::string MlaDecodeVariantName(int variant) {
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
                                             int variant) {
   if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("MLA decode: batch ", batch, " < 1"));
+  if (format == KvCacheFormat::kF32) {
+    return absl::InvalidArgumentError("MLA decode: f32 is the CPU reference's cache format only");
+  }
   if (s_q < 1 || s_q > 4) {
     return absl::InvalidArgumentError(absl::StrCat("MLA decode: s_q ", s_q, " outside 1..4"));
   }
