@@ -3,7 +3,7 @@
 // active experts, prefill (2k..32k tokens) in TFLOP/s. Weights are cold: L2 is flushed (a 256 MB
 // memset) before every timed run. The BF16 peer (cuBLAS through PyTorch) is bf16_peer.py.
 //
-// Usage: moe_bench [--quick]
+// Usage: moe_bench [--quick | --decode | --prefill]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -70,7 +70,10 @@ struct Config {
 using namespace mlaserve;  // NOLINT: a benchmark main
 
 int main(int argc, char** argv) {
+  // --quick: prefill 2k only; --decode: decode only (for comparing build variants).
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool decode_only = argc > 1 && std::strcmp(argv[1], "--decode") == 0;
+  const bool prefill_only = argc > 1 && std::strcmp(argv[1], "--prefill") == 0;
   const int H = 7168, I = 2048, K = 8;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -112,6 +115,11 @@ int main(int argc, char** argv) {
   std::vector<int> decode_tokens = {1, 8, 32, 64, 128};
   std::vector<int> prefill_tokens = {2048, 8192, 32768};
   if (quick) prefill_tokens = {2048};
+  if (decode_only) prefill_tokens = {};
+  if (prefill_only) {
+    decode_tokens = {};
+    prefill_tokens = {8192};
+  }
   const size_t gu_codes_e = static_cast<size_t>(2 * I) * H / 2, gu_scales_e = gu_codes_e / 8;
   const size_t dn_codes_e = static_cast<size_t>(H) * I / 2, dn_scales_e = dn_codes_e / 8;
   const double bytes_per_expert = gu_codes_e + gu_scales_e + dn_codes_e + dn_scales_e;
@@ -120,7 +128,7 @@ int main(int argc, char** argv) {
               bytes_per_expert / 1e6, 3.0 * H * I * 2 / 1e6);
   std::printf(
       "\n%-14s %6s %5s %6s %7s | %9s %9s %9s %9s | %9s %7s %7s | %8s %8s\n", "config", "tokens",
-      "tile", "active", "rows", "dispatch", "gate_up", "down", "combine", "total_us", "GB/s",
+      "tile", "active", "rows", "dispatch", "gate_up", "down", "combine", "graph_us", "GB/s",
       "%copy", "TFLOP/s", "TF_total");
 
   std::mt19937 rng(1234);
@@ -147,17 +155,27 @@ int main(int argc, char** argv) {
     all_tokens.insert(all_tokens.end(), prefill_tokens.begin(), prefill_tokens.end());
     for (int tokens : all_tokens) {
       const bool decode = tokens <= 128;
-      // Uniform routing over all global experts, 8 distinct per token.
+      // Routing: 8 distinct experts per token, uniform. With all experts local that is plain
+      // uniform routing; with a local subset, assignment a = t * 8 + j is local exactly when
+      // a % (E_global / E_local) == 0, so the rank sees the expected tokens * 8 * E_local /
+      // E_global local assignments (uniform over its experts) even at 1 token.
       std::vector<int32_t> ids(static_cast<size_t>(tokens) * K);
-      std::vector<int> perm(c.num_experts);
       std::vector<int> count(E, 0);
+      const int ratio = c.num_experts / E;
       for (int t = 0; t < tokens; ++t) {
-        for (int e = 0; e < c.num_experts; ++e) perm[e] = e;
         for (int j = 0; j < K; ++j) {
-          std::uniform_int_distribution<int> d(j, c.num_experts - 1);
-          std::swap(perm[j], perm[d(rng)]);
-          ids[static_cast<size_t>(t) * K + j] = perm[j];
-          if (perm[j] < E) ++count[perm[j]];
+          int e;
+          bool fresh;
+          do {
+            const bool local = ratio == 1 || (t * K + j) % ratio == 0;
+            std::uniform_int_distribution<int> d(local ? 0 : E, local ? E - 1 : c.num_experts - 1);
+            e = d(rng);
+            fresh = std::find(ids.begin() + static_cast<size_t>(t) * K,
+                              ids.begin() + static_cast<size_t>(t) * K + j, e) ==
+                    ids.begin() + static_cast<size_t>(t) * K + j;
+          } while (!fresh);
+          ids[static_cast<size_t>(t) * K + j] = e;
+          if (e < E) ++count[e];
         }
       }
       int active = 0, rows = 0;
@@ -215,7 +233,29 @@ int main(int argc, char** argv) {
         t_comb.push_back(ms[3] * 1e3f);
         t_total.push_back(tot * 1e3f);
       }
-      const double us_total = Median(t_total), us_gemm = Median(t_gu) + Median(t_dn);
+      // The four stages as one CUDA graph (how a decode step runs them): no launch gaps.
+      std::vector<float> t_graph;
+      {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        CK(InvokeNvfp4Moe(p, s));
+        CK(cudaStreamEndCapture(s, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int it = 0; it < reps + 2; ++it) {
+          CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
+          CK(cudaEventRecord(ev[0], s));
+          CK(cudaGraphLaunch(exec, s));
+          CK(cudaEventRecord(ev[1], s));
+          CK(cudaEventSynchronize(ev[1]));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+          if (it >= 2) t_graph.push_back(ms * 1e3f);
+        }
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+      }
+      const double us_total = Median(t_graph), us_gemm = Median(t_gu) + Median(t_dn);
       const double bytes = bytes_per_expert * active;
       const double gbps = bytes / (us_total * 1e-6) / 1e9;
       const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
@@ -239,8 +279,9 @@ int main(int argc, char** argv) {
     CK(cudaFree(dn_gs));
   }
   std::printf(
-      "\nGB/s: weight bytes of the active experts (codes + scales) / total time (dispatch + "
-      "GEMMs + combine); %%copy: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 * H * I / "
-      "(gate_up + down time); TF_total: the same over the total time.\n");
+      "\nStage columns: microseconds, each stage timed alone with events. graph_us: the four "
+      "stages replayed as one CUDA graph (cold L2). GB/s: weight bytes of the active experts "
+      "(codes + scales) / graph_us; %%copy: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 * H * I / "
+      "(gate_up + down time); TF_total: the same over graph_us.\n");
   return 0;
 }

@@ -7,15 +7,16 @@
 // of a step land in shared memory together).
 //
 // Dequantization (layout and exactness: nvfp4_moe_layout.h): per 16x16 A fragment a lane reads
-// one 32-bit code word; for r = 0..3, u = q << 4r gives a[r] = (u & 0x80008000) |
-// ((u >> 6) & 0x01c001c0) (e2m1 * 2^-126 in bf16), times the broadcast scale pair (scale *
-// 2^119 in bf16), one bf16x2 multiply: exactly e2m1 * scale * 2^-7. The fp32 accumulators are
+// one 32-bit code word; 11 shifts and masks give a0..a3 as bf16 pairs equal to e2m1 * 2^-126,
+// then one bf16x2 multiply by the broadcast scale pair (scale * 2^119 in bf16) each: exactly
+// e2m1 * scale * 2^-7. The fp32 accumulators are
 // multiplied by weight_scale_2 * 2^7 in the epilogue.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/moe/nvfp4_moe_gemm.h"
@@ -61,11 +62,13 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// e2m1 codes of fragment register r as a bf16 pair times 2^-126 (see the file comment).
-template <int kR>
-__device__ __forceinline__ uint32_t CodesToBf16Tiny(uint32_t q) {
-  const uint32_t u = q << (4 * kR);
-  return (u & 0x80008000u) | ((u >> 6) & 0x01c001c0u);
+// The e2m1 codes of fragment registers a0..a3 as bf16 pairs times 2^-126 (bit positions:
+// nvfp4_moe_layout.h).
+__device__ __forceinline__ void CodesToBf16Tiny(uint32_t q, uint32_t (&a)[4]) {
+  a[0] = q & 0x81c081c0u;
+  a[1] = (q << 3) & 0x81c081c0u;
+  a[2] = (q << 6) & 0x81c081c0u;
+  a[3] = ((q >> 6) & 0x01800180u) | ((q << 4) & 0x80008000u) | ((q >> 4) & 0x00400040u);
 }
 
 template <int kBM_, int kBN_, int kBK_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_>
@@ -240,10 +243,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) Nvfp4MoeGemmKe
           const uint32_t sg8 = __byte_perm(s_hi, 0, sel);
           const uint32_t q = j == 0 ? cw[mt].x : j == 1 ? cw[mt].y : j == 2 ? cw[mt].z : cw[mt].w;
           uint32_t a[4];
-          a[0] = MulBf16x2(CodesToBf16Tiny<0>(q), sg);
-          a[1] = MulBf16x2(CodesToBf16Tiny<1>(q), sg8);
-          a[2] = MulBf16x2(CodesToBf16Tiny<2>(q), sg);
-          a[3] = MulBf16x2(CodesToBf16Tiny<3>(q), sg8);
+          CodesToBf16Tiny(q, a);
+          a[0] = MulBf16x2(a[0], sg);
+          a[1] = MulBf16x2(a[1], sg8);
+          a[2] = MulBf16x2(a[2], sg);
+          a[3] = MulBf16x2(a[3], sg8);
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) MmaBf16(acc[mt][nt], a, b[nt][0], b[nt][1]);
         }
@@ -298,20 +302,52 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) Nvfp4MoeGemmKe
   }
 }
 
-// Tile shapes by tokens per tile. Shared memory: 52 KB, 50 KB, 82 KB.
+// Tile shapes by tokens per tile. Shared memory: 52 KB, 50 KB, 82 KB (sm_120 allows 99 KB).
 template <int kTileTokens>
 struct TileFor;
+// Decode: weight-stream bound and, on Hopper, close to instruction-issue bound (dequantization
+// costs about 2 integer/bf16 ops per weight). Measured on the H200 (bench/RESULTS.md, 2026-11-29,
+// all 256 experts, 32 tokens, % of copy bandwidth): 4 warps x 2 m-tiles, K step 128, 4 stages,
+// 4 blocks/SM 69.4%; 8 warps x 1 m-tile 67.3%; K step 256 64.7%; 6 stages 63.5%.
+#ifndef MLASERVE_MOE_DECODE_BK
+#define MLASERVE_MOE_DECODE_BK 128
+#endif
+#ifndef MLASERVE_MOE_DECODE_STAGES
+#define MLASERVE_MOE_DECODE_STAGES 4
+#endif
+#ifndef MLASERVE_MOE_DECODE_WARPS_M
+#define MLASERVE_MOE_DECODE_WARPS_M 4
+#endif
+#ifndef MLASERVE_MOE_DECODE_MIN_BLOCKS
+#define MLASERVE_MOE_DECODE_MIN_BLOCKS 4
+#endif
 template <>
 struct TileFor<16> {
-  using Cfg = TileConfig<128, 16, 128, 8, 1, 4, 3>;
+  using Cfg = TileConfig<128, 16, MLASERVE_MOE_DECODE_BK, MLASERVE_MOE_DECODE_WARPS_M, 1,
+                         MLASERVE_MOE_DECODE_STAGES,
+                         MLASERVE_MOE_DECODE_MIN_BLOCKS>;
 };
 template <>
 struct TileFor<64> {
   using Cfg = TileConfig<128, 64, 64, 4, 2, 4, 2>;
 };
+// Prefill: MMA bound. Measured (8192 tokens, all 256 experts, GEMM TFLOP/s): 8 warps along M
+// (warp tile 16 x 128) 265.9; 4 x 2 warps 251.1 (spills 32 B); 3 stages 259.4; 2 x 4 warps with
+// 1 block/SM 201.3.
+#ifndef MLASERVE_MOE_PREFILL_STAGES
+#define MLASERVE_MOE_PREFILL_STAGES 4
+#endif
+#ifndef MLASERVE_MOE_PREFILL_WARPS_M
+#define MLASERVE_MOE_PREFILL_WARPS_M 8
+#endif
+#ifndef MLASERVE_MOE_PREFILL_MIN_BLOCKS
+#define MLASERVE_MOE_PREFILL_MIN_BLOCKS 2
+#endif
 template <>
 struct TileFor<128> {
-  using Cfg = TileConfig<128, 128, 64, 4, 2, 4, 2>;
+  using Cfg = TileConfig<128, 128, 64, MLASERVE_MOE_PREFILL_WARPS_M,
+                         8 / MLASERVE_MOE_PREFILL_WARPS_M, MLASERVE_MOE_PREFILL_STAGES,
+                         MLASERVE_MOE_PREFILL_MIN_BLOCKS>;
 };
 
 template <bool kGateUp, int kTileTokens>
@@ -322,9 +358,18 @@ cudaError_t Launch(const Nvfp4MoeGemmParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.max_tiles == 0) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
+  // Raise the dynamic shared memory limit once per device (also keeps the launcher free of
+  // non-stream calls when it runs inside a CUDA graph capture).
+  static std::atomic<uint64_t> attribute_set{0};
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  const uint64_t bit = 1ull << (device & 63);
+  if (!(attribute_set.load(std::memory_order_relaxed) & bit)) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    attribute_set.fetch_or(bit);
+  }
   const dim3 grid(p.n / Cfg::kBM, p.max_tiles);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

@@ -11,14 +11,32 @@
 namespace mlaserve {
 namespace {
 
-// Nibble position (0..7) of fragment element (row r in 0..15, column c in 0..15) of a 16x16 tile,
-// and the lane holding it.
-void FragmentSlot(int r, int c, int* lane, int* nibble) {
+// Fragment register (0..3), element (0: first, 1: second) and lane of element (r, c) of a 16x16
+// tile (PTX ISA mma.m16n8k16 .bf16 A layout).
+void FragmentSlot(int r, int c, int* lane, int* reg, int* elem) {
   const int g = r % 8, hi_row = r / 8;
-  const int t = (c % 8) / 2, odd = c % 2, hi_col = c / 8;
+  const int t = (c % 8) / 2, hi_col = c / 8;
   *lane = 4 * g + t;
-  const int reg = hi_row + 2 * hi_col;  // a0..a3
-  *nibble = (3 - reg) + 4 * odd;
+  *reg = hi_row + 2 * hi_col;
+  *elem = c % 2;
+}
+
+// Bit positions in the code word of bits (m, e0, e1, s) of register `reg`'s first element
+// (nvfp4_moe_layout.h); the second element's are 16 higher.
+constexpr int kCodeBitPos[4][4] = {{6, 7, 8, 15}, {3, 4, 5, 12}, {0, 1, 2, 9}, {10, 13, 14, 11}};
+
+uint32_t PlaceCode(uint8_t code, int reg, int elem) {
+  uint32_t w = 0;
+  for (int b = 0; b < 4; ++b) {
+    if ((code >> b) & 1) w |= 1u << (kCodeBitPos[reg][b] + 16 * elem);
+  }
+  return w;
+}
+
+uint8_t TakeCode(uint32_t word, int reg, int elem) {
+  uint8_t code = 0;
+  for (int b = 0; b < 4; ++b) code |= ((word >> (kCodeBitPos[reg][b] + 16 * elem)) & 1) << b;
+  return code;
 }
 
 uint8_t CodeAt(const uint8_t* packed, int cols, int r, int c) {
@@ -67,9 +85,9 @@ absl::Status Relayout(const std::vector<RowSource>& rows_src, int cols, uint8_t*
           for (int cc = 0; cc < 16; ++cc) {
             const uint8_t e2m1 =
                 zero_block ? 0 : CodeAt(src.packed, cols, src.src_row, kc * 64 + j * 16 + cc);
-            int lane, nib;
-            FragmentSlot(r, cc, &lane, &nib);
-            words[lane][j] |= static_cast<uint32_t>(e2m1) << (4 * nib);
+            int lane, reg, elem;
+            FragmentSlot(r, cc, &lane, &reg, &elem);
+            words[lane][j] |= PlaceCode(e2m1, reg, elem);
           }
         }
       }
@@ -132,11 +150,11 @@ void DequantizeTiledNvfp4(const uint8_t* tiled_codes, const uint8_t* tiled_scale
     for (int c = 0; c < cols; ++c) {
       const int mt = r / 16, kc = c / 64, j = (c % 64) / 16, rr = r % 16, cc = c % 16;
       const size_t tile = static_cast<size_t>(mt) * kchunks + kc;
-      int lane, nib;
-      FragmentSlot(rr, cc, &lane, &nib);
+      int lane, reg, elem;
+      FragmentSlot(rr, cc, &lane, &reg, &elem);
       const uint8_t* w = tiled_codes + tile * 512 + lane * 16 + j * 4;
       const uint32_t word = w[0] | (w[1] << 8) | (w[2] << 16) | (static_cast<uint32_t>(w[3]) << 24);
-      const uint8_t e2m1 = (word >> (4 * nib)) & 0xf;
+      const uint8_t e2m1 = TakeCode(word, reg, elem);
       const uint8_t code = tiled_scales[tile * 64 + (rr % 8) * 8 + 2 * j + rr / 8];
       // Decode the scale code the way the kernel does: bf16 bits (code << 4) + (232 << 7).
       const uint32_t bf16 = (static_cast<uint32_t>(code) << 4) + (232u << 7);

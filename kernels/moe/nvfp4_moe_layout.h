@@ -7,12 +7,19 @@
 //
 // Rows split into m-tiles of 16, columns into chunks of 64 (four 16-column scale blocks).
 // codes  [rows/16][cols/64][32 lanes][4 words]: word j of lane 4g+t holds the 8 e2m1 codes of the
-//        lane's A fragment for columns 64c + 16j .. +15, nibble n (bits 4n..4n+3):
-//          n=3: W[g][2t]    n=7: W[g][2t+1]      (a0)      n=1: W[g][2t+8]    n=5: W[g][2t+9]    (a2)
-//          n=2: W[g+8][2t]  n=6: W[g+8][2t+1]    (a1)      n=0: W[g+8][2t+8]  n=4: W[g+8][2t+9]  (a3)
-//        so the kernel's `(q << 4r) & 0x80008000 | ((q << 4r) >> 6) & 0x01c001c0` yields a[r] as a
-//        bf16 pair whose value is e2m1 * 2^-126 (exponent and mantissa bits placed into the
-//        bf16's; code 1 = 0.5 lands on a bf16 subnormal, which bf16 multiplication keeps).
+//        lane's A fragment for columns 64c + 16j .. +15: a0 = (W[g][2t], W[g][2t+1]),
+//        a1 = (W[g+8][2t], W[g+8][2t+1]), a2 = (W[g][2t+8], W[g][2t+9]),
+//        a3 = (W[g+8][2t+8], W[g+8][2t+9]). Each code's bits (s e1 e0 m) sit where one shift and
+//        one mask move them to the bf16 positions (s -> 15, e1 e0 m -> 8 7 6; +16 for the pair's
+//        second element), so that the kernel needs 11 integer ops per word instead of 15:
+//          a0 = q & 0x81c081c0                   first element m,e0,e1,s at bits 6,7,8,15
+//          a1 = (q << 3) & 0x81c081c0            bits 3,4,5,12
+//          a2 = (q << 6) & 0x81c081c0            bits 0,1,2,9
+//          a3 = (q >> 6) & 0x01800180 | (q << 4) & 0x80008000 | (q >> 4) & 0x00400040
+//                                                m,s,e0,e1 at bits 10,11,13,14
+//        (second elements: the same positions + 16). The result is a bf16 pair whose value is
+//        e2m1 * 2^-126: exponent and mantissa bits land in the bf16's, and code 1 = 0.5 lands on
+//        a bf16 subnormal, which bf16 multiplication keeps.
 // scales [rows/16][cols/64][8 g][8 bytes]: bytes (s(g,0), s(g+8,0), s(g,1), s(g+8,1), s(g,2),
 //        s(g+8,2), s(g,3), s(g+8,3)), s(r,j) = scale of row r, 16-column block j of the chunk,
 //        as an 8-bit code u: the bf16 with bits (u << 4) + (232 << 7) equals the e4m3 scale times
