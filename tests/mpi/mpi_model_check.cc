@@ -1,0 +1,114 @@
+// Runs under `mpirun -np N`: every rank loads its shard of a fixture model and the job checks
+// the logits of the fixture's prompts and its greedy continuation against transformers' golden
+// outputs. Prints "[mpi] ..." lines on rank 0 and exits 0 only when everything agrees.
+//
+//   mpi_model_check --model DIR [--moe expert|tensor] [--kv f32|bf16|fp8|fp8_tiled]
+//                   [--fail-rank R] [--crash-rank R]
+// --fail-rank makes rank R fail to load (the job must stop with "rank R: ..."); --crash-rank
+// makes rank R abort before the first step (the job must end, not hang).
+#include <mpi.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tests/model/golden_fixture.h"
+#include "worker/backend/cpu_ops.h"
+#include "worker/comm/mpi_communicator.h"
+#include "worker/model/local_session.h"
+
+namespace {
+
+int Finish(int code) {
+  MPI_Finalize();
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace mlaserve;
+  MPI_Init(&argc, &argv);
+  std::string model_dir, moe = "expert", kv = "f32";
+  int fail_rank = -1, crash_rank = -1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--model") model_dir = argv[i + 1];
+    else if (a == "--moe") moe = argv[i + 1];
+    else if (a == "--kv") kv = argv[i + 1];
+    else if (a == "--fail-rank") fail_rank = std::atoi(argv[i + 1]);
+    else if (a == "--crash-rank") crash_rank = std::atoi(argv[i + 1]);
+  }
+  MpiCommunicator comm;
+  const int rank = comm.rank(), world = comm.size();
+  CpuOps ops(1);
+  ModelOptions options;
+  options.num_kv_blocks = 4;
+  options.moe = moe == "tensor" ? MoeParallelism::kTensor : MoeParallelism::kExpert;
+  auto format = ParseKvCacheFormat(kv);
+  if (format.ok()) options.kv_format = *format;
+  absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model =
+      rank == fail_rank ? absl::InvalidArgumentError("injected load failure (--fail-rank)")
+      : !format.ok()    ? absl::StatusOr<std::unique_ptr<DeepseekV3Model>>(format.status())
+                        : DeepseekV3Model::Load(model_dir, options, ops, comm);
+  absl::Status agreed = comm.AgreeOnStatus(model.status());
+  if (!agreed.ok()) {
+    if (rank == 0) std::fprintf(stderr, "mpi_model_check: %s\n", std::string(agreed.message()).c_str());
+    return Finish(3);
+  }
+  if (rank == crash_rank) {
+    std::fprintf(stderr, "mpi_model_check: rank %d aborting (--crash-rank)\n", rank);
+    std::abort();
+  }
+  Golden golden(model_dir);
+  if (!golden.ok()) {
+    if (rank == 0) std::fprintf(stderr, "mpi_model_check: no golden.safetensors in %s\n", model_dir.c_str());
+    return Finish(3);
+  }
+  bool ok = true;
+  LocalSession session(**model);
+  double worst = 0;
+  for (int p = 0; p < 3; ++p) {
+    const auto ids = golden.Get<int32_t>("p" + std::to_string(p) + ".ids");
+    const auto ref = golden.Get<float>("p" + std::to_string(p) + ".logits");
+    session.Reset();
+    auto logits = session.Feed(ids, true);
+    if (!logits.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(logits.status().message()).c_str());
+      return Finish(4);
+    }
+    worst = std::max(worst, CompareLogits(*logits, ref).Relative());
+  }
+  const auto want = golden.Get<int32_t>("p2.greedy");
+  auto got = session.Generate(golden.Get<int32_t>("p2.ids"), static_cast<int>(want.size()),
+                              SamplingRefParams{}, /*ignore_eos=*/true);
+  if (!got.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(got.status().message()).c_str());
+    return Finish(4);
+  }
+  // Only the paged decode in the lossless format must reproduce the oracle's tokens exactly.
+  const bool greedy_ok = *got == want;
+  if (options.kv_format == KvCacheFormat::kF32) ok = ok && greedy_ok;
+  ok = ok && worst <= 1e-4;
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  const double rss_mib = usage.ru_maxrss / 1024.0;  // ru_maxrss is in KiB on Linux
+  const double weights_mib = (*model)->weight_bytes() / 1048576.0;
+  std::vector<double> all_rss(world), all_weights(world);
+  MPI_Gather(&rss_mib, 1, MPI_DOUBLE, all_rss.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Gather(&weights_mib, 1, MPI_DOUBLE, all_weights.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  int all_ok = ok ? 1 : 0, every_ok = 0;
+  MPI_Allreduce(&all_ok, &every_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (rank == 0) {
+    std::printf("[mpi] N=%d moe=%s kv=%s: prefill max relative %.3g, greedy %s\n", world, moe.c_str(),
+                kv.c_str(), worst, greedy_ok ? "identical" : "differs");
+    for (int r = 0; r < world; ++r) {
+      std::printf("[mpi] N=%d rank %d: peak RSS %.1f MiB, weights %.2f MiB\n", world, r, all_rss[r],
+                  all_weights[r]);
+    }
+  }
+  return Finish(every_ok ? 0 : 5);
+}

@@ -1,0 +1,69 @@
+#include "worker/comm/mpi_communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlaserve {
+namespace {
+
+absl::Status MpiStatus(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return absl::OkStatus();
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  return absl::InternalError(absl::StrCat(what, ": ", std::string(msg, len)));
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  // Errors come back as return codes (then as absl::Status), not as an abort inside MPI.
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+}
+
+absl::Status MpiCommunicator::AllReduceSum(float* data, size_t count) {
+  // MPI counts are int: reduce in pieces of at most INT_MAX / 2 elements.
+  for (size_t done = 0; done < count;) {
+    const int n = static_cast<int>(std::min<size_t>(count - done, INT_MAX / 2));
+    if (auto s = MpiStatus(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_),
+                           "MPI_Allreduce");
+        !s.ok()) {
+      return s;
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::AllGather(const float* send, size_t count, float* recv) {
+  if (count > INT_MAX / 2) return absl::InvalidArgumentError("AllGather: count too large for MPI");
+  return MpiStatus(MPI_Allgather(send, static_cast<int>(count), MPI_FLOAT, recv,
+                                 static_cast<int>(count), MPI_FLOAT, comm_),
+                   "MPI_Allgather");
+}
+
+absl::Status MpiCommunicator::AgreeOnStatus(const absl::Status& mine) {
+  const int failed = mine.ok() ? INT_MAX : rank_;
+  int first = INT_MAX;
+  if (auto s = MpiStatus(MPI_Allreduce(&failed, &first, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+      !s.ok()) {
+    return s;
+  }
+  if (first == INT_MAX) return absl::OkStatus();
+  // The failing rank broadcasts its message.
+  std::string msg = first == rank_ ? std::string(mine.message()) : std::string();
+  int len = static_cast<int>(msg.size());
+  MPI_Bcast(&len, 1, MPI_INT, first, comm_);
+  msg.resize(len);
+  MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm_);
+  return absl::Status(first == rank_ ? mine.code() : absl::StatusCode::kAborted,
+                      absl::StrCat("rank ", first, ": ", msg));
+}
+
+}  // namespace mlaserve

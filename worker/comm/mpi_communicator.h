@@ -1,0 +1,29 @@
+// Communicator over MPI (the CPU backend's collectives, and the control path of every job).
+#pragma once
+
+#include <mpi.h>
+
+#include "worker/comm/communicator.h"
+
+namespace mlaserve {
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::Status AllReduceSum(float* data, size_t count) override;
+  absl::Status AllGather(const float* send, size_t count, float* recv) override;
+
+  // Every rank passes its own status; all get back the first failure in rank order, as
+  // "rank R: <message>", or OK. Used after loading so that one rank's bad shard stops the job
+  // everywhere with the cause, instead of leaving the others waiting in a collective.
+  absl::Status AgreeOnStatus(const absl::Status& mine);
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace mlaserve
