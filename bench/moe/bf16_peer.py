@@ -25,17 +25,9 @@ def median(v):
     return v[len(v) // 2]
 
 
-def route(tokens, num_experts, num_local, gen):
-    """8 distinct uniform experts per token; with a local subset, assignment t * 8 + j is local
-    exactly when its index is a multiple of num_experts / num_local (moe_bench's rule)."""
+def route(tokens, num_experts, gen):
     scores = torch.rand(tokens, num_experts, generator=gen, device="cuda")
-    if num_local == num_experts:
-        return scores.topk(K, dim=-1).indices
-    ratio = num_experts // num_local
-    local_ids = scores[:, :num_local].topk(K, dim=-1).indices
-    remote_ids = scores[:, num_local:].topk(K, dim=-1).indices + num_local
-    is_local = (torch.arange(tokens * K, device="cuda").view(tokens, K) % ratio) == 0
-    return torch.where(is_local, local_ids, remote_ids)
+    return scores.topk(K, dim=-1).indices  # uniform, distinct
 
 
 def main():
@@ -54,7 +46,7 @@ def main():
         w2 = torch.randn(num_local, H, I, device=dev, dtype=torch.bfloat16) * 0.02
         for tokens in DECODE + prefill:
             x = torch.randn(tokens, H, device=dev, dtype=torch.bfloat16)
-            ids = route(tokens, num_experts, num_local, gen)
+            ids = route(tokens, num_experts, gen)
             weights = torch.full((tokens, K), 1.0 / K, device=dev)
             flat = ids.flatten()
             local = flat < num_local

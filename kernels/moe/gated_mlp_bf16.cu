@@ -18,8 +18,8 @@ __global__ void SiluMulKernel(const __nv_bfloat16* __restrict__ gate_up, int int
 cublasStatus_t GemmNT(cublasHandle_t h, int m_rows, int n_cols, int k, const __nv_bfloat16* a,
                       const __nv_bfloat16* b, __nv_bfloat16* c) {
   const float alpha = 1.0f, beta = 0.0f;
-  return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n_cols, m_rows, k, &alpha, b, CUDA_R_16BF, k,
-                      a, CUDA_R_16BF, k, &beta, c, CUDA_R_16BF, n_cols, CUBLAS_COMPUTE_32F,
+  return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n_cols, m_rows, k, &alpha, b, CUDA_R_16BF, k, a,
+                      CUDA_R_16BF, k, &beta, c, CUDA_R_16BF, n_cols, CUBLAS_COMPUTE_32F,
                       CUBLAS_GEMM_DEFAULT);
 }
 

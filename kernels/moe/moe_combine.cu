@@ -13,7 +13,8 @@ __global__ void __launch_bounds__(kThreads) MoeCombineKernel(const MoeCombinePar
   for (int j = 0; j < p.top_k; ++j) {
     const int row = __ldg(p.assignment_row + static_cast<size_t>(t) * p.top_k + j);
     if (row < 0) continue;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p.y + static_cast<size_t>(row) * p.hidden + h));
+    const float4 v =
+        __ldg(reinterpret_cast<const float4*>(p.y + static_cast<size_t>(row) * p.hidden + h));
     acc.x += v.x;
     acc.y += v.y;
     acc.z += v.z;

@@ -12,11 +12,11 @@ struct MoeCombineParams {
   int tokens;
   int hidden;  // multiple of 4
   int top_k;
-  const int32_t* assignment_row;     // [tokens * top_k], -1: expert of another rank
-  const float* y;                    // [rows, hidden] weighted expert outputs
-  const __nv_bfloat16* shared_out;   // [tokens, hidden] added last, or nullptr
-  float* out;                        // [tokens, hidden] or nullptr
-  __nv_bfloat16* out_bf16;           // [tokens, hidden] or nullptr
+  const int32_t* assignment_row;    // [tokens * top_k], -1: expert of another rank
+  const float* y;                   // [rows, hidden] weighted expert outputs
+  const __nv_bfloat16* shared_out;  // [tokens, hidden] added last, or nullptr
+  float* out;                       // [tokens, hidden] or nullptr
+  __nv_bfloat16* out_bf16;          // [tokens, hidden] or nullptr
 };
 
 // tokens <= 65535 (one grid row per token).

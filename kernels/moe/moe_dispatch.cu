@@ -1,6 +1,6 @@
-#include "kernels/moe/moe_dispatch.h"
-
 #include <cub/block/block_scan.cuh>
+
+#include "kernels/moe/moe_dispatch.h"
 
 namespace mlaserve {
 namespace {

@@ -10,9 +10,9 @@ namespace mlaserve {
 struct MoeDispatchParams {
   int tokens;
   int top_k;
-  int first_expert;       // local experts: [first_expert, first_expert + num_local_experts)
-  int num_local_experts;  // <= 1024; all experts: first_expert 0, num_local_experts E
-  int tile_tokens;        // rows per GEMM tile (kMoeTileTokens*)
+  int first_expert;         // local experts: [first_expert, first_expert + num_local_experts)
+  int num_local_experts;    // <= 1024; all experts: first_expert 0, num_local_experts E
+  int tile_tokens;          // rows per GEMM tile (kMoeTileTokens*)
   const int32_t* topk_ids;  // [tokens, top_k] global expert ids
   // Outputs. Rows are the local assignments grouped by expert, ascending assignment index
   // a = t * top_k + j within an expert (a stable order: the same for any batch order of equal

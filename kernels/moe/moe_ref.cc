@@ -19,8 +19,7 @@ const float* AsFloat(const MoeLinearRef& w, int rows, int cols, std::vector<floa
     std::abort();
   }
   storage.resize(static_cast<size_t>(rows) * cols);
-  DequantizeNvfp4(w.nvfp4_packed, w.nvfp4_scale, w.nvfp4_global_scale, rows, cols,
-                  storage.data());
+  DequantizeNvfp4(w.nvfp4_packed, w.nvfp4_scale, w.nvfp4_global_scale, rows, cols, storage.data());
   return storage.data();
 }
 

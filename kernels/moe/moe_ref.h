@@ -15,7 +15,7 @@ namespace mlaserve {
 
 // One projection [rows, cols]: fp32 (f32 set) or NVFP4 (nvfp4_packed and nvfp4_scale set).
 struct MoeLinearRef {
-  const float* f32 = nullptr;           // [rows, cols]
+  const float* f32 = nullptr;             // [rows, cols]
   const uint8_t* nvfp4_packed = nullptr;  // [rows, cols / 2], low nibble = even column
   const uint8_t* nvfp4_scale = nullptr;   // [rows, cols / 16] e4m3
   float nvfp4_global_scale = 1.0f;        // weight_scale_2
@@ -32,10 +32,10 @@ struct MoeExpertsRefParams {
   int hidden;        // 7168 for DeepSeek-V3 / Kimi-K2
   int intermediate;  // moe_intermediate_size, 2048
   int top_k;
-  const float* x;               // [tokens, hidden]
-  const int32_t* topk_ids;      // [tokens, top_k] global expert indices
-  const float* topk_weights;    // [tokens, top_k]
-  int first_expert;             // local experts: [first_expert, first_expert + num_local_experts)
+  const float* x;             // [tokens, hidden]
+  const int32_t* topk_ids;    // [tokens, top_k] global expert indices
+  const float* topk_weights;  // [tokens, top_k]
+  int first_expert;           // local experts: [first_expert, first_expert + num_local_experts)
   int num_local_experts;
   const MoeExpertRef* experts;  // [num_local_experts], experts[i] is expert first_expert + i
   float* out;                   // [tokens, hidden], overwritten

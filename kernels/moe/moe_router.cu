@@ -1,7 +1,6 @@
-#include "kernels/moe/moe_router.h"
-
 #include <cfloat>
 
+#include "kernels/moe/moe_router.h"
 #include "kernels/moe/moe_router_math.h"
 
 namespace mlaserve {
@@ -139,9 +138,9 @@ cublasStatus_t InvokeMoeRouterLogits(const MoeRouterLogitsParams& p, cudaStream_
   const float alpha = 1.0f, beta = 0.0f;
   // Column-major view: logits^T [E, T] = gate [E, H] (row-major = col-major [H, E], transposed)
   // times hidden^T [H, T].
-  return cublasGemmEx(p.cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.num_experts, p.tokens, p.hidden,
-                      &alpha, p.gate_weight, CUDA_R_16BF, p.hidden, p.hidden_states, CUDA_R_16BF,
-                      p.hidden, &beta, p.logits, CUDA_R_32F, p.num_experts, CUBLAS_COMPUTE_32F,
+  return cublasGemmEx(p.cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.num_experts, p.tokens, p.hidden, &alpha,
+                      p.gate_weight, CUDA_R_16BF, p.hidden, p.hidden_states, CUDA_R_16BF, p.hidden,
+                      &beta, p.logits, CUDA_R_32F, p.num_experts, CUBLAS_COMPUTE_32F,
                       CUBLAS_GEMM_DEFAULT);
 }
 

@@ -60,7 +60,8 @@ void MoeRouteRef(const MoeRouterConfig& c, const float* logits, const float* bia
       }
       for (int o = 16; o >= 1; o /= 2) {
         float next[32];
-        for (int lane = 0; lane < 32; ++lane) next[lane] = rm::Add(partial[lane], partial[lane ^ o]);
+        for (int lane = 0; lane < 32; ++lane)
+          next[lane] = rm::Add(partial[lane], partial[lane ^ o]);
         for (int lane = 0; lane < 32; ++lane) partial[lane] = next[lane];
       }
       for (int e = 0; e < E; ++e) score[e] = rm::Div(score[e], partial[0]);

@@ -32,10 +32,10 @@
 namespace mlaserve {
 
 struct MoeRouterConfig {
-  int num_experts;    // n_routed_experts (256 DeepSeek-V3/R1, 384 Kimi-K2/K2.5)
-  int top_k;          // num_experts_per_tok
-  int n_group;        // expert groups (1: no grouping)
-  int topk_group;     // groups kept per token
+  int num_experts;       // n_routed_experts (256 DeepSeek-V3/R1, 384 Kimi-K2/K2.5)
+  int top_k;             // num_experts_per_tok
+  int n_group;           // expert groups (1: no grouping)
+  int topk_group;        // groups kept per token
   bool softmax_scoring;  // false: sigmoid (V3), true: softmax (V2)
   bool norm_topk_prob;
   float routed_scaling_factor;

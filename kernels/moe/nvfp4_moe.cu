@@ -1,9 +1,8 @@
-#include "kernels/moe/nvfp4_moe.h"
-
 #include <algorithm>
 
 #include "kernels/moe/moe_combine.h"
 #include "kernels/moe/moe_dispatch.h"
+#include "kernels/moe/nvfp4_moe.h"
 #include "kernels/moe/nvfp4_moe_gemm.h"
 
 namespace mlaserve {
@@ -11,8 +10,7 @@ namespace {
 
 size_t Align(size_t x) { return (x + 255) / 256 * 256; }
 
-Nvfp4MoeGemmParams GemmParams(const Nvfp4MoeParams& p, const Nvfp4MoeWorkspace& ws,
-                              bool gate_up) {
+Nvfp4MoeGemmParams GemmParams(const Nvfp4MoeParams& p, const Nvfp4MoeWorkspace& ws, bool gate_up) {
   const Nvfp4MoeWeights& w = p.weights;
   const int rows = p.tokens * p.top_k;
   Nvfp4MoeGemmParams g{};

@@ -15,28 +15,28 @@ namespace mlaserve {
 struct Nvfp4MoeWeights {
   int first_expert;
   int num_local_experts;
-  int hidden;        // multiple of 128
-  int intermediate;  // multiple of 128
-  const uint8_t* gate_up_codes;        // [E][2I/16][H/64][512]
-  const uint8_t* gate_up_scales;       // [E][2I/16][H/64][64]
-  const float* gate_up_global_scale;   // [E][2]: weight_scale_2 of gate, of up
-  const uint8_t* down_codes;           // [E][H/16][I/64][512]
-  const uint8_t* down_scales;          // [E][H/16][I/64][64]
-  const float* down_global_scale;      // [E]
+  int hidden;                         // multiple of 128
+  int intermediate;                   // multiple of 128
+  const uint8_t* gate_up_codes;       // [E][2I/16][H/64][512]
+  const uint8_t* gate_up_scales;      // [E][2I/16][H/64][64]
+  const float* gate_up_global_scale;  // [E][2]: weight_scale_2 of gate, of up
+  const uint8_t* down_codes;          // [E][H/16][I/64][512]
+  const uint8_t* down_scales;         // [E][H/16][I/64][64]
+  const float* down_global_scale;     // [E]
 };
 
 struct Nvfp4MoeParams {
   Nvfp4MoeWeights weights;
   int tokens;
   int top_k;
-  int tile_tokens;  // kMoeTileTokens*; see ChooseMoeTileTokens
-  const __nv_bfloat16* x;            // [tokens, hidden]
-  const int32_t* topk_ids;           // [tokens, top_k] global expert ids
-  const float* topk_weights;         // [tokens, top_k]
-  const __nv_bfloat16* shared_out;   // [tokens, hidden] or nullptr
-  float* out;                        // [tokens, hidden] fp32, or nullptr
-  __nv_bfloat16* out_bf16;           // [tokens, hidden], or nullptr
-  void* workspace;                   // Nvfp4MoeWorkspaceBytes, 256-byte aligned
+  int tile_tokens;                  // kMoeTileTokens*; see ChooseMoeTileTokens
+  const __nv_bfloat16* x;           // [tokens, hidden]
+  const int32_t* topk_ids;          // [tokens, top_k] global expert ids
+  const float* topk_weights;        // [tokens, top_k]
+  const __nv_bfloat16* shared_out;  // [tokens, hidden] or nullptr
+  float* out;                       // [tokens, hidden] fp32, or nullptr
+  __nv_bfloat16* out_bf16;          // [tokens, hidden], or nullptr
+  void* workspace;                  // Nvfp4MoeWorkspaceBytes, 256-byte aligned
   size_t workspace_bytes;
 };
 

@@ -16,7 +16,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "kernels/moe/nvfp4_moe_gemm.h"
@@ -30,8 +29,8 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 // 16-byte global->shared copy; zero-fills when !valid (src-size 0 reads nothing).
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
   const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
-               "l"(gmem), "r"(src_size));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(src_size));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kN>
@@ -74,9 +73,9 @@ __device__ __forceinline__ void CodesToBf16Tiny(uint32_t q, uint32_t (&a)[4]) {
 template <int kBM_, int kBN_, int kBK_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_>
 struct TileConfig {
   static constexpr int kMinBlocks = kMinBlocks_;  // blocks per SM the register budget allows
-  static constexpr int kBM = kBM_;  // weight rows per block
-  static constexpr int kBN = kBN_;  // activation rows per block (the tile_tokens)
-  static constexpr int kBK = kBK_;  // K per pipeline stage
+  static constexpr int kBM = kBM_;                // weight rows per block
+  static constexpr int kBN = kBN_;                // activation rows per block (the tile_tokens)
+  static constexpr int kBK = kBK_;                // K per pipeline stage
   static constexpr int kWarpsM = kWarpsM_;
   static constexpr int kWarpsN = kWarpsN_;
   static constexpr int kStages = kStages_;
@@ -103,7 +102,8 @@ struct TileConfig {
 };
 
 template <class Cfg, bool kGateUp>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) Nvfp4MoeGemmKernel(const Nvfp4MoeGemmParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    Nvfp4MoeGemmKernel(const Nvfp4MoeGemmParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kBM = Cfg::kBM, kBN = Cfg::kBN, kBK = Cfg::kBK, kStages = Cfg::kStages;
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT;
@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) Nvfp4MoeGemmKe
 
   // Global sources.
   const size_t expert_code_bytes = static_cast<size_t>(p.n) * p.k / 2;
-  const uint8_t* codes_g = p.w_codes + e * expert_code_bytes +
-                           static_cast<size_t>(mt_block) * k_chunks_total * 512;
+  const uint8_t* codes_g =
+      p.w_codes + e * expert_code_bytes + static_cast<size_t>(mt_block) * k_chunks_total * 512;
   const uint8_t* scales_g = p.w_scales + e * (expert_code_bytes / 8) +
                             static_cast<size_t>(mt_block) * k_chunks_total * 64;
   // Each thread copies the same 16-byte column chunk of kXIters activation rows every stage.
@@ -155,14 +155,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) Nvfp4MoeGemmKe
     for (int i = 0; i < Cfg::kCodeIters; ++i) {
       const int c = tid + i * Cfg::kThreads;
       const int mt = c / (Cfg::kChunksK * 32), within = c % (Cfg::kChunksK * 32);
-      const uint8_t* src = codes_g + (static_cast<size_t>(mt) * k_chunks_total +
-                                      kt * Cfg::kChunksK) * 512 + within * 16;
+      const uint8_t* src = codes_g +
+                           (static_cast<size_t>(mt) * k_chunks_total + kt * Cfg::kChunksK) * 512 +
+                           within * 16;
       CpAsync16(s_codes + c * 16, src, true);
     }
     if (tid < Cfg::kScaleBytes / 16) {
       const int mt = tid / (Cfg::kChunksK * 4), within = tid % (Cfg::kChunksK * 4);
-      const uint8_t* src = scales_g + (static_cast<size_t>(mt) * k_chunks_total +
-                                       kt * Cfg::kChunksK) * 64 + within * 16;
+      const uint8_t* src = scales_g +
+                           (static_cast<size_t>(mt) * k_chunks_total + kt * Cfg::kChunksK) * 64 +
+                           within * 16;
       CpAsync16(s_scales + tid * 16, src, true);
     }
     // Activation rows, 16-byte chunks swizzled by (row & 7) against ldmatrix bank conflicts.
@@ -213,10 +215,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) Nvfp4MoeGemmKe
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         const int t16 = warp_m * kMT + mt;
-        cw[mt] = *reinterpret_cast<const uint4*>(s_codes + (t16 * Cfg::kChunksK + kc) * 512 +
-                                                 lane * 16);
-        sw[mt] = *reinterpret_cast<const uint2*>(s_scales + (t16 * Cfg::kChunksK + kc) * 64 +
-                                                 g * 8);
+        cw[mt] =
+            *reinterpret_cast<const uint4*>(s_codes + (t16 * Cfg::kChunksK + kc) * 512 + lane * 16);
+        sw[mt] =
+            *reinterpret_cast<const uint2*>(s_scales + (t16 * Cfg::kChunksK + kc) * 64 + g * 8);
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -307,8 +309,10 @@ template <int kTileTokens>
 struct TileFor;
 // Decode: weight-stream bound and, on Hopper, close to instruction-issue bound (dequantization
 // costs about 2 integer/bf16 ops per weight). Measured on the H200 (bench/RESULTS.md, 2026-11-29,
-// all 256 experts, 32 tokens, % of copy bandwidth): 4 warps x 2 m-tiles, K step 128, 4 stages,
-// 4 blocks/SM 69.4%; 8 warps x 1 m-tile 67.3%; K step 256 64.7%; 6 stages 63.5%.
+// all 256 experts, 32 tokens, % of copy bandwidth): default (8 warps x 1 m-tile, K step 128,
+// 4 stages, 3 blocks/SM) 67.3%; K step 256 64.7%; 6 stages 63.5%; 4 warps x 2 m-tiles with
+// 4 blocks/SM (-DMLASERVE_MOE_DECODE_WARPS_M=4 -DMLASERVE_MOE_DECODE_MIN_BLOCKS=4) 69.4%, the
+// fastest, but only timed, not yet run through the GPU tests: UNVERIFIED, so not the default.
 #ifndef MLASERVE_MOE_DECODE_BK
 #define MLASERVE_MOE_DECODE_BK 128
 #endif
@@ -316,38 +320,38 @@ struct TileFor;
 #define MLASERVE_MOE_DECODE_STAGES 4
 #endif
 #ifndef MLASERVE_MOE_DECODE_WARPS_M
-#define MLASERVE_MOE_DECODE_WARPS_M 4
+#define MLASERVE_MOE_DECODE_WARPS_M 8
 #endif
 #ifndef MLASERVE_MOE_DECODE_MIN_BLOCKS
-#define MLASERVE_MOE_DECODE_MIN_BLOCKS 4
+#define MLASERVE_MOE_DECODE_MIN_BLOCKS 3
 #endif
 template <>
 struct TileFor<16> {
   using Cfg = TileConfig<128, 16, MLASERVE_MOE_DECODE_BK, MLASERVE_MOE_DECODE_WARPS_M, 1,
-                         MLASERVE_MOE_DECODE_STAGES,
-                         MLASERVE_MOE_DECODE_MIN_BLOCKS>;
+                         MLASERVE_MOE_DECODE_STAGES, MLASERVE_MOE_DECODE_MIN_BLOCKS>;
 };
 template <>
 struct TileFor<64> {
   using Cfg = TileConfig<128, 64, 64, 4, 2, 4, 2>;
 };
-// Prefill: MMA bound. Measured (8192 tokens, all 256 experts, GEMM TFLOP/s): 8 warps along M
-// (warp tile 16 x 128) 265.9; 4 x 2 warps 251.1 (spills 32 B); 3 stages 259.4; 2 x 4 warps with
-// 1 block/SM 201.3.
+// Prefill: MMA bound. Measured (8192 tokens, all 256 experts, GEMM TFLOP/s): default 4 x 2 warps
+// 251.1 (spills 32 B); 3 stages 259.4; 2 x 4 warps with 1 block/SM 201.3; 8 warps along M (warp
+// tile 16 x 128, -DMLASERVE_MOE_PREFILL_WARPS_M=8) 265.9, the fastest, but only timed, not yet run
+// through the GPU tests: UNVERIFIED, so not the default.
 #ifndef MLASERVE_MOE_PREFILL_STAGES
 #define MLASERVE_MOE_PREFILL_STAGES 4
 #endif
 #ifndef MLASERVE_MOE_PREFILL_WARPS_M
-#define MLASERVE_MOE_PREFILL_WARPS_M 8
+#define MLASERVE_MOE_PREFILL_WARPS_M 4
 #endif
 #ifndef MLASERVE_MOE_PREFILL_MIN_BLOCKS
 #define MLASERVE_MOE_PREFILL_MIN_BLOCKS 2
 #endif
 template <>
 struct TileFor<128> {
-  using Cfg = TileConfig<128, 128, 64, MLASERVE_MOE_PREFILL_WARPS_M,
-                         8 / MLASERVE_MOE_PREFILL_WARPS_M, MLASERVE_MOE_PREFILL_STAGES,
-                         MLASERVE_MOE_PREFILL_MIN_BLOCKS>;
+  using Cfg =
+      TileConfig<128, 128, 64, MLASERVE_MOE_PREFILL_WARPS_M, 8 / MLASERVE_MOE_PREFILL_WARPS_M,
+                 MLASERVE_MOE_PREFILL_STAGES, MLASERVE_MOE_PREFILL_MIN_BLOCKS>;
 };
 
 template <bool kGateUp, int kTileTokens>
@@ -358,18 +362,9 @@ cudaError_t Launch(const Nvfp4MoeGemmParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.max_tiles == 0) return cudaSuccess;
-  // Raise the dynamic shared memory limit once per device (also keeps the launcher free of
-  // non-stream calls when it runs inside a CUDA graph capture).
-  static std::atomic<uint64_t> attribute_set{0};
-  int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  const uint64_t bit = 1ull << (device & 63);
-  if (!(attribute_set.load(std::memory_order_relaxed) & bit)) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           Cfg::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    attribute_set.fetch_or(bit);
-  }
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
   const dim3 grid(p.n / Cfg::kBM, p.max_tiles);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

@@ -9,8 +9,8 @@
 //
 // Weights: the layout of nvfp4_moe_layout.h, local experts stored back to back:
 //   gate_up codes  [E][2I/16][H/64][512] B, scales [E][2I/16][H/64][64] B, global [E][2] fp32
-//   (weight_scale_2 of gate, of up);   down codes [E][H/16][I/64][512] B, scales [E][H/16][I/64][64]
-//   B, global [E] fp32.  (H = hidden, I = intermediate, E = local experts.)
+//   (weight_scale_2 of gate, of up);   down codes [E][H/16][I/64][512] B, scales
+//   [E][H/16][I/64][64] B, global [E] fp32.  (H = hidden, I = intermediate, E = local experts.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,8 +33,8 @@ int ChooseMoeTileTokens(int tokens, int top_k, int num_experts);
 struct Nvfp4MoeGemmParams {
   int tile_tokens;  // kMoeTileTokens*, the same value InvokeMoeDispatch used
   int num_local_experts;
-  int n;  // weight rows: 2 * intermediate (gate_up) or hidden (down); multiple of 128
-  int k;  // hidden (gate_up) or intermediate (down); multiple of 128
+  int n;          // weight rows: 2 * intermediate (gate_up) or hidden (down); multiple of 128
+  int k;          // hidden (gate_up) or intermediate (down); multiple of 128
   int max_tiles;  // upper bound of tile_offsets[E]: rows / tile_tokens + min(E, rows)
   const int32_t* __restrict__ expert_offsets;     // [E + 1] row offsets
   const int32_t* __restrict__ tile_offsets;       // [E + 1] row-tile offsets
@@ -43,7 +43,7 @@ struct Nvfp4MoeGemmParams {
   // Activations: gate_up reads x[sorted_assignment[r] / top_k] ([tokens, k] bf16); down reads
   // a[r] ([rows, k] bf16, gate_up's output).
   const __nv_bfloat16* __restrict__ a;
-  const uint8_t* __restrict__ w_codes;   // see the file comment
+  const uint8_t* __restrict__ w_codes;  // see the file comment
   const uint8_t* __restrict__ w_scales;
   const float* __restrict__ w_global_scale;  // [E][2] gate_up, [E] down
   // gate_up output: h[r][i] = silu(gate) * up, bf16 [rows, n / 2].

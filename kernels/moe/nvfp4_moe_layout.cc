@@ -94,7 +94,8 @@ absl::Status Relayout(const std::vector<RowSource>& rows_src, int cols, uint8_t*
       uint8_t* dst = tiled_codes + tile * 512;
       for (int lane = 0; lane < 32; ++lane) {
         for (int j = 0; j < 4; ++j) {
-          for (int b = 0; b < 4; ++b) dst[lane * 16 + j * 4 + b] = (words[lane][j] >> (8 * b)) & 0xff;
+          for (int b = 0; b < 4; ++b)
+            dst[lane * 16 + j * 4 + b] = (words[lane][j] >> (8 * b)) & 0xff;
         }
       }
     }
@@ -158,8 +159,8 @@ void DequantizeTiledNvfp4(const uint8_t* tiled_codes, const uint8_t* tiled_scale
       const uint8_t code = tiled_scales[tile * 64 + (rr % 8) * 8 + 2 * j + rr / 8];
       // Decode the scale code the way the kernel does: bf16 bits (code << 4) + (232 << 7).
       const uint32_t bf16 = (static_cast<uint32_t>(code) << 4) + (232u << 7);
-      const double scale = static_cast<double>(Bf16ToFloat(static_cast<uint16_t>(bf16))) *
-                           std::ldexp(1.0, -119);
+      const double scale =
+          static_cast<double>(Bf16ToFloat(static_cast<uint16_t>(bf16))) * std::ldexp(1.0, -119);
       out[static_cast<size_t>(r) * cols + c] = static_cast<float>(E2m1ToFloat(e2m1) * scale);
     }
   }

@@ -48,7 +48,8 @@ void QuantizeNvfp4(const float* w, int rows, int cols, uint8_t* packed, uint8_t*
                    float* global_scale) {
   CheckCols(cols);
   float amax = 0.0f;
-  for (size_t i = 0; i < static_cast<size_t>(rows) * cols; ++i) amax = std::fmax(amax, std::fabs(w[i]));
+  for (size_t i = 0; i < static_cast<size_t>(rows) * cols; ++i)
+    amax = std::fmax(amax, std::fabs(w[i]));
   const float gs = amax / (6.0f * 448.0f);
   *global_scale = gs;
   const int nb = cols / kNvfp4BlockSize;

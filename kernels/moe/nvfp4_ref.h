@@ -1,8 +1,8 @@
 // NVFP4 (NVIDIA ModelOpt) weights on the host: the project's one dequantizer and quantizer.
 //
 // Format (DESIGN.md "Formats"): a [rows, cols] weight is stored as
-//   packed       uint8 [rows, cols / 2]   two e2m1 codes a byte, the LOW nibble holds the even column
-//   block_scale  e4m3  [rows, cols / 16]  one scale per 16 consecutive columns of a row
+//   packed       uint8 [rows, cols / 2]   two e2m1 codes a byte, the LOW nibble holds the even
+//   column block_scale  e4m3  [rows, cols / 16]  one scale per 16 consecutive columns of a row
 //   global_scale fp32 scalar              (`weight_scale_2` in the checkpoint)
 // and w[r][c] = e2m1(code[r][c]) * e4m3(block_scale[r][c / 16]) * global_scale.
 #pragma once

@@ -94,7 +94,8 @@ Nvfp4Proj RandomProj(int rows, int cols, uint64_t seed, float gs) {
   };
   for (size_t i = 0; i < p.packed.size(); i += 8) {
     const uint64_t r = next();
-    for (size_t b = 0; b < 8 && i + b < p.packed.size(); ++b) p.packed[i + b] = (r >> (8 * b)) & 0xff;
+    for (size_t b = 0; b < 8 && i + b < p.packed.size(); ++b)
+      p.packed[i + b] = (r >> (8 * b)) & 0xff;
   }
   for (auto& b : p.scale) {
     const uint64_t r = next();
@@ -125,8 +126,10 @@ Experts MakeExperts(int hidden, int inter, int num_local, uint64_t seed) {
   x.down_f.resize(num_local);
   x.gu_gs.resize(2 * num_local);
   x.down_gs.resize(num_local);
-  const size_t gu_c = Nvfp4TiledCodeBytes(2 * inter, hidden), gu_s = Nvfp4TiledScaleBytes(2 * inter, hidden);
-  const size_t dn_c = Nvfp4TiledCodeBytes(hidden, inter), dn_s = Nvfp4TiledScaleBytes(hidden, inter);
+  const size_t gu_c = Nvfp4TiledCodeBytes(2 * inter, hidden),
+               gu_s = Nvfp4TiledScaleBytes(2 * inter, hidden);
+  const size_t dn_c = Nvfp4TiledCodeBytes(hidden, inter),
+               dn_s = Nvfp4TiledScaleBytes(hidden, inter);
   x.gu_codes.resize(gu_c * num_local);
   x.gu_scales.resize(gu_s * num_local);
   x.dn_codes.resize(dn_c * num_local);
@@ -142,23 +145,22 @@ Experts MakeExperts(int hidden, int inter, int num_local, uint64_t seed) {
       x.gate_f[i].resize(static_cast<size_t>(inter) * hidden);
       x.up_f[i].resize(static_cast<size_t>(inter) * hidden);
       x.down_f[i].resize(static_cast<size_t>(inter) * hidden);
-      DequantizeNvfp4(x.gate[i].packed.data(), x.gate[i].scale.data(), x.gate[i].gs, inter,
-                      hidden, x.gate_f[i].data());
+      DequantizeNvfp4(x.gate[i].packed.data(), x.gate[i].scale.data(), x.gate[i].gs, inter, hidden,
+                      x.gate_f[i].data());
       DequantizeNvfp4(x.up[i].packed.data(), x.up[i].scale.data(), x.up[i].gs, inter, hidden,
                       x.up_f[i].data());
-      DequantizeNvfp4(x.down[i].packed.data(), x.down[i].scale.data(), x.down[i].gs, hidden,
-                      inter, x.down_f[i].data());
+      DequantizeNvfp4(x.down[i].packed.data(), x.down[i].scale.data(), x.down[i].gs, hidden, inter,
+                      x.down_f[i].data());
       x.gu_gs[2 * i] = x.gate[i].gs;
       x.gu_gs[2 * i + 1] = x.up[i].gs;
       x.down_gs[i] = x.down[i].gs;
-      const bool ok1 = RelayoutNvfp4GateUp(x.gate[i].packed.data(), x.gate[i].scale.data(),
-                                           x.up[i].packed.data(), x.up[i].scale.data(), inter,
-                                           hidden, x.gu_codes.data() + gu_c * i,
-                                           x.gu_scales.data() + gu_s * i)
-                           .ok();
-      const bool ok2 = RelayoutNvfp4(x.down[i].packed.data(), x.down[i].scale.data(), hidden,
-                                     inter, x.dn_codes.data() + dn_c * i,
-                                     x.dn_scales.data() + dn_s * i)
+      const bool ok1 =
+          RelayoutNvfp4GateUp(x.gate[i].packed.data(), x.gate[i].scale.data(),
+                              x.up[i].packed.data(), x.up[i].scale.data(), inter, hidden,
+                              x.gu_codes.data() + gu_c * i, x.gu_scales.data() + gu_s * i)
+              .ok();
+      const bool ok2 = RelayoutNvfp4(x.down[i].packed.data(), x.down[i].scale.data(), hidden, inter,
+                                     x.dn_codes.data() + dn_c * i, x.dn_scales.data() + dn_s * i)
                            .ok();
       if (!ok1 || !ok2) std::abort();
     }
@@ -170,11 +172,15 @@ struct DeviceExperts {
   DevBuf<uint8_t> gu_codes, gu_scales, dn_codes, dn_scales;
   DevBuf<float> gu_gs, dn_gs;
   explicit DeviceExperts(const Experts& x)
-      : gu_codes(x.gu_codes), gu_scales(x.gu_scales), dn_codes(x.dn_codes),
-        dn_scales(x.dn_scales), gu_gs(x.gu_gs), dn_gs(x.down_gs) {}
+      : gu_codes(x.gu_codes),
+        gu_scales(x.gu_scales),
+        dn_codes(x.dn_codes),
+        dn_scales(x.dn_scales),
+        gu_gs(x.gu_gs),
+        dn_gs(x.down_gs) {}
   Nvfp4MoeWeights View(const Experts& x, int first_expert) const {
-    return Nvfp4MoeWeights{first_expert, x.num_local, x.hidden, x.inter, gu_codes.p,
-                           gu_scales.p, gu_gs.p, dn_codes.p, dn_scales.p, dn_gs.p};
+    return Nvfp4MoeWeights{first_expert, x.num_local, x.hidden,   x.inter,     gu_codes.p,
+                           gu_scales.p,  gu_gs.p,     dn_codes.p, dn_scales.p, dn_gs.p};
   }
 };
 
@@ -240,8 +246,10 @@ std::vector<int32_t> RandomIds(int tokens, int top_k, int num_experts, std::mt19
     }
     if (hot >= 0) {
       auto it = std::find(perm.begin(), perm.begin() + top_k, hot);
-      if (it == perm.begin() + top_k) perm[0] = hot;
-      else std::swap(*it, perm[0]);
+      if (it == perm.begin() + top_k)
+        perm[0] = hot;
+      else
+        std::swap(*it, perm[0]);
     }
     for (int j = 0; j < top_k; ++j) ids[static_cast<size_t>(t) * top_k + j] = perm[j];
   }
@@ -315,8 +323,13 @@ TEST(MoeGpuTest, RouterLogitsWithinFp32SummationBound) {
   dl.Poison();
   cublasHandle_t h;
   ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
-  MoeRouterLogitsParams p{tokens, hidden, E, reinterpret_cast<const __nv_bfloat16*>(dx.p),
-                          reinterpret_cast<const __nv_bfloat16*>(dg.p), dl.p, h};
+  MoeRouterLogitsParams p{tokens,
+                          hidden,
+                          E,
+                          reinterpret_cast<const __nv_bfloat16*>(dx.p),
+                          reinterpret_cast<const __nv_bfloat16*>(dg.p),
+                          dl.p,
+                          h};
   ASSERT_EQ(InvokeMoeRouterLogits(p, nullptr), CUBLAS_STATUS_SUCCESS);
   CUDA_OK(cudaDeviceSynchronize());
   cublasDestroy(h);
@@ -353,12 +366,12 @@ TEST(MoeGpuTest, DispatchGroupsStablyForLocalRanges) {
   for (const Case& c : cases) {
     const std::vector<int32_t> ids = RandomIds(c.tokens, c.top_k, c.num_experts, rng, c.hot);
     const int A = c.tokens * c.top_k;
-    DevBuf<int32_t> d_ids(ids), counts(c.local), offs(c.local + 1), toffs(c.local + 1),
-        sorted(A), row(A);
+    DevBuf<int32_t> d_ids(ids), counts(c.local), offs(c.local + 1), toffs(c.local + 1), sorted(A),
+        row(A);
     sorted.Poison();
     row.Poison();
-    MoeDispatchParams p{c.tokens, c.top_k, c.first, c.local, c.tile, d_ids.p, counts.p,
-                        offs.p,   toffs.p, sorted.p, row.p};
+    MoeDispatchParams p{c.tokens, c.top_k, c.first, c.local,  c.tile, d_ids.p,
+                        counts.p, offs.p,  toffs.p, sorted.p, row.p};
     CUDA_OK(InvokeMoeDispatch(p, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     // CPU: counting sort by local expert, stable in assignment index.
@@ -448,8 +461,10 @@ TEST(MoeGpuTest, GroupedGemmsMatchCpuForEveryTileSize) {
           for (int i = 0; i < inter; ++i) {
             double g = 0, u = 0;
             for (int k = 0; k < hidden; ++k) {
-              g += static_cast<double>(x.gate_f[e][static_cast<size_t>(i) * hidden + k]) * xf[t * hidden + k];
-              u += static_cast<double>(x.up_f[e][static_cast<size_t>(i) * hidden + k]) * xf[t * hidden + k];
+              g += static_cast<double>(x.gate_f[e][static_cast<size_t>(i) * hidden + k]) *
+                   xf[t * hidden + k];
+              u += static_cast<double>(x.up_f[e][static_cast<size_t>(i) * hidden + k]) *
+                   xf[t * hidden + k];
             }
             h_ref[r * inter + i] = static_cast<float>(g / (1 + std::exp(-g)) * u);
             h_gpu[r * inter + i] = Bf16ToFloat(hb[r * inter + i]);
@@ -457,7 +472,8 @@ TEST(MoeGpuTest, GroupedGemmsMatchCpuForEveryTileSize) {
           for (int o = 0; o < hidden; ++o) {
             double acc = 0;
             for (int i = 0; i < inter; ++i) {
-              acc += static_cast<double>(x.down_f[e][static_cast<size_t>(o) * inter + i]) * h_gpu[r * inter + i];
+              acc += static_cast<double>(x.down_f[e][static_cast<size_t>(o) * inter + i]) *
+                     h_gpu[r * inter + i];
             }
             y_ref[r * hidden + o] = static_cast<float>(acc * w[a]);
           }
@@ -499,12 +515,14 @@ void RunLayer(const LayerCase& c, const Experts& x, const DeviceExperts& dx, int
   // Favour the local experts so that expert parallelism has work; `hot` takes everything.
   for (int e = c.first_expert; e < c.first_expert + c.num_local; ++e) bias[e] += 0.3f;
   if (hot_expert >= 0) bias[hot_expert] += 10.0f;
-  const std::vector<uint16_t> sgu = RandomBf16(static_cast<size_t>(2) * S * H, rng, 0.25f / std::sqrt(float(H)));
-  const std::vector<uint16_t> sdn = RandomBf16(static_cast<size_t>(H) * S, rng, 0.25f / std::sqrt(float(S)));
+  const std::vector<uint16_t> sgu =
+      RandomBf16(static_cast<size_t>(2) * S * H, rng, 0.25f / std::sqrt(float(H)));
+  const std::vector<uint16_t> sdn =
+      RandomBf16(static_cast<size_t>(H) * S, rng, 0.25f / std::sqrt(float(S)));
 
   DevBuf<uint16_t> d_x(xb), d_gate(gate), d_sgu(sgu), d_sdn(sdn);
-  DevBuf<uint16_t> d_sgu_out(static_cast<size_t>(tokens) * 2 * S), d_sact(static_cast<size_t>(tokens) * S),
-      d_sout(static_cast<size_t>(tokens) * H);
+  DevBuf<uint16_t> d_sgu_out(static_cast<size_t>(tokens) * 2 * S),
+      d_sact(static_cast<size_t>(tokens) * S), d_sout(static_cast<size_t>(tokens) * H);
   DevBuf<float> d_bias(bias), d_logits(static_cast<size_t>(tokens) * E);
   DevBuf<int32_t> d_ids(static_cast<size_t>(tokens) * K);
   DevBuf<float> d_w(static_cast<size_t>(tokens) * K), d_out(static_cast<size_t>(tokens) * H);
@@ -512,8 +530,8 @@ void RunLayer(const LayerCase& c, const Experts& x, const DeviceExperts& dx, int
   cublasHandle_t cublas;
   ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
   const auto* bx = reinterpret_cast<const __nv_bfloat16*>(d_x.p);
-  MoeRouterLogitsParams lp{tokens, H, E, bx, reinterpret_cast<const __nv_bfloat16*>(d_gate.p),
-                           d_logits.p, cublas};
+  MoeRouterLogitsParams lp{
+      tokens, H, E, bx, reinterpret_cast<const __nv_bfloat16*>(d_gate.p), d_logits.p, cublas};
   ASSERT_EQ(InvokeMoeRouterLogits(lp, nullptr), CUBLAS_STATUS_SUCCESS);
   CUDA_OK(InvokeMoeRoute({c.router, tokens, d_logits.p, d_bias.p, d_ids.p, d_w.p}, nullptr));
   Bf16GatedMlpParams sp{tokens,
@@ -602,8 +620,8 @@ TEST(MoeGpuTest, WholeLayerMatchesCpu) {
 TEST(MoeGpuTest, WholeLayerFullSize) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   // Full DeepSeek-V3/Kimi shapes, 16 local experts of 384 (the CPU oracle dequantizes them all).
-  const LayerCase c{"full_size_16_of_384", {384, 8, 1, 1, false, true, 2.827f}, 7168, 2048, 2048,
-                    32, 16};
+  const LayerCase c{
+      "full_size_16_of_384", {384, 8, 1, 1, false, true, 2.827f}, 7168, 2048, 2048, 32, 16};
   const Experts x = MakeExperts(c.hidden, c.inter, c.num_local, 33);
   const DeviceExperts dx(x);
   std::mt19937 rng(10);
@@ -633,7 +651,8 @@ TEST(MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
     std::vector<int32_t> bids(static_cast<size_t>(n) * K);
     std::vector<float> bw(bids.size());
     for (int i = 0; i < n; ++i) {
-      std::copy_n(xb.begin() + static_cast<size_t>(order[i]) * hidden, hidden, bx.begin() + static_cast<size_t>(i) * hidden);
+      std::copy_n(xb.begin() + static_cast<size_t>(order[i]) * hidden, hidden,
+                  bx.begin() + static_cast<size_t>(i) * hidden);
       std::copy_n(ids.begin() + order[i] * K, K, bids.begin() + i * K);
       std::copy_n(w.begin() + order[i] * K, K, bw.begin() + i * K);
     }

@@ -60,8 +60,9 @@ TEST(Nvfp4RefTest, QuantizeHandValues) {
   // 1 row, 4 blocks. Global amax 2688 makes weight_scale_2 = 2688 / (6 * 448) = 1 exactly.
   std::vector<float> w(64, 0.0f);
   // Block 0: amax 2688 -> scale 448 (e4m3 0x7e); values / 448 are the e2m1 bounds.
-  const float b0[16] = {2688, 336, 112, 560, 784, 1120, 1568, 2240,
-                        -44.8f, -1300, 0, 3000 /*> amax? no: clipped below*/, 1, 2, 3, 4};
+  const float b0[16] = {2688, 336,  112,    560,   784, 1120,
+                        1568, 2240, -44.8f, -1300, 0,   3000 /*> amax? no: clipped below*/,
+                        1,    2,    3,      4};
   for (int i = 0; i < 16; ++i) w[i] = b0[i];
   w[11] = -2688;  // keep the amax at 2688
   // Block 1: amax 26 -> 26/6 = 4.333 -> e4m3 4.5 (0x49); 26 / 4.5 = 5.78 -> 6.
@@ -145,9 +146,9 @@ TEST(Nvfp4LayoutTest, ScaleCodeIsExactForEveryPositiveE4m3) {
 
 // The kernel's decode of a code word (nvfp4_moe_layout.h), on the host.
 float KernelDecode(uint32_t q, int r, int half) {
-  const uint32_t a[4] = {q & 0x81c081c0u, (q << 3) & 0x81c081c0u, (q << 6) & 0x81c081c0u,
-                         ((q >> 6) & 0x01800180u) | ((q << 4) & 0x80008000u) |
-                             ((q >> 4) & 0x00400040u)};
+  const uint32_t a[4] = {
+      q & 0x81c081c0u, (q << 3) & 0x81c081c0u, (q << 6) & 0x81c081c0u,
+      ((q >> 6) & 0x01800180u) | ((q << 4) & 0x80008000u) | ((q >> 4) & 0x00400040u)};
   const uint32_t pair = a[r];
   const uint16_t bits = static_cast<uint16_t>(half ? pair >> 16 : pair & 0xffff);
   return static_cast<float>(std::ldexp(static_cast<double>(Bf16ToFloat(bits)), 126));
