@@ -1,6 +1,7 @@
 #include "worker/model/deepseek_v3.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -353,11 +354,23 @@ absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
     // The paged latent cache of this layer (held whole on every rank).
     layer->kv.format = options_.kv_format;
     layer->kv.fp8_scale = 1.0f;
-    const std::string kv_scale = a + "kv_scale";  // ModelOpt's FP8 KV scale, where exported
-    if (options_.kv_format == KvCacheFormat::kFp8 && r.Has(kv_scale)) {
-      auto ref = ckpt.Get(c.tensor_prefix + kv_scale);
-      if (ref.ok() && ref->info->dtype == DType::kF32 && ref->info->NumElements() == 1) {
+    // The per-layer FP8 scale (dequantized value = e4m3 * scale), where the checkpoint exports
+    // one: ModelOpt and llm-compressor name it k_scale (MLA caches keys and values as one
+    // latent), under the attention module or its fused kv_a projection.
+    if (options_.kv_format == KvCacheFormat::kFp8) {
+      for (const char* n : {"k_scale", "kv_scale", "kv_a_proj_with_mqa.k_scale"}) {
+        if (!r.Has(a + n)) continue;
+        auto ref = ckpt.Get(c.tensor_prefix + a + n);
+        if (!ref.ok() || ref->info->dtype != DType::kF32 || ref->info->NumElements() != 1) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor ", c.tensor_prefix, a, n,
+                                                         ": expected an F32 scalar KV scale"));
+        }
         layer->kv.fp8_scale = ScalarF32(*ref);
+        if (!(layer->kv.fp8_scale > 0.0f) || !std::isfinite(layer->kv.fp8_scale)) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor ", c.tensor_prefix, a, n,
+                                                         ": KV scale must be positive and finite"));
+        }
+        break;
       }
     }
     Tensor pool = Tensor::Host(DType::kU8, {options_.num_kv_blocks, kKvBlockTokens,
