@@ -27,14 +27,13 @@
 namespace mlaserve {
 namespace {
 
-#define CHECK_CUDA(expr)                                                                    \
-  do {                                                                                      \
-    cudaError_t err_ = (expr);                                                              \
-    if (err_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                     \
-                   cudaGetErrorString(err_));                                               \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+#define CHECK_CUDA(expr)                                                                           \
+  do {                                                                                             \
+    cudaError_t err_ = (expr);                                                                     \
+    if (err_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
 
 __device__ __forceinline__ uint32_t Hash(uint64_t x) {
@@ -129,8 +128,8 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
   const size_t num_blocks = size_t(batch) * blocks_per_seq;
   const size_t pool_bytes = num_blocks * kKvBlockTokens * row_bytes;
-  const int copies = static_cast<int>(
-      std::clamp<size_t>((size_t{256} << 20) / pool_bytes + 1, 1, 512));
+  const int copies =
+      static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / pool_bytes + 1, 1, 512));
   std::vector<uint8_t*> pools(copies);
   for (int c = 0; c < copies; ++c) {
     CHECK_CUDA(cudaMalloc(&pools[c], pool_bytes));
@@ -244,10 +243,14 @@ int Main(int argc, char** argv) {
                                         KvCacheFormat::kFp8Tiled};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--batch") batches = ParseList(argv[i + 1]);
-    else if (k == "--context") contexts = ParseList(argv[i + 1]);
-    else if (k == "--heads") heads_list = ParseList(argv[i + 1]);
-    else if (k == "--variant") variants = ParseList(argv[i + 1]);
+    if (k == "--batch")
+      batches = ParseList(argv[i + 1]);
+    else if (k == "--context")
+      contexts = ParseList(argv[i + 1]);
+    else if (k == "--heads")
+      heads_list = ParseList(argv[i + 1]);
+    else if (k == "--variant")
+      variants = ParseList(argv[i + 1]);
     else if (k == "--format") {
       formats.clear();
       std::stringstream ss(argv[i + 1]);
@@ -275,13 +278,12 @@ int Main(int argc, char** argv) {
             const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
             std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
                         std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
-                        variant < 0 ? "auto:" : "", vname.c_str(),
-                        r.us, r.bytes, gbps, gbps * 1e9 / copy_bw, copy_bw / 1e9);
+                        variant < 0 ? "auto:" : "", vname.c_str(), r.us, r.bytes, gbps,
+                        gbps * 1e9 / copy_bw, copy_bw / 1e9);
             std::fflush(stdout);
             std::fprintf(stderr, "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
                          std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(), batch,
-                         context,
-                         r.us, gbps, gbps * 1e9 / copy_bw);
+                         context, r.us, gbps, gbps * 1e9 / copy_bw);
           }
         }
       }

@@ -15,8 +15,9 @@ absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(std::string_view name) {
   if (name == "fp8") return KvCacheFormat::kFp8;
   if (name == "fp8_tiled") return KvCacheFormat::kFp8Tiled;
   if (name == "f32") return KvCacheFormat::kF32;
-  return absl::InvalidArgumentError(absl::StrCat("unknown KV cache format \"", std::string(name),
-                                                 "\": expected bf16, fp8, fp8_tiled (or f32, the lossless reference format)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KV cache format \"", std::string(name),
+                   "\": expected bf16, fp8, fp8_tiled (or f32, the lossless reference format)"));
 }
 
 std::string_view KvCacheFormatName(KvCacheFormat format) {
@@ -38,8 +39,8 @@ float Fp8TiledTileScale(float amax) {
   return Ue8m0ToFloat(FloatToUe8m0RoundUp(scale_inv));
 }
 
-void KvCacheEncodeRow(KvCacheFormat format, const float* latent, const float* rope,
-                      float fp8_scale, uint8_t* dst) {
+void KvCacheEncodeRow(KvCacheFormat format, const float* latent, const float* rope, float fp8_scale,
+                      uint8_t* dst) {
   switch (format) {
     case KvCacheFormat::kBf16: {
       uint16_t* out = reinterpret_cast<uint16_t*>(dst);
@@ -49,7 +50,8 @@ void KvCacheEncodeRow(KvCacheFormat format, const float* latent, const float* ro
     }
     case KvCacheFormat::kFp8: {
       for (int i = 0; i < kMlaLatentDim; ++i) dst[i] = FloatToE4m3(latent[i] / fp8_scale);
-      for (int i = 0; i < kMlaRopeDim; ++i) dst[kMlaLatentDim + i] = FloatToE4m3(rope[i] / fp8_scale);
+      for (int i = 0; i < kMlaRopeDim; ++i)
+        dst[kMlaLatentDim + i] = FloatToE4m3(rope[i] / fp8_scale);
       return;
     }
     case KvCacheFormat::kFp8Tiled: {

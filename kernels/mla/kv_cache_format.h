@@ -41,7 +41,7 @@ constexpr int kMlaQkDim = 576;      // Absorbed query/key dimension.
 constexpr int kKvBlockTokens = 64;  // Tokens per paged block.
 
 // fp8_tiled constants (see the layout above).
-constexpr int kFp8TileDim = 128;                       // Latent values per scale.
+constexpr int kFp8TileDim = 128;                              // Latent values per scale.
 constexpr int kFp8TilesPerRow = kMlaLatentDim / kFp8TileDim;  // 4.
 constexpr int kFp8TiledScaleOffset = kMlaLatentDim;           // Byte offset of the 4 fp32 scales.
 constexpr int kFp8TiledRopeOffset = kMlaLatentDim + 4 * kFp8TilesPerRow;  // 528: bf16 rope.
@@ -71,8 +71,8 @@ float Fp8TiledTileScale(float amax);
 
 // Encodes one token: latent[512] and rope[64] in fp32 -> KvCacheBytesPerToken(format) bytes at
 // dst. fp8_scale is used by kFp8 only (must be > 0). Rounding: RNE; e4m3 saturates at +-448.
-void KvCacheEncodeRow(KvCacheFormat format, const float* latent, const float* rope,
-                      float fp8_scale, uint8_t* dst);
+void KvCacheEncodeRow(KvCacheFormat format, const float* latent, const float* rope, float fp8_scale,
+                      uint8_t* dst);
 
 // Decodes one row back into 576 floats (latent then rope), exactly the values the GPU kernels
 // compute with: bf16 -> fp32, e4m3 * fp8_scale, e4m3 * tile scale.

@@ -28,10 +28,10 @@ __device__ __forceinline__ float TileScale(float amax) {
 }
 
 template <KvCacheFormat kFormat>
-__global__ void __launch_bounds__(kWriteWarps * 32) KvCacheWriteKernel(
-    float fp8_scale, const uint16_t* __restrict__ latent, int64_t latent_stride,
-    const uint16_t* __restrict__ rope, int64_t rope_stride, const int64_t* __restrict__ slots,
-    int n, uint8_t* __restrict__ kv_pool) {
+__global__ void __launch_bounds__(kWriteWarps * 32)
+    KvCacheWriteKernel(float fp8_scale, const uint16_t* __restrict__ latent, int64_t latent_stride,
+                       const uint16_t* __restrict__ rope, int64_t rope_stride,
+                       const int64_t* __restrict__ slots, int n, uint8_t* __restrict__ kv_pool) {
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.x * kWriteWarps + (threadIdx.x >> 5);
   if (r >= n) return;

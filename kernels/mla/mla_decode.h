@@ -46,10 +46,10 @@ struct MlaDecodeParams {
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.
 
 struct MlaDecodePlan {
-  int variant;            // Index of the kernel variant (MlaDecodeVariantName).
-  int rows_per_cta;       // 16 or 32 query rows (of heads * s_q) per block.
-  int num_workers;        // Persistent workers; the grid is num_workers * row tiles blocks.
-  size_t workspace_bytes; // Schedule + partial outputs: ~ (num_workers + batch) * rows * 2 KiB.
+  int variant;             // Index of the kernel variant (MlaDecodeVariantName).
+  int rows_per_cta;        // 16 or 32 query rows (of heads * s_q) per block.
+  int num_workers;         // Persistent workers; the grid is num_workers * row tiles blocks.
+  size_t workspace_bytes;  // Schedule + partial outputs: ~ (num_workers + batch) * rows * 2 KiB.
 };
 
 // The launch shape for the current device; depends on shapes, not on sequence lengths.
@@ -67,13 +67,13 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& params, cudaStream_t stream)
 // Quantizes and stores new cache rows with exactly KvCacheEncodeRow's rounding and scales.
 struct KvCacheWriteParams {
   KvCacheFormat format = KvCacheFormat::kBf16;
-  float fp8_scale = 1.0f;      // kFp8 only.
-  const void* latent;          // bf16 [n, 512], row stride latent_stride elements (16-B aligned).
-  const void* rope;            // bf16 [n, 64], row stride rope_stride elements (4-B aligned).
+  float fp8_scale = 1.0f;  // kFp8 only.
+  const void* latent;      // bf16 [n, 512], row stride latent_stride elements (16-B aligned).
+  const void* rope;        // bf16 [n, 64], row stride rope_stride elements (4-B aligned).
   int64_t latent_stride = 512, rope_stride = 64;
-  const int64_t* slots;        // [n] (device): global slot block * 64 + offset; < 0 skips the row.
+  const int64_t* slots;  // [n] (device): global slot block * 64 + offset; < 0 skips the row.
   int n = 0;
-  void* kv_pool;               // [num_blocks, 64, KvCacheBytesPerToken(format)].
+  void* kv_pool;  // [num_blocks, 64, KvCacheBytesPerToken(format)].
 };
 
 absl::Status InvokeKvCacheWrite(const KvCacheWriteParams& params, cudaStream_t stream);

@@ -17,8 +17,8 @@ __device__ __forceinline__ int SequenceCost(int len) {
 // prefix[batch + 1] = share of one worker (tiles, >= kMinTilesPerWorker). Worker w takes the
 // cost range [w * share, (w + 1) * share); sequence b is split over the workers
 // prefix[b] / share .. (prefix[b + 1] - 1) / share.
-__global__ void __launch_bounds__(kScheduleThreads) MlaDecodeScheduleKernel(
-    const MlaDecodeKernelParams p) {
+__global__ void __launch_bounds__(kScheduleThreads)
+    MlaDecodeScheduleKernel(const MlaDecodeKernelParams p) {
   __shared__ int sums[kScheduleThreads];
   const int tid = threadIdx.x;
   const int per = (p.batch + kScheduleThreads - 1) / kScheduleThreads;
@@ -51,8 +51,8 @@ constexpr int kCombineUnroll = 4;
 // One block per (sequence, query row); rows of unsplit sequences were written by the split
 // kernel and exit at once. The warps of a block stride over the sequence's partials (4 loads in
 // flight each), weight them by 2^(lse - max), and reduce through shared memory.
-__global__ void __launch_bounds__(kCombineWarps * 32) MlaDecodeCombineKernel(
-    const MlaDecodeKernelParams p) {
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    MlaDecodeCombineKernel(const MlaDecodeKernelParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b = blockIdx.x / p.rows, row = blockIdx.x % p.rows;
   const int share = p.schedule[p.batch + 1];
@@ -99,8 +99,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) MlaDecodeCombineKernel(
       wsum += w[u];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        acc[k].x += w[u] * v[u][k].x; acc[k].y += w[u] * v[u][k].y;
-        acc[k].z += w[u] * v[u][k].z; acc[k].w += w[u] * v[u][k].w;
+        acc[k].x += w[u] * v[u][k].x;
+        acc[k].y += w[u] * v[u][k].y;
+        acc[k].z += w[u] * v[u][k].z;
+        acc[k].w += w[u] * v[u][k].w;
       }
     }
   }
@@ -117,7 +119,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) MlaDecodeCombineKernel(
 #pragma unroll
     for (int w = 1; w < kCombineWarps; ++w) {
       const float4 x = acc_smem[w][k][lane];
-      acc[k].x += x.x; acc[k].y += x.y; acc[k].z += x.z; acc[k].w += x.w;
+      acc[k].x += x.x;
+      acc[k].y += x.y;
+      acc[k].z += x.z;
+      acc[k].w += x.w;
     }
   }
   const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;

@@ -33,18 +33,17 @@ template <KvCacheFormat kFormat, int kRowGroups, int kWarps, int kTile>
 struct SplitKernelConfig {
   static constexpr int kThreads = kRowGroups * kWarps * 32;
   static constexpr int kRows = 16 * kRowGroups;
-  static constexpr int kKSteps = kMlaQkDim / 16;                    // 36 k-steps of q.k
+  static constexpr int kKSteps = kMlaQkDim / 16;                      // 36 k-steps of q.k
   static constexpr int kMaxKSteps = (kKSteps + kWarps - 1) / kWarps;  // per warp: 9 or 5
-  static constexpr int kVDims = kMlaLatentDim / kWarps;              // per warp: 128 or 64
-  static constexpr int kSTiles = kTile / 8;                          // n8 tiles of S
+  static constexpr int kVDims = kMlaLatentDim / kWarps;               // per warp: 128 or 64
+  static constexpr int kSTiles = kTile / 8;                           // n8 tiles of S
   static constexpr int kGlobalRowBytes = static_cast<int>(KvCacheBytesPerToken(kFormat));
   // bf16 rows land directly in the padded mma layout; fp8 rows are staged raw and converted.
   static constexpr int kRawRowBytes =
       kFormat == KvCacheFormat::kBf16 ? kSmemRowBytes : kGlobalRowBytes;
   static constexpr int kChunksPerRow = kGlobalRowBytes / 16;  // 72, 36, 41
   static constexpr int kRawStageBytes = kTile * kRawRowBytes;
-  static constexpr int kConvBytes =
-      kFormat == KvCacheFormat::kBf16 ? 0 : kTile * kSmemRowBytes;
+  static constexpr int kConvBytes = kFormat == KvCacheFormat::kBf16 ? 0 : kTile * kSmemRowBytes;
   static constexpr int kExchangeBytes = kRowGroups * kWarps * 32 * (kTile / 2) * 4;
   // As many stages as fit under 99 KB (at most 6): 55-75 KB of KV in flight per block.
   static constexpr int kStagesFit = (kSmemLimit - kConvBytes - kExchangeBytes) / kRawStageBytes;
@@ -146,10 +145,11 @@ __device__ __forceinline__ void DequantizeTile(const uint8_t* raw, uint8_t* conv
 // register cap that follows (255 for 128 threads, 128 for 256 or 512) keeps registers from
 // limiting occupancy below what shared memory allows.
 template <KvCacheFormat kFormat, int kRowGroups, int kWarps, int kTile>
-__global__ void __launch_bounds__(
-    SplitKernelConfig<kFormat, kRowGroups, kWarps, kTile>::kThreads,
-    SplitKernelConfig<kFormat, kRowGroups, kWarps, kTile>::kThreads <= 256 ? 2 : 1)
-    MlaDecodeSplitKernel(const MlaDecodeKernelParams p) {
+__global__ void __launch_bounds__(SplitKernelConfig<kFormat, kRowGroups, kWarps, kTile>::kThreads,
+                                  SplitKernelConfig<kFormat, kRowGroups, kWarps, kTile>::kThreads <=
+                                          256
+                                      ? 2
+                                      : 1) MlaDecodeSplitKernel(const MlaDecodeKernelParams p) {
   using Cfg = SplitKernelConfig<kFormat, kRowGroups, kWarps, kTile>;
   constexpr int kThreads = Cfg::kThreads;
   constexpr int kStages = Cfg::kStages;
@@ -173,7 +173,10 @@ __global__ void __launch_bounds__(
     int lo = 0, hi = p.batch - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
-      if (prefix[mid] <= cost_begin) lo = mid; else hi = mid - 1;
+      if (prefix[mid] <= cost_begin)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     first_seq = lo;
   }
@@ -190,8 +193,8 @@ __global__ void __launch_bounds__(
   const int ks_begin = wr * kBaseKs + min(wr, kExtraKs);
   // ldmatrix lane offsets inside a bf16 tile.
   // K (non-trans): matrices (tokens 0-7, dims +0), (0-7, +8), (8-15, +0), (8-15, +8).
-  const uint32_t k_lane_off = ((lane & 7) + ((lane >> 4) << 3)) * kSmemRowBytes +
-                              ((lane >> 3) & 1) * 16 + ks_begin * 32;
+  const uint32_t k_lane_off =
+      ((lane & 7) + ((lane >> 4) << 3)) * kSmemRowBytes + ((lane >> 3) & 1) * 16 + ks_begin * 32;
   // V (trans): matrices (tokens 0-7, dims +0), (8-15, +0), (0-7, +8), (8-15, +8).
   const uint32_t v_lane_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * kSmemRowBytes +
                               (lane >> 4) * 16 + wr * Cfg::kVDims * 2;
@@ -251,8 +254,7 @@ __global__ void __launch_bounds__(
         const int tok = t * kTile + r;
         const bool valid = tok < len;
         const uint8_t* src =
-            valid ? src_block + (tok % kKvBlockTokens) * Cfg::kGlobalRowBytes + ch * 16
-                  : p.kv_pool;
+            valid ? src_block + (tok % kKvBlockTokens) * Cfg::kGlobalRowBytes + ch * 16 : p.kv_pool;
         CpAsync16(dst + r * Cfg::kRawRowBytes + ch * 16, src, valid);
       }
     };
@@ -263,8 +265,8 @@ __global__ void __launch_bounds__(
       CpAsyncCommit();
     }
     // Block id for the next tile to issue, loaded one iteration ahead to hide its latency.
-    int32_t next_block = t_begin + kStages - 1 < t_end
-                             ? blocks[(t_begin + kStages - 1) / kTilesPerBlock] : 0;
+    int32_t next_block =
+        t_begin + kStages - 1 < t_end ? blocks[(t_begin + kStages - 1) / kTilesPerBlock] : 0;
 
     for (int t = t_begin; t < t_end; ++t) {
       const int it = t - t_begin;
@@ -314,7 +316,10 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int j = 0; j < kSTiles; ++j) {
           const float4 e = ew[j];
-          s[j][0] += e.x; s[j][1] += e.y; s[j][2] += e.z; s[j][3] += e.w;
+          s[j][0] += e.x;
+          s[j][1] += e.y;
+          s[j][2] += e.z;
+          s[j][3] += e.w;
         }
       }
 
@@ -362,8 +367,10 @@ __global__ void __launch_bounds__(
       l_hi = l_hi * alpha_hi + sum_hi;
 #pragma unroll
       for (int n = 0; n < Cfg::kVDims / 8; ++n) {
-        o[n][0] *= alpha_lo; o[n][1] *= alpha_lo;
-        o[n][2] *= alpha_hi; o[n][3] *= alpha_hi;
+        o[n][0] *= alpha_lo;
+        o[n][1] *= alpha_lo;
+        o[n][2] *= alpha_hi;
+        o[n][3] *= alpha_hi;
       }
       // O += P V over this warp's output dims.
 #pragma unroll
@@ -446,8 +453,8 @@ int MlaDecodeSplitBlocksPerSm() {
       return 0;
     }
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads,
-                                                      Cfg::kSmemBytes) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
+        cudaSuccess) {
       return 0;
     }
     return n;
@@ -466,9 +473,9 @@ cudaError_t LaunchMlaDecodeSplit(const MlaDecodeKernelParams& p, int grid, cudaS
   return cudaGetLastError();
 }
 
-#define MLASERVE_INSTANTIATE_MLA_DECODE_SPLIT(FORMAT, ROW_GROUPS, WARPS, TILE)                  \
-  template cudaError_t LaunchMlaDecodeSplit<FORMAT, ROW_GROUPS, WARPS, TILE>(                   \
-      const MlaDecodeKernelParams&, int, cudaStream_t);                                        \
+#define MLASERVE_INSTANTIATE_MLA_DECODE_SPLIT(FORMAT, ROW_GROUPS, WARPS, TILE) \
+  template cudaError_t LaunchMlaDecodeSplit<FORMAT, ROW_GROUPS, WARPS, TILE>(  \
+      const MlaDecodeKernelParams&, int, cudaStream_t);                        \
   template int MlaDecodeSplitBlocksPerSm<FORMAT, ROW_GROUPS, WARPS, TILE>();
 
 }  // namespace mlaserve::mla

@@ -22,17 +22,17 @@ struct MlaDecodeVariant {
 };
 
 struct MlaDecodeKernelParams {
-  const uint16_t* __restrict__ q;             // bf16 [batch, s_q, heads, 576]
-  const uint8_t* __restrict__ kv_pool;        // [num_blocks, 64, row_bytes]
-  const int32_t* __restrict__ block_table;    // [batch, max_blocks_per_seq]
-  const int32_t* __restrict__ seq_lens;       // [batch]
+  const uint16_t* __restrict__ q;           // bf16 [batch, s_q, heads, 576]
+  const uint8_t* __restrict__ kv_pool;      // [num_blocks, 64, row_bytes]
+  const int32_t* __restrict__ block_table;  // [batch, max_blocks_per_seq]
+  const int32_t* __restrict__ seq_lens;     // [batch]
   int max_blocks_per_seq;
-  int batch, s_q, heads, rows;                // rows = s_q * heads
+  int batch, s_q, heads, rows;  // rows = s_q * heads
   int num_workers;
-  float score_scale_log2;                     // softmax_scale * log2(e) (* kv_scale for kFp8)
-  float out_scale;                            // kv_scale for kFp8, else 1
-  uint16_t* __restrict__ out;                 // bf16 [batch, s_q, heads, 512]
-  float* __restrict__ lse;                    // [batch, s_q, heads] or null
+  float score_scale_log2;      // softmax_scale * log2(e) (* kv_scale for kFp8)
+  float out_scale;             // kv_scale for kFp8, else 1
+  uint16_t* __restrict__ out;  // bf16 [batch, s_q, heads, 512]
+  float* __restrict__ lse;     // [batch, s_q, heads] or null
   // Workspace (device):
   int32_t* __restrict__ schedule;  // [batch + 2]: cost prefix P[0..batch], then tiles per worker
   float* __restrict__ o_part;      // [num_workers + batch, rows, 512]: normalized partial outputs

@@ -15,8 +15,8 @@ void DecodeOneQueryPosition(const MlaDecodeRefParams& p, int b, int i) {
   const int visible = p.seq_lens[b] - p.s_q + i + 1;  // Positions 0 .. visible - 1.
   std::vector<float> kv(static_cast<size_t>(std::max(visible, 0)) * kMlaQkDim);
   for (int t = 0; t < visible; ++t) {
-    const int32_t block = p.block_table[static_cast<size_t>(b) * p.max_blocks_per_seq +
-                                        t / kKvBlockTokens];
+    const int32_t block =
+        p.block_table[static_cast<size_t>(b) * p.max_blocks_per_seq + t / kKvBlockTokens];
     const uint8_t* row =
         p.kv_pool + (static_cast<size_t>(block) * kKvBlockTokens + t % kKvBlockTokens) * row_bytes;
     KvCacheDecodeRow(p.format, row, p.kv_scale, &kv[static_cast<size_t>(t) * kMlaQkDim]);

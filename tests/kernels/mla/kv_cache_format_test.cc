@@ -1,5 +1,7 @@
 // Cache row encode/decode bounds (kernels/mla/kv_cache_format.h) and the CPU decode reference
 // (kernels/mla/mla_decode_ref.h) against a dense softmax computed here in double.
+#include "kernels/mla/kv_cache_format.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,7 +12,6 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/mla/kv_cache_format.h"
 #include "kernels/mla/mla_decode_ref.h"
 
 namespace mlaserve {
@@ -177,9 +178,19 @@ TEST(MlaDecodeRefTest, MatchesDenseSoftmax) {
       for (float& x : q) x = normal(rng);
       std::vector<float> out(static_cast<size_t>(batch) * s_q * heads * kMlaLatentDim, NAN);
       std::vector<float> lse(static_cast<size_t>(batch) * s_q * heads, NAN);
-      MlaDecodeRefParams p{q.data(), c.pool.data(), c.block_table.data(), c.max_blocks_per_seq,
-                           seq_lens.data(), batch, s_q, heads, format, kv_scale, softmax_scale,
-                           out.data(), lse.data()};
+      MlaDecodeRefParams p{q.data(),
+                           c.pool.data(),
+                           c.block_table.data(),
+                           c.max_blocks_per_seq,
+                           seq_lens.data(),
+                           batch,
+                           s_q,
+                           heads,
+                           format,
+                           kv_scale,
+                           softmax_scale,
+                           out.data(),
+                           lse.data()};
       MlaDecodeRef(p);
       for (int b = 0; b < batch; ++b) {
         for (int i = 0; i < s_q; ++i) {

@@ -41,7 +41,8 @@ struct DeviceBuffer {
   T* ptr = nullptr;
   size_t count = 0;
   explicit DeviceBuffer(size_t n) : count(n) {
-    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) {
+    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) !=
+        cudaSuccess) {
       ptr = nullptr;
     }
   }
@@ -76,8 +77,8 @@ struct DecodeCase {
 
 std::string Name(const DecodeCase& c) {
   std::string s = std::string(KvCacheFormatName(c.format)) + " heads=" + std::to_string(c.heads) +
-                  " s_q=" + std::to_string(c.s_q) + " variant=" +
-                  MlaDecodeVariantName(c.variant) + " lens=";
+                  " s_q=" + std::to_string(c.s_q) + " variant=" + MlaDecodeVariantName(c.variant) +
+                  " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -110,7 +111,8 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
     for (int t = 0; t < c.lens[b]; ++t) {
       if (t % 64 == 0) table[static_cast<size_t>(b) * max_blocks + t / 64] = perm[next++];
       RandomRow(rng, latent.data(), rope.data());
-      const int64_t slot = int64_t{table[static_cast<size_t>(b) * max_blocks + t / 64]} * 64 + t % 64;
+      const int64_t slot =
+          int64_t{table[static_cast<size_t>(b) * max_blocks + t / 64]} * 64 + t % 64;
       KvCacheEncodeRow(c.format, latent.data(), rope.data(), kv_scale,
                        pool.data() + slot * row_bytes);
     }
@@ -126,9 +128,9 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
 
   std::vector<float> ref_out(static_cast<size_t>(batch) * rows * kMlaLatentDim);
   std::vector<float> ref_lse(static_cast<size_t>(batch) * rows);
-  MlaDecodeRefParams rp{q_f32.data(), pool.data(), table.data(), max_blocks, c.lens.data(),
-                        batch, c.s_q, c.heads, c.format, kv_scale, softmax_scale,
-                        ref_out.data(), ref_lse.data()};
+  MlaDecodeRefParams rp{q_f32.data(),  pool.data(),    table.data(),  max_blocks, c.lens.data(),
+                        batch,         c.s_q,          c.heads,       c.format,   kv_scale,
+                        softmax_scale, ref_out.data(), ref_lse.data()};
   MlaDecodeRef(rp);
 
   auto plan = PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant);
@@ -178,7 +180,8 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
     float vmax = 0.0f;
     std::vector<float> row(kMlaQkDim);
     for (int t = 0; t < c.lens[b]; ++t) {
-      const int64_t slot = int64_t{table[static_cast<size_t>(b) * max_blocks + t / 64]} * 64 + t % 64;
+      const int64_t slot =
+          int64_t{table[static_cast<size_t>(b) * max_blocks + t / 64]} * 64 + t % 64;
       KvCacheDecodeRow(c.format, pool.data() + slot * row_bytes, kv_scale, row.data());
       for (int d = 0; d < kMlaLatentDim; ++d) vmax = std::max(vmax, std::fabs(row[d]));
     }
@@ -236,7 +239,7 @@ TEST(MlaDecodeGpuTest, EveryVariant) {
       RunDecodeCase({f, 64, 1, {300, 1000, 5}, v}, seed++);
       RunDecodeCase({f, 8, 3, {300, 1000, 5, 3000}, v}, seed++);
       RunDecodeCase({f, 16, 4, {9000}, v}, seed++);  // Batch 1: many pieces, 32-token tiles
-                                                      // straddling 16-token shares.
+                                                     // straddling 16-token shares.
     }
   }
 }
@@ -294,7 +297,8 @@ TEST(KvCacheWriteGpuTest, BytesMatchHostEncoder) {
     for (int r = 0; r < n; ++r) {
       if (slots[r] < 0) continue;
       kept_slots.push_back(slots[r]);
-      kept_latent.insert(kept_latent.end(), &latent_f[size_t(r) * 512], &latent_f[size_t(r + 1) * 512]);
+      kept_latent.insert(kept_latent.end(), &latent_f[size_t(r) * 512],
+                         &latent_f[size_t(r + 1) * 512]);
       kept_rope.insert(kept_rope.end(), &rope_f[size_t(r) * 64], &rope_f[size_t(r + 1) * 64]);
     }
     const float fp8_scale = 0.37f;
