@@ -198,6 +198,10 @@ absl::Status InvokeKvCacheWrite(const KvCacheWriteParams& p, cudaStream_t stream
         "KV cache write: latent rows must be 16-B aligned (stride % 8), rope rows 4-B aligned "
         "(stride % 2), kv_pool 16-B aligned");
   }
+  if (p.format == KvCacheFormat::kF32) {
+    return absl::InvalidArgumentError(
+        "KV cache write: f32 is the CPU reference's cache format only; use bf16, fp8 or fp8_tiled");
+  }
   if (p.format == KvCacheFormat::kFp8 && !(p.fp8_scale > 0.0f)) {
     return absl::InvalidArgumentError("KV cache write: fp8_scale must be > 0");
   }
