@@ -35,8 +35,8 @@ struct PrefixChainTip {
 
 // Result of a prefix lookup; nothing is acquired until Acquire() is called for each block.
 struct PrefixMatch {
-  std::vector<int32_t> blocks;  // cached blocks covering tokens [0, blocks.size() * block_size)
-  PrefixChainTip tip;           // chain tip after the last matched block
+  std::vector<int32_t> blocks;   // cached blocks covering tokens [0, blocks.size() * block_size)
+  PrefixChainTip tip;            // chain tip after the last matched block
   int32_t num_unreferenced = 0;  // matched blocks now free (acquiring them shrinks the free pool)
 };
 
@@ -56,10 +56,10 @@ class KvBlockManager {
 
   // Blocks a fresh allocation can obtain: uncached free blocks plus evictable cached ones.
   int32_t num_allocatable() const { return static_cast<int32_t>(free_.size()) + lru_size_; }
-  int32_t num_used() const { return num_used_; }                           // count > 0
-  int32_t num_free() const { return num_blocks() - num_used_; }            // count == 0
+  int32_t num_used() const { return num_used_; }                              // count > 0
+  int32_t num_free() const { return num_blocks() - num_used_; }               // count == 0
   int32_t num_cached() const { return static_cast<int32_t>(index_.size()); }  // used or free
-  int32_t num_cached_free() const { return lru_size_; }                    // evictable
+  int32_t num_cached_free() const { return lru_size_; }                       // evictable
   int32_t ref_count(int32_t block) const { return blocks_[block].ref_count; }
   bool is_cached(int32_t block) const { return blocks_[block].cached; }
 

@@ -145,7 +145,7 @@ TEST(KvBlockManagerTest, ChildOfAnEvictedParentIsNeverReachedThroughARecomputedP
   KvBlockManager m(3, kBs);
   const std::vector<int32_t> t = Iota(9, 0);
   const std::vector<int32_t> table = Prefill(m, t);  // blocks 0 (head), 1 (child)
-  m.Release(table[0]);  // head freed first -> evicted first
+  m.Release(table[0]);                               // head freed first -> evicted first
   m.Release(table[1]);
   EXPECT_EQ(m.Allocate(), 2);         // the uncached block goes first
   EXPECT_EQ(m.Allocate(), table[0]);  // evicts the head; the child stays cached but unreachable
