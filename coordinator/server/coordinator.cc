@@ -1,0 +1,630 @@
+#include "coordinator/server/coordinator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "capnp/message.h"
+#include "capnp/serialize.h"
+#include "mlaserve.capnp.h"
+#include "nlohmann/json.hpp"
+#include "zmq.hpp"
+
+namespace mlaserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string Bytes(capnp::MessageBuilder& msg) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
+  auto b = words.asBytes();
+  return std::string(reinterpret_cast<const char*>(b.begin()), b.size());
+}
+
+// Copies a frame into word-aligned memory; empty when it is not a whole number of words.
+kj::Array<capnp::word> Words(const std::string& bytes) {
+  if (bytes.empty() || bytes.size() % sizeof(capnp::word) != 0) return nullptr;
+  auto words = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
+  std::memcpy(words.begin(), bytes.data(), bytes.size());
+  return words;
+}
+
+// Client messages are small: a reader that refuses huge or deeply nested ones.
+capnp::ReaderOptions ClientReaderOptions() {
+  capnp::ReaderOptions o;
+  o.traversalLimitInWords = 8 * 1024 * 1024;  // 64 MiB
+  o.nestingLimit = 16;
+  return o;
+}
+
+wire::FinishReason WireReason(const std::string& reason) {
+  if (reason == "stop") return wire::FinishReason::STOP;
+  if (reason == "length") return wire::FinishReason::LENGTH;
+  if (reason == "abort") return wire::FinishReason::ABORT;
+  return wire::FinishReason::ERROR;
+}
+
+}  // namespace
+
+struct Coordinator::Req {
+  uint64_t seq_id = 0;
+  std::string identity;
+  uint64_t request_id = 0;
+  PreparedRequest prep;
+  std::unique_ptr<IncrementalDetokenizer> detok;
+  std::unique_ptr<StopStringMatcher> stop;
+  std::vector<int32_t> output;
+  std::string text;
+  uint32_t cached_tokens = 0;
+  bool scheduled = false;
+  Clock::time_point arrival, first_scheduled, first_token, last_token;
+  bool has_first_token = false;
+  bool stop_matched = false;
+};
+
+Coordinator::Coordinator(CoordinatorOptions options) : options_(std::move(options)) {
+  if (options_.model_name.empty()) {
+    options_.model_name = std::filesystem::path(options_.model_dir).filename().string();
+    if (options_.model_name.empty()) options_.model_name = "model";
+  }
+}
+
+Coordinator::~Coordinator() = default;
+
+absl::Status Coordinator::Start() {
+  ctx_ = std::make_unique<zmq::context_t>(1);
+  worker_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router);
+  worker_->set(zmq::sockopt::linger, 0);
+  clients_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router);
+  clients_->set(zmq::sockopt::linger, 0);
+  // Sending to a client that went away fails instead of being dropped silently: that is how a
+  // disconnect is noticed (its requests are aborted at once).
+  clients_->set(zmq::sockopt::router_mandatory, 1);
+  clients_->set(zmq::sockopt::maxmsgsize, int64_t{64} << 20);
+  try {
+    worker_->bind(options_.worker_endpoint);
+    clients_->bind(options_.client_endpoint);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError(absl::StrCat("cannot bind ", options_.client_endpoint, " / ",
+                                               options_.worker_endpoint, ": ", e.what()));
+  }
+  // Wait for rank 0: `ready` with the model's facts, or the error that stopped loading.
+  const auto deadline = Clock::now() + options_.worker_start_timeout;
+  nlohmann::json info;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      return absl::DeadlineExceededError(absl::StrCat("no worker connected to ", options_.worker_endpoint, " within ",
+                                                      options_.worker_start_timeout.count() / 1000, " s"));
+    }
+    zmq::pollitem_t item{worker_->handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(500))) == 0) continue;
+    zmq::message_t id, body;
+    if (!worker_->recv(id) || !worker_->recv(body)) continue;
+    if (id.to_string() != "worker") continue;
+    auto words = Words(body.to_string());
+    if (words.size() == 0) continue;
+    capnp::FlatArrayMessageReader reader(words);
+    auto r = reader.getRoot<wire::StepResult>();
+    if (r.isError()) return absl::FailedPreconditionError(absl::StrCat("worker failed to start: ", r.getError().cStr()));
+    if (!r.isReady()) continue;
+    info = nlohmann::json::parse(r.getReady().cStr(), nullptr, false);
+    break;
+  }
+  if (info.is_discarded() || !info.contains("vocab_size")) return absl::InternalError("worker sent a malformed ready message");
+  ranks_ = info.value("ranks", 1);
+  const int kv_blocks = info.value("kv_blocks", 0);
+  std::vector<int32_t> eos = info.value("eos_token_ids", std::vector<int32_t>{});
+  int max_len = options_.max_model_len > 0 ? options_.max_model_len : info.value("max_position_embeddings", 4096);
+  max_len = std::min(max_len, kv_blocks * kKvBlockTokens);
+  auto text = ModelText::Load(options_.model_dir, info["vocab_size"].get<int>(), max_len, eos);
+  if (!text.ok()) return text.status();
+  text_ = std::move(*text);
+  SchedulerConfig sc;
+  sc.num_blocks = kv_blocks;
+  sc.max_running_seqs = options_.max_running_seqs;
+  sc.max_tokens_per_step = options_.max_tokens_per_step;
+  sc.max_model_len = max_len;
+  sc.max_waiting = options_.max_waiting;
+  sc.max_prefill_chunk = options_.max_prefill_chunk;
+  sc.enable_prefix_caching = options_.prefix_caching;
+  sc.vocab_size = text_.vocab_size;
+  auto sched = Scheduler::Create(sc);
+  if (!sched.ok()) return sched.status();
+  scheduler_ = std::move(*sched);
+  metrics_ = std::make_unique<CoordinatorMetrics>(options_.model_name, options_.metrics_address, ranks_);
+  metrics_->kv_blocks_total->Set(kv_blocks);
+  metrics_->worker_up->Set(1);
+  info["name"] = options_.model_name;
+  info["max_model_len"] = max_len;
+  info["max_running_seqs"] = sc.max_running_seqs;
+  info["max_tokens_per_step"] = sc.max_tokens_per_step;
+  info["tokenizer"] = text_.tokenizer != nullptr;
+  info["chat_template"] = text_.chat_template.has_value();
+  model_info_json_ = info.dump();
+  last_heartbeat_ = Clock::now();
+  return absl::OkStatus();
+}
+
+void Coordinator::SendReply(const std::string& identity, const std::string& bytes) {
+  try {
+    clients_->send(zmq::buffer(identity), zmq::send_flags::sndmore);
+    clients_->send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+  } catch (const zmq::error_t&) {
+    // The client is gone (router_mandatory): abort everything it had in flight.
+    std::vector<uint64_t> gone;
+    for (const auto& [key, seq] : by_client_) {
+      if (key.first == identity) gone.push_back(seq);
+    }
+    for (uint64_t seq : gone) {
+      auto it = reqs_.find(seq);
+      if (it == reqs_.end()) continue;
+      auto ev = scheduler_->Abort(seq);
+      (void)ev;
+      metrics_->Finished("abort").Increment();
+      by_client_.erase({it->second->identity, it->second->request_id});
+      reqs_.erase(it);
+    }
+  }
+}
+
+void Coordinator::SendError(const std::string& identity, uint64_t request_id, int code,
+                            const std::string& message) {
+  capnp::MallocMessageBuilder msg;
+  auto r = msg.initRoot<wire::ServerReply>();
+  r.setRequestId(request_id);
+  auto e = r.initError();
+  e.setCode(static_cast<wire::ErrorCode>(code));
+  e.setMessage(message);
+  static const char* kNames[] = {"invalidRequest", "promptTooLong", "overloaded", "notFound",
+                                 "internal", "workerFailed", "shuttingDown"};
+  metrics_->Rejected(kNames[code]).Increment();
+  SendReply(identity, Bytes(msg));
+}
+
+void Coordinator::HandleClientMessage(const std::string& identity, const std::string& bytes) {
+  auto words = Words(bytes);
+  if (words.size() == 0) {
+    SendError(identity, 0, static_cast<int>(wire::ErrorCode::INVALID_REQUEST),
+              "malformed message: not a Cap'n Proto ClientRequest (length is not a multiple of 8 bytes)");
+    return;
+  }
+  uint64_t request_id = 0;
+  try {
+    capnp::FlatArrayMessageReader reader(words, ClientReaderOptions());
+    auto req = reader.getRoot<wire::ClientRequest>();
+    request_id = req.getRequestId();
+    switch (req.which()) {
+      case wire::ClientRequest::HEALTH: {
+        capnp::MallocMessageBuilder msg;
+        auto r = msg.initRoot<wire::ServerReply>();
+        r.setRequestId(request_id);
+        auto h = r.initHealth();
+        h.setOk(!worker_failed_ && !draining_);
+        h.setDetail(worker_failed_ ? absl::StrCat("worker job failed: ", worker_failure_)
+                    : draining_    ? std::string("shutting down")
+                                   : absl::StrCat("running ", scheduler_->num_running(), ", waiting ",
+                                                  scheduler_->num_waiting(), ", ranks ", ranks_));
+        SendReply(identity, Bytes(msg));
+        return;
+      }
+      case wire::ClientRequest::MODEL_INFO: {
+        capnp::MallocMessageBuilder msg;
+        auto r = msg.initRoot<wire::ServerReply>();
+        r.setRequestId(request_id);
+        r.initModelInfo().setJson(model_info_json_);
+        SendReply(identity, Bytes(msg));
+        return;
+      }
+      case wire::ClientRequest::ABORT: {
+        auto it = by_client_.find({identity, request_id});
+        if (it == by_client_.end()) {
+          SendError(identity, request_id, static_cast<int>(wire::ErrorCode::NOT_FOUND),
+                    absl::StrCat("no request ", request_id, " in flight for this client"));
+          return;
+        }
+        auto rit = reqs_.find(it->second);
+        if (rit != reqs_.end()) {
+          (void)scheduler_->Abort(it->second);
+          FinishRequest(*rit->second, "abort", "aborted by the client");
+        }
+        return;
+      }
+      case wire::ClientRequest::GENERATE:
+        break;
+      default:
+        SendError(identity, request_id, static_cast<int>(wire::ErrorCode::INVALID_REQUEST),
+                  "unknown request kind (client newer than server?)");
+        return;
+    }
+    if (worker_failed_) {
+      SendError(identity, request_id, static_cast<int>(wire::ErrorCode::WORKER_FAILED),
+                absl::StrCat("worker job failed: ", worker_failure_));
+      return;
+    }
+    if (draining_) {
+      SendError(identity, request_id, static_cast<int>(wire::ErrorCode::SHUTTING_DOWN), "server is shutting down");
+      return;
+    }
+    if (by_client_.count({identity, request_id})) {
+      SendError(identity, request_id, static_cast<int>(wire::ErrorCode::INVALID_REQUEST),
+                absl::StrCat("request id ", request_id, " is already in flight"));
+      return;
+    }
+    auto prep = PrepareRequest(req.getGenerate(), text_);
+    if (!prep.ok()) {
+      const bool too_long = prep.status().code() == absl::StatusCode::kOutOfRange;
+      SendError(identity, request_id,
+                static_cast<int>(too_long ? wire::ErrorCode::PROMPT_TOO_LONG : wire::ErrorCode::INVALID_REQUEST),
+                std::string(prep.status().message()));
+      return;
+    }
+    auto r = std::make_unique<Req>();
+    r->seq_id = next_seq_id_++;
+    r->identity = identity;
+    r->request_id = request_id;
+    r->prep = std::move(*prep);
+    r->arrival = Clock::now();
+    if (!r->prep.has_seed) {
+      r->prep.seed = r->seq_id * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(r->arrival.time_since_epoch().count());
+    }
+    if (text_.tokenizer) {
+      r->detok = std::make_unique<IncrementalDetokenizer>(*text_.tokenizer, r->prep.skip_special_tokens);
+    }
+    auto matcher = StopStringMatcher::Create(r->prep.stop);
+    if (!matcher.ok()) {
+      SendError(identity, request_id, static_cast<int>(wire::ErrorCode::INVALID_REQUEST), std::string(matcher.status().message()));
+      return;
+    }
+    r->stop = std::make_unique<StopStringMatcher>(std::move(*matcher));
+    Request sreq;
+    sreq.id = r->seq_id;
+    sreq.prompt = r->prep.prompt;
+    sreq.max_tokens = static_cast<int32_t>(r->prep.max_tokens);
+    sreq.min_tokens = static_cast<int32_t>(r->prep.min_tokens);
+    sreq.stop_token_ids = r->prep.stop_token_ids;
+    sreq.eos_token_ids = text_.eos_ids;
+    sreq.ignore_eos = r->prep.ignore_eos;
+    sreq.priority = r->prep.priority;
+    if (auto s = scheduler_->Add(sreq); !s.ok()) {
+      const bool overloaded = s.code() == absl::StatusCode::kResourceExhausted;
+      SendError(identity, request_id,
+                static_cast<int>(overloaded ? wire::ErrorCode::OVERLOADED : wire::ErrorCode::INVALID_REQUEST),
+                std::string(s.message()));
+      return;
+    }
+    metrics_->prompt_tokens->Increment(r->prep.prompt.size());
+    by_client_[{identity, request_id}] = r->seq_id;
+    reqs_[r->seq_id] = std::move(r);
+  } catch (const kj::Exception& e) {
+    SendError(identity, request_id, static_cast<int>(wire::ErrorCode::INVALID_REQUEST),
+              absl::StrCat("malformed message: ", e.getDescription().cStr()));
+  }
+}
+
+void Coordinator::MaybeSendStep() {
+  if (step_in_flight_ || worker_failed_ || !scheduler_->has_unfinished()) return;
+  const auto t0 = Clock::now();
+  auto plan = scheduler_->Schedule();
+  if (!plan.ok()) {
+    FailAll(absl::StrCat("scheduler: ", plan.status().message()));
+    return;
+  }
+  if (plan->empty()) return;
+  capnp::MallocMessageBuilder msg;
+  auto p = msg.initRoot<wire::StepPlan>();
+  p.setStepId(plan->step_id);
+  auto rel = p.initRelease(plan->released.size());
+  for (size_t i = 0; i < plan->released.size(); ++i) rel.set(i, plan->released[i]);
+  auto seqs = p.initStep(plan->seqs.size());
+  for (size_t i = 0; i < plan->seqs.size(); ++i) {
+    const ScheduledSeq& s = plan->seqs[i];
+    auto out = seqs[i];
+    out.setSeqId(s.seq_id);
+    const auto toks = plan->tokens(s);
+    auto t = out.initTokens(toks.size());
+    for (size_t j = 0; j < toks.size(); ++j) t.set(j, toks[j]);
+    out.setStartPosition(s.start_pos);
+    const auto blocks = plan->blocks(s);
+    auto b = out.initBlockTable(blocks.size());
+    for (size_t j = 0; j < blocks.size(); ++j) b.set(j, blocks[j]);
+    out.setPromptLen(s.prompt_len);
+    out.setSample(s.sample);
+    out.setGenerated(s.num_generated);
+    auto it = reqs_.find(s.seq_id);
+    if (it != reqs_.end()) {
+      Req& r = *it->second;
+      if (!r.scheduled) {
+        r.scheduled = true;
+        r.first_scheduled = t0;
+        r.cached_tokens = s.start_pos;
+        metrics_->queue_time->Observe(Seconds(t0 - r.arrival));
+      }
+      auto sp = out.initSampling();
+      const SamplingSettings& ss = r.prep.sampling;
+      sp.setTemperature(ss.temperature);
+      sp.setTopP(ss.top_p);
+      sp.setTopK(ss.top_k);
+      sp.setMinP(ss.min_p);
+      sp.setRepetitionPenalty(ss.repetition_penalty);
+      sp.setPresencePenalty(ss.presence_penalty);
+      sp.setFrequencyPenalty(ss.frequency_penalty);
+      sp.setSeed(r.prep.seed);
+      sp.setHasSeed(true);
+      sp.setMaxTokens(r.prep.max_tokens);
+      sp.setMinTokens(r.prep.min_tokens);
+      sp.setLogprobs(r.prep.logprobs);
+      sp.setTopLogprobs(ss.top_logprobs);
+      auto stop_ids = sp.initStopTokenIds(r.prep.stop_token_ids.size());
+      for (size_t j = 0; j < stop_ids.size(); ++j) stop_ids.set(j, r.prep.stop_token_ids[j]);
+      auto eos = out.initEosIds(r.prep.ignore_eos ? 0 : text_.eos_ids.size());
+      for (size_t j = 0; j < eos.size(); ++j) eos.set(j, text_.eos_ids[j]);
+    }
+  }
+  const std::string bytes = Bytes(msg);
+  worker_->send(zmq::buffer(std::string("worker")), zmq::send_flags::sndmore);
+  worker_->send(zmq::buffer(bytes), zmq::send_flags::none);
+  step_in_flight_ = true;
+  in_flight_step_ = plan->step_id;
+  step_sent_ = Clock::now();
+  metrics_->preemptions->Increment(plan->preempted.size());
+  metrics_->steps->Increment();
+  metrics_->step_tokens->Observe(plan->num_tokens());
+  metrics_->coordinator_time->Observe(Seconds(step_sent_ - t0));
+  UpdateGauges();
+}
+
+void Coordinator::HandleWorkerMessage(const std::string& identity, const std::string& bytes) {
+  if (identity == "heartbeat") {
+    last_heartbeat_ = Clock::now();
+    return;
+  }
+  if (identity != "worker") return;
+  last_heartbeat_ = Clock::now();
+  auto words = Words(bytes);
+  if (words.size() == 0) {
+    FailAll("worker sent a malformed step result");
+    return;
+  }
+  const auto t0 = Clock::now();
+  capnp::FlatArrayMessageReader reader(words);
+  auto r = reader.getRoot<wire::StepResult>();
+  if (r.isError()) {
+    FailAll(absl::StrCat("worker step failed: ", r.getError().cStr()));
+    return;
+  }
+  if (!r.isSampled() || !step_in_flight_ || r.getStepId() != in_flight_step_) return;
+  step_in_flight_ = false;
+  metrics_->step_time->Observe(Seconds(t0 - step_sent_));
+  const auto ranks = r.getRankSeconds();
+  for (size_t i = 0; i < ranks.size() && i < metrics_->rank_forward.size(); ++i) metrics_->rank_forward[i]->Observe(ranks[i]);
+  metrics_->sample_time->Observe(r.getSampleSeconds());
+  std::vector<SampledToken> sampled;
+  std::map<uint64_t, std::vector<uint8_t>> logprobs;
+  for (auto s : r.getSampled()) {
+    sampled.push_back({s.getSeqId(), s.getTokenId()});
+    if (s.hasLogprob()) {
+      capnp::MallocMessageBuilder copy;
+      copy.setRoot(s.getLogprob());
+      kj::Array<capnp::word> w = capnp::messageToFlatArray(copy);
+      auto b = w.asBytes();
+      logprobs[s.getSeqId()] = std::vector<uint8_t>(b.begin(), b.end());
+    }
+  }
+  auto events = scheduler_->OnStepResult(sampled);
+  if (!events.ok()) {
+    FailAll(absl::StrCat("scheduler rejected the step result: ", events.status().message()));
+    return;
+  }
+  ProcessEvents(*events, logprobs);
+  metrics_->coordinator_time->Observe(Seconds(Clock::now() - t0));
+  MaybeSendStep();
+}
+
+void Coordinator::ProcessEvents(const std::vector<SeqEvent>& events,
+                                const std::map<uint64_t, std::vector<uint8_t>>& logprob_blobs) {
+  const auto now = Clock::now();
+  for (const SeqEvent& ev : events) {
+    auto it = reqs_.find(ev.seq_id);
+    if (it == reqs_.end()) continue;
+    Req& r = *it->second;
+    std::string reason = ev.finish == FinishReason::kNone ? "" : FinishReasonName(ev.finish);
+    if (ev.has_token) {
+      r.output.push_back(ev.token_id);
+      metrics_->generation_tokens->Increment();
+      if (!r.has_first_token) {
+        r.has_first_token = true;
+        r.first_token = now;
+        metrics_->ttft->Observe(Seconds(now - r.arrival));
+        metrics_->prefill_time->Observe(Seconds(now - r.first_scheduled));
+      } else {
+        metrics_->itl->Observe(Seconds(now - r.last_token));
+      }
+      r.last_token = now;
+      std::string delta;
+      bool stop_matched = false;
+      if (r.detok) {
+        const std::string piece = r.detok->Add(ev.token_id);
+        auto out = r.stop->Add(piece);
+        delta = out.text;
+        stop_matched = out.stopped;
+      }
+      if (stop_matched) {
+        r.stop_matched = true;
+        if (reason.empty()) {
+          (void)scheduler_->Finish(ev.seq_id, FinishReason::kStop);
+          reason = "stop";
+        }
+      }
+      r.text += delta;
+      capnp::MallocMessageBuilder msg;
+      auto reply = msg.initRoot<wire::ServerReply>();
+      reply.setRequestId(r.request_id);
+      auto chunk = reply.initChunk();
+      chunk.initTokenIds(1).set(0, ev.token_id);
+      chunk.setText(delta);
+      auto lp = logprob_blobs.find(ev.seq_id);
+      if (lp != logprob_blobs.end()) {
+        auto words = kj::heapArray<capnp::word>(lp->second.size() / sizeof(capnp::word));
+        std::memcpy(words.begin(), lp->second.data(), lp->second.size());
+        capnp::FlatArrayMessageReader lr(words);
+        chunk.initLogprobs(1).setWithCaveats(0, lr.getRoot<wire::TokenLogprob>());
+      }
+      SendReply(r.identity, Bytes(msg));
+      if (reqs_.find(ev.seq_id) == reqs_.end()) continue;  // the client went away
+    }
+    if (!reason.empty()) FinishRequest(r, reason, "");
+  }
+  UpdateGauges();
+}
+
+void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::string& message) {
+  const auto now = Clock::now();
+  // Whatever the stop matcher held back is part of the text unless a stop string matched.
+  std::string tail;
+  if (r.detok && reason != "error" && !r.stop_matched) {
+    tail = r.stop->Add(r.detok->Finish()).text;
+    tail += r.stop->Flush();
+  }
+  if (!tail.empty()) {
+    r.text += tail;
+    capnp::MallocMessageBuilder msg;
+    auto reply = msg.initRoot<wire::ServerReply>();
+    reply.setRequestId(r.request_id);
+    reply.initChunk().setText(tail);
+    SendReply(r.identity, Bytes(msg));
+  }
+  capnp::MallocMessageBuilder msg;
+  auto reply = msg.initRoot<wire::ServerReply>();
+  reply.setRequestId(r.request_id);
+  auto f = reply.initFinal();
+  f.setFinishReason(WireReason(reason));
+  f.setText(r.text);
+  f.setMessage(message);
+  auto ids = f.initTokenIds(r.output.size());
+  for (size_t i = 0; i < r.output.size(); ++i) ids.set(i, r.output[i]);
+  auto u = f.initUsage();
+  u.setPromptTokens(r.prep.prompt.size());
+  u.setCompletionTokens(r.output.size());
+  u.setCachedTokens(r.cached_tokens);
+  u.setQueueSeconds(r.scheduled ? Seconds(r.first_scheduled - r.arrival) : Seconds(now - r.arrival));
+  u.setTtftSeconds(r.has_first_token ? Seconds(r.first_token - r.arrival) : 0.0);
+  u.setTotalSeconds(Seconds(now - r.arrival));
+  metrics_->Finished(reason).Increment();
+  metrics_->e2e->Observe(Seconds(now - r.arrival));
+  if (r.has_first_token) metrics_->decode_time->Observe(Seconds(r.last_token - r.first_token));
+  metrics_->prompt_length->Observe(r.prep.prompt.size());
+  metrics_->generation_length->Observe(r.output.size());
+  const std::string identity = r.identity;
+  const uint64_t seq = r.seq_id;
+  by_client_.erase({r.identity, r.request_id});
+  const std::string bytes = Bytes(msg);
+  reqs_.erase(seq);  // r is gone from here on
+  SendReply(identity, bytes);
+}
+
+void Coordinator::FailAll(const std::string& message) {
+  worker_failed_ = true;
+  worker_failure_ = message;
+  metrics_->worker_up->Set(0);
+  std::fprintf(stderr, "mlaserve-coordinator: %s\n", message.c_str());
+  std::vector<uint64_t> seqs;
+  for (const auto& [seq, _] : reqs_) seqs.push_back(seq);
+  for (uint64_t seq : seqs) {
+    auto it = reqs_.find(seq);
+    if (it == reqs_.end()) continue;
+    (void)scheduler_->Abort(seq);
+    FinishRequest(*it->second, "error", absl::StrCat("worker job failed: ", message));
+  }
+  UpdateGauges();
+}
+
+void Coordinator::UpdateGauges() {
+  metrics_->running->Set(scheduler_->num_running());
+  metrics_->waiting->Set(scheduler_->num_waiting());
+  const auto& b = scheduler_->blocks();
+  metrics_->kv_usage->Set(b.num_blocks() > 0 ? static_cast<double>(b.num_used()) / b.num_blocks() : 0.0);
+  // The block manager counts prefix lookups cumulatively; export the increments.
+  metrics_->prefix_queries->Increment(static_cast<double>(b.prefix_query_tokens() - seen_prefix_queries_));
+  metrics_->prefix_hits->Increment(static_cast<double>(b.prefix_hit_tokens() - seen_prefix_hits_));
+  seen_prefix_queries_ = b.prefix_query_tokens();
+  seen_prefix_hits_ = b.prefix_hit_tokens();
+}
+
+int Coordinator::Run() {
+  for (;;) {
+    zmq::pollitem_t items[] = {{clients_->handle(), 0, ZMQ_POLLIN, 0}, {worker_->handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 2, std::chrono::milliseconds(50));
+    if (items[1].revents & ZMQ_POLLIN) {
+      // Worker first: results free blocks for the clients' new requests.
+      for (int n = 0; n < 64; ++n) {
+        zmq::message_t id, body;
+        if (!worker_->recv(id, zmq::recv_flags::dontwait)) break;
+        if (!worker_->recv(body)) break;
+        HandleWorkerMessage(id.to_string(), body.to_string());
+      }
+    }
+    if (items[0].revents & ZMQ_POLLIN) {
+      for (int n = 0; n < 256; ++n) {
+        zmq::message_t id;
+        if (!clients_->recv(id, zmq::recv_flags::dontwait)) break;
+        // A client frame may be split into several parts by a misbehaving peer: keep the last.
+        std::string body;
+        while (clients_->get(zmq::sockopt::rcvmore)) {
+          zmq::message_t part;
+          if (!clients_->recv(part)) break;
+          body = part.to_string();
+        }
+        HandleClientMessage(id.to_string(), body);
+      }
+    }
+    const auto now = Clock::now();
+    if (!worker_failed_) {
+      if (now - last_heartbeat_ > options_.heartbeat_timeout) {
+        FailAll(absl::StrCat("no heartbeat from worker rank 0 for ", options_.heartbeat_timeout.count(),
+                             " ms (a rank died or the job was killed)"));
+      } else if (step_in_flight_ && now - step_sent_ > options_.step_timeout) {
+        FailAll(absl::StrCat("step ", in_flight_step_, " did not finish within ", options_.step_timeout.count(),
+                             " ms (a rank stopped answering)"));
+      }
+    }
+    MaybeSendStep();
+    if (shutdown_requested_.load() && !draining_) {
+      draining_ = true;
+      drain_deadline_ = now + options_.drain_timeout;
+      std::fprintf(stderr, "mlaserve-coordinator: draining %zu requests (up to %lld s)\n", reqs_.size(),
+                   static_cast<long long>(options_.drain_timeout.count() / 1000));
+    }
+    if (draining_ && (reqs_.empty() || now > drain_deadline_ || worker_failed_)) {
+      std::vector<uint64_t> seqs;
+      for (const auto& [seq, _] : reqs_) seqs.push_back(seq);
+      for (uint64_t seq : seqs) {
+        auto it = reqs_.find(seq);
+        if (it == reqs_.end()) continue;
+        (void)scheduler_->Abort(seq);
+        FinishRequest(*it->second, "abort", "server shut down before the request finished");
+      }
+      break;
+    }
+    if (worker_failed_ && reqs_.empty() && !draining_) {
+      // Serve health for a moment so that monitors see the failure, then exit non-zero.
+      static auto failed_at = now;
+      if (now - failed_at > std::chrono::seconds(2)) return 1;
+    }
+  }
+  if (!worker_failed_) {
+    capnp::MallocMessageBuilder msg;
+    auto p = msg.initRoot<wire::StepPlan>();
+    p.setStepId(0);
+    p.setShutdown();
+    const std::string bytes = Bytes(msg);
+    worker_->send(zmq::buffer(std::string("worker")), zmq::send_flags::sndmore);
+    worker_->send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+  }
+  return worker_failed_ ? 1 : 0;
+}
+
+}  // namespace mlaserve

@@ -1,0 +1,61 @@
+// The coordinator's Prometheus metrics (prometheus-cpp), all named mlaserve_*, labelled with the
+// model name, times in seconds. Per-rank step timings come from the workers' step results.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace mlaserve {
+
+class CoordinatorMetrics {
+ public:
+  // Serves /metrics on `bind_address` ("127.0.0.1:9400"); empty: metrics kept but not served.
+  CoordinatorMetrics(const std::string& model, const std::string& bind_address, int ranks);
+
+  prometheus::Counter& Finished(const std::string& reason);   // stop | length | abort | error
+  prometheus::Counter& Rejected(const std::string& code);     // invalidRequest | overloaded | ...
+  prometheus::Counter* prompt_tokens;
+  prometheus::Counter* generation_tokens;
+  prometheus::Counter* prefix_queries;   // prompt tokens looked up in the prefix cache
+  prometheus::Counter* prefix_hits;      // of which found
+  prometheus::Counter* preemptions;
+  prometheus::Counter* steps;
+  prometheus::Gauge* running;
+  prometheus::Gauge* waiting;
+  prometheus::Gauge* kv_usage;           // used blocks / total, 0..1
+  prometheus::Gauge* kv_blocks_total;
+  prometheus::Gauge* worker_up;          // 1 while the worker job answers
+  prometheus::Histogram* ttft;
+  prometheus::Histogram* itl;
+  prometheus::Histogram* e2e;
+  prometheus::Histogram* queue_time;
+  prometheus::Histogram* prefill_time;
+  prometheus::Histogram* decode_time;
+  prometheus::Histogram* step_tokens;
+  prometheus::Histogram* prompt_length;
+  prometheus::Histogram* generation_length;
+  prometheus::Histogram* step_time;         // coordinator-observed step round trip
+  prometheus::Histogram* coordinator_time;  // scheduling + encoding + result handling per step
+  prometheus::Histogram* sample_time;       // sampling on rank 0
+  std::vector<prometheus::Histogram*> rank_forward;  // forward pass per rank
+  int port() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Counter>* finished_;
+  prometheus::Family<prometheus::Counter>* rejected_;
+  std::map<std::string, prometheus::Counter*> finished_by_;
+  std::map<std::string, prometheus::Counter*> rejected_by_;
+  std::string model_;
+};
+
+}  // namespace mlaserve

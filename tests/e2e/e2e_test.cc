@@ -1,0 +1,300 @@
+// End to end on the CPU with real processes: coordinator + `mpirun -np 2` workers + clients over
+// ZeroMQ. Greedy outputs equal transformers' golden continuation however requests are batched;
+// seeded sampling is reproducible; aborts and KV pressure (preemption) change nothing in other
+// outputs; prefix reuse hits; malformed input gets an error and the server stays up; every
+// request gets exactly one final; a dead worker job fails every request and the coordinator.
+// The workers use the lossless f32 cache so that outputs can be compared with the oracle
+// exactly (see tests/model/golden_test.cc for why bf16 cannot be, on these random models).
+#include <map>
+#include <random>
+#include <set>
+
+#include "capnp/message.h"
+#include "capnp/serialize.h"
+#include "gtest/gtest.h"
+#include "mlaserve.capnp.h"
+#include "tests/e2e/server_fixture.h"
+#include "tests/model/golden_fixture.h"
+
+namespace mlaserve {
+namespace {
+
+using namespace std::chrono_literals;
+
+GenerateInput Greedy(std::vector<int32_t> ids, uint32_t max_tokens) {
+  GenerateInput in;
+  in.token_ids = std::move(ids);
+  in.sampling.max_tokens = max_tokens;
+  in.sampling.ignore_eos = true;
+  return in;
+}
+
+// Submits all inputs at once and collects, per request, the streamed tokens and the single
+// final. Fails the test if any request gets zero or two finals, or a chunk after its final.
+struct Outcome {
+  std::vector<int32_t> streamed;
+  Reply final;
+  int finals = 0;
+};
+
+std::vector<Outcome> RunAll(Client& c, const std::vector<GenerateInput>& inputs) {
+  std::map<uint64_t, size_t> index;
+  std::vector<Outcome> out(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto id = c.Submit(inputs[i]);
+    EXPECT_TRUE(id.ok());
+    if (id.ok()) index[*id] = i;
+  }
+  size_t done = 0;
+  while (done < inputs.size()) {
+    auto r = c.Next(120s);
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      break;
+    }
+    auto it = index.find(r->request_id);
+    if (it == index.end()) continue;
+    Outcome& o = out[it->second];
+    EXPECT_EQ(o.finals, 0) << "reply after the final of request " << r->request_id;
+    if (r->kind == Reply::Kind::kChunk) {
+      o.streamed.insert(o.streamed.end(), r->token_ids.begin(), r->token_ids.end());
+    } else {
+      o.final = *r;
+      ++o.finals;
+      ++done;
+    }
+  }
+  for (const Outcome& o : out) EXPECT_EQ(o.finals, 1);
+  return out;
+}
+
+class E2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcesses();
+    ServerOptions o;
+    o.model_dir = FixtureDir("kimi-tiny");
+    o.kv_blocks = 64;
+    o.coordinator_args = {"--max-step-tokens", "256", "--prefill-chunk", "48"};
+    const std::string err = server_->Start(o);
+    ASSERT_EQ(err, "") << err;
+  }
+  static void TearDownTestSuite() {
+    EXPECT_EQ(server_->Stop(), 0) << server_->Logs();
+    delete server_;
+  }
+  void SetUp() override {
+    auto c = Client::Connect(server_->endpoint());
+    ASSERT_TRUE(c.ok());
+    client_ = std::move(*c);
+  }
+  static ServerProcesses* server_;
+  std::unique_ptr<Client> client_;
+};
+ServerProcesses* E2eTest::server_ = nullptr;
+
+TEST_F(E2eTest, GreedyMatchesGoldenAloneAndInABatchOf64) {
+  Golden golden(FixtureDir("kimi-tiny"));
+  const auto prompt = golden.Get<int32_t>("p2.ids");
+  const auto want = golden.Get<int32_t>("p2.greedy");
+  auto alone = RunAll(*client_, {Greedy(prompt, want.size())});
+  ASSERT_EQ(alone[0].final.finish_reason, "length");
+  EXPECT_EQ(alone[0].final.token_ids, want);
+  EXPECT_EQ(alone[0].streamed, want);
+  // Mixed lengths: prefixes of the golden prompts, each run alone for its reference, then 64
+  // at once (the golden prompt 8 times among them).
+  std::vector<GenerateInput> batch;
+  std::vector<std::vector<int32_t>> refs;
+  std::mt19937 rng(7);
+  const auto p1 = golden.Get<int32_t>("p1.ids");
+  for (int i = 0; i < 56; ++i) {
+    const int len = 1 + static_cast<int>(rng() % p1.size());
+    batch.push_back(Greedy(std::vector<int32_t>(p1.begin(), p1.begin() + len), 4 + rng() % 12));
+  }
+  for (size_t i = 0; i < 8; ++i) batch.push_back(Greedy(prompt, want.size()));
+  std::vector<std::vector<int32_t>> alone_outputs;
+  for (size_t i = 0; i < 56; i += 7) {  // references for a sample of the mixed requests
+    alone_outputs.push_back(RunAll(*client_, {batch[i]})[0].final.token_ids);
+  }
+  auto together = RunAll(*client_, batch);
+  for (size_t i = 0, k = 0; i < 56; i += 7, ++k) EXPECT_EQ(together[i].final.token_ids, alone_outputs[k]) << i;
+  for (size_t i = 56; i < 64; ++i) EXPECT_EQ(together[i].final.token_ids, want) << i;
+  for (const auto& o : together) EXPECT_EQ(o.streamed, o.final.token_ids);
+}
+
+TEST_F(E2eTest, SeededSamplingIsReproducibleAcrossBatching) {
+  Golden golden(FixtureDir("kimi-tiny"));
+  GenerateInput in = Greedy(golden.Get<int32_t>("p0.ids"), 12);
+  in.sampling.temperature = 0.8f;
+  in.sampling.top_p = 0.9f;
+  in.sampling.seed = 1234;
+  const auto a = RunAll(*client_, {in})[0].final.token_ids;
+  std::vector<GenerateInput> batch(5, Greedy(golden.Get<int32_t>("p1.ids"), 8));
+  batch.push_back(in);
+  const auto b = RunAll(*client_, batch).back().final.token_ids;
+  EXPECT_EQ(a, b);
+  in.sampling.seed = 99;
+  const auto c = RunAll(*client_, {in})[0].final.token_ids;
+  EXPECT_NE(a, c);  // another seed draws other tokens (12 draws at temperature 0.8)
+}
+
+TEST_F(E2eTest, AbortMidStreamFreesBlocks) {
+  Golden golden(FixtureDir("kimi-tiny"));
+  auto id = client_->Submit(Greedy(golden.Get<int32_t>("p2.ids"), 3000 - 100));
+  ASSERT_TRUE(id.ok());
+  int chunks = 0;
+  Reply final;
+  for (;;) {
+    auto r = client_->Next(60s);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->kind == Reply::Kind::kChunk && ++chunks == 3) ASSERT_TRUE(client_->Abort(*id).ok());
+    if (r->kind == Reply::Kind::kFinal) {
+      final = *r;
+      break;
+    }
+  }
+  EXPECT_EQ(final.finish_reason, "abort");
+  EXPECT_LT(final.completion_tokens, 100u);
+  auto h = client_->Health();
+  ASSERT_TRUE(h.ok());
+  EXPECT_NE(h->text.find("running 0, waiting 0"), std::string::npos) << h->text;
+  EXPECT_EQ(server_->MetricValue("mlaserve_kv_cache_usage_ratio"), 0.0);
+}
+
+TEST_F(E2eTest, PrefixReuseHitsAndChangesNothing) {
+  Golden golden(FixtureDir("kimi-tiny"));
+  const auto prompt = golden.Get<int32_t>("p2.ids");  // 77 tokens: one full block to reuse
+  auto first = RunAll(*client_, {Greedy(prompt, 8)})[0].final;
+  auto second = RunAll(*client_, {Greedy(prompt, 8)})[0].final;
+  EXPECT_EQ(second.cached_tokens, 64u);
+  EXPECT_EQ(first.token_ids, second.token_ids);
+  EXPECT_GT(server_->MetricValue("mlaserve_prefix_cache_hits_total"), 0.0);
+}
+
+TEST_F(E2eTest, MalformedInputGetsErrorsAndTheServerStaysUp) {
+  std::mt19937 rng(3);
+  // Random bytes (whole words and not), a wrong struct, absurd lengths, out-of-range parameters.
+  for (int i = 0; i < 20; ++i) {
+    std::string junk(8 * (1 + rng() % 16) + (i % 2), '\0');
+    for (char& ch : junk) ch = static_cast<char>(rng());
+    ASSERT_TRUE(client_->SendRaw(junk).ok());
+    auto r = client_->Next(10s);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->kind, Reply::Kind::kError);
+  }
+  {
+    // A segment table that claims far more words than the frame holds.
+    std::string huge(16, '\0');
+    huge[0] = 0;
+    huge[4] = '\xff';
+    huge[5] = '\xff';
+    huge[6] = '\xff';
+    huge[7] = '\x0f';
+    ASSERT_TRUE(client_->SendRaw(huge).ok());
+    auto r = client_->Next(10s);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->kind, Reply::Kind::kError);
+  }
+  {
+    // A valid message of another type (a StepPlan) where a ClientRequest is expected.
+    capnp::MallocMessageBuilder msg;
+    auto p = msg.initRoot<wire::StepPlan>();
+    p.setStepId(77);
+    p.initStep(3);
+    kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
+    auto b = words.asBytes();
+    ASSERT_TRUE(client_->SendRaw(std::string(reinterpret_cast<const char*>(b.begin()), b.size())).ok());
+    auto r = client_->Next(10s);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->kind, Reply::Kind::kError);
+  }
+  struct Bad {
+    const char* what;
+    std::function<void(GenerateInput&)> set;
+    const char* code;
+  };
+  const std::vector<Bad> bad = {
+      {"temperature", [](GenerateInput& in) { in.sampling.temperature = -1; }, "invalidRequest"},
+      {"top_p", [](GenerateInput& in) { in.sampling.top_p = 0; }, "invalidRequest"},
+      {"min_tokens", [](GenerateInput& in) { in.sampling.min_tokens = 50; in.sampling.max_tokens = 5; }, "invalidRequest"},
+      {"token id", [](GenerateInput& in) { in.token_ids = std::vector<int32_t>{1, 100000}; }, "invalidRequest"},
+      {"empty", [](GenerateInput& in) { in.token_ids = std::vector<int32_t>{}; }, "invalidRequest"},
+      {"too long", [](GenerateInput& in) { in.sampling.max_tokens = 1000000; }, "promptTooLong"},
+      {"text without tokenizer", [](GenerateInput& in) { in.token_ids.reset(); in.text = "hello"; }, "invalidRequest"},
+  };
+  for (const Bad& b : bad) {
+    GenerateInput in = Greedy({1, 2, 3}, 4);
+    b.set(in);
+    auto r = client_->Generate(in, nullptr, 10s);
+    ASSERT_TRUE(r.ok()) << b.what;
+    EXPECT_EQ(r->kind, Reply::Kind::kError) << b.what;
+    EXPECT_EQ(r->error_code, b.code) << b.what << ": " << r->message;
+  }
+  auto h = client_->Health();
+  ASSERT_TRUE(h.ok());
+  EXPECT_TRUE(h->ok);
+  auto ok = client_->Generate(Greedy({1, 2, 3}, 4), nullptr, 30s);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->completion_tokens, 4u);
+}
+
+// A small cache (8 blocks = 512 tokens) and 12 concurrent 77+32-token requests: the scheduler
+// must preempt, and every output must still equal the golden continuation.
+TEST(E2eKvPressureTest, PreemptionKeepsGreedyOutputs) {
+  ServerProcesses server;
+  ServerOptions o;
+  o.model_dir = FixtureDir("kimi-tiny");
+  o.kv_blocks = 8;
+  o.coordinator_args = {"--max-step-tokens", "512"};
+  const std::string err = server.Start(o);
+  ASSERT_EQ(err, "") << err;
+  auto c = Client::Connect(server.endpoint());
+  ASSERT_TRUE(c.ok());
+  Golden golden(FixtureDir("kimi-tiny"));
+  const auto prompt = golden.Get<int32_t>("p2.ids");
+  const auto want = golden.Get<int32_t>("p2.greedy");
+  std::vector<GenerateInput> batch(12, Greedy(prompt, want.size()));
+  auto out = RunAll(**c, batch);
+  for (const auto& o2 : out) EXPECT_EQ(o2.final.token_ids, want);
+  EXPECT_GT(server.MetricValue("mlaserve_preemptions_total"), 0.0) << server.Metrics();
+  EXPECT_EQ(server.Stop(), 0) << server.Logs();
+}
+
+// Killing the worker job fails every in-flight request with finish reason error, health reports
+// it, and the coordinator exits non-zero.
+TEST(E2eWorkerFailureTest, DeadWorkerFailsRequestsAndCoordinator) {
+  ServerProcesses server;
+  ServerOptions o;
+  o.model_dir = FixtureDir("kimi-tiny");
+  o.coordinator_args = {"--heartbeat-timeout-ms", "1500"};
+  const std::string err = server.Start(o);
+  ASSERT_EQ(err, "") << err;
+  auto c = Client::Connect(server.endpoint());
+  ASSERT_TRUE(c.ok());
+  auto id = (*c)->Submit(Greedy({1, 2, 3, 4}, 3000));
+  ASSERT_TRUE(id.ok());
+  auto first = (*c)->Next(30s);
+  ASSERT_TRUE(first.ok());
+  const auto killed = std::chrono::steady_clock::now();
+  server.KillWorkers();
+  Reply final;
+  for (;;) {
+    auto r = (*c)->Next(20s);
+    ASSERT_TRUE(r.ok()) << r.status() << server.Logs();
+    if (r->kind == Reply::Kind::kFinal) {
+      final = *r;
+      break;
+    }
+  }
+  const double detect_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  std::printf("[e2e] worker death detected after %.2f s\n", detect_s);
+  EXPECT_EQ(final.finish_reason, "error");
+  EXPECT_NE(final.message.find("worker"), std::string::npos) << final.message;
+  EXPECT_LT(detect_s, 5.0);
+  auto h = (*c)->Health();
+  if (h.ok()) EXPECT_FALSE(h->ok);
+  EXPECT_EQ(server.WaitCoordinator(std::chrono::seconds(20)), 1) << server.Logs();
+}
+
+}  // namespace
+}  // namespace mlaserve

@@ -1,0 +1,202 @@
+// Starts a real coordinator and `mpirun -np N` workers for end-to-end tests, on ipc:// endpoints
+// in a private temporary folder, and stops them.
+#pragma once
+
+#include <signal.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coordinator/client/client.h"
+
+extern char** environ;
+
+namespace mlaserve {
+
+struct ServerOptions {
+  std::string model_dir;
+  int ranks = 2;
+  std::string kv_format = "f32";
+  int kv_blocks = 64;
+  std::vector<std::string> coordinator_args;
+};
+
+class ServerProcesses {
+ public:
+  ~ServerProcesses() { Kill(); }
+
+  // Returns "" on success, else what went wrong (with the processes' logs).
+  std::string Start(const ServerOptions& o) {
+    namespace fs = std::filesystem;
+    dir_ = fs::temp_directory_path() / ("mlaserve-e2e-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    fs::create_directories(dir_);
+    client_endpoint_ = "ipc://" + (dir_ / "clients").string();
+    const std::string worker_endpoint = "ipc://" + (dir_ / "worker").string();
+    std::vector<std::string> coord = {MLASERVE_COORDINATOR_BIN, "--model", o.model_dir, "--listen", client_endpoint_,
+                                      "--worker-listen", worker_endpoint, "--metrics", "127.0.0.1:0",
+                                      "--worker-start-timeout-ms", "60000"};
+    coord.insert(coord.end(), o.coordinator_args.begin(), o.coordinator_args.end());
+    coordinator_ = Spawn(coord, (dir_ / "coordinator.log").string());
+    std::vector<std::string> workers = {MLASERVE_MPIEXEC, "-np", std::to_string(o.ranks), "--oversubscribe",
+                                        "--mca", "btl_vader_single_copy_mechanism", "none",
+                                        "--mca", "mpi_yield_when_idle", "1"};
+    if (geteuid() == 0) workers.push_back("--allow-run-as-root");
+    for (const std::string& s : {std::string(MLASERVE_WORKER_BIN), std::string("--model"), o.model_dir,
+                                 std::string("--coordinator"), worker_endpoint, std::string("--kv-format"),
+                                 o.kv_format, std::string("--kv-blocks"), std::to_string(o.kv_blocks)}) {
+      workers.push_back(s);
+    }
+    workers_ = Spawn(workers, (dir_ / "workers.log").string());
+    // Ready when health answers ok.
+    auto c = Client::Connect(client_endpoint_);
+    if (!c.ok()) return std::string(c.status().message());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto h = (*c)->Health(std::chrono::milliseconds(500));
+      if (h.ok() && h->ok) {
+        metrics_port_ = ParseMetricsPort();
+        return "";
+      }
+      if (Exited(coordinator_)) break;
+    }
+    return "server did not become healthy\n" + Logs();
+  }
+
+  // SIGTERM to the coordinator (drain), then waits for both; returns the coordinator's exit code.
+  int Stop(std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    if (coordinator_ <= 0) return -1;
+    kill(coordinator_, SIGTERM);
+    const int rc = Wait(coordinator_, timeout);
+    coordinator_ = -1;
+    Wait(workers_, std::chrono::seconds(20));
+    workers_ = -1;
+    return rc;
+  }
+
+  // Kills the worker job (all of mpirun's processes), as a crash would.
+  void KillWorkers() {
+    if (workers_ > 0) kill(workers_, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // mpirun's children are orphaned by SIGKILL to mpirun: kill them by name.
+    std::system(("pkill -9 -f '" + std::string(MLASERVE_WORKER_BIN) + ".*" + dir_.filename().string() + "' >/dev/null 2>&1").c_str());
+  }
+
+  int WaitCoordinator(std::chrono::seconds timeout) {
+    const int rc = Wait(coordinator_, timeout);
+    if (rc != -1) coordinator_ = -1;
+    return rc;
+  }
+
+  void Kill() {
+    if (coordinator_ > 0) {
+      kill(coordinator_, SIGKILL);
+      Wait(coordinator_, std::chrono::seconds(5));
+      coordinator_ = -1;
+    }
+    if (workers_ > 0) {
+      KillWorkers();
+      Wait(workers_, std::chrono::seconds(5));
+      workers_ = -1;
+    }
+  }
+
+  const std::string& endpoint() const { return client_endpoint_; }
+  int metrics_port() const { return metrics_port_; }
+
+  std::string Logs() const {
+    std::string out;
+    for (const char* f : {"coordinator.log", "workers.log"}) {
+      std::ifstream in(dir_ / f);
+      out += std::string("--- ") + f + "\n" + std::string((std::istreambuf_iterator<char>(in)), {});
+    }
+    return out;
+  }
+
+  // GET /metrics from the coordinator's exposer.
+  std::string Metrics() const {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(metrics_port_));
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    std::string body;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+      (void)!write(fd, req.data(), req.size());
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, n);
+    }
+    close(fd);
+    return body;
+  }
+
+  // The value of the first sample of `name` (exact series name, e.g. "mlaserve_preemptions_total").
+  double MetricValue(const std::string& name) const {
+    const std::string text = Metrics();
+    std::regex re("\\n" + name + "(\\{[^}]*\\})? ([0-9.eE+-]+)");
+    std::smatch m;
+    if (std::regex_search(text, m, re)) return std::stod(m[2].str());
+    return -1;
+  }
+
+ private:
+  static pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+  }
+  static bool Exited(pid_t pid) {
+    int status;
+    return waitpid(pid, &status, WNOHANG) == pid;
+  }
+  static int Wait(pid_t pid, std::chrono::seconds timeout) {
+    if (pid <= 0) return -1;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status;
+      const pid_t r = waitpid(pid, &status, WNOHANG);
+      if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (r < 0) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  int ParseMetricsPort() const {
+    std::ifstream in(dir_ / "coordinator.log");
+    const std::string log((std::istreambuf_iterator<char>(in)), {});
+    std::smatch m;
+    if (std::regex_search(log, m, std::regex("metrics on port ([0-9]+)"))) return std::stoi(m[1].str());
+    return 0;
+  }
+
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+  std::string client_endpoint_;
+  pid_t coordinator_ = -1;
+  pid_t workers_ = -1;
+  int metrics_port_ = 0;
+};
+
+}  // namespace mlaserve

@@ -1,0 +1,91 @@
+#include "worker/server/step_executor.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace mlaserve {
+
+absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
+  for (uint64_t id : plan.getRelease()) history_.erase(id);
+  ExecutedStep result;
+  if (!plan.isStep()) return result;
+  const auto seqs = plan.getStep();
+  const int num_blocks = model_.options().num_kv_blocks;
+  const int vocab = model_.config().vocab_size;
+  StepBatch batch;
+  std::vector<int> sample_seq;  // index into seqs for each logits row
+  for (uint32_t i = 0; i < seqs.size(); ++i) {
+    const wire::StepSequence::Reader s = seqs[i];
+    const auto tokens = s.getTokens();
+    const auto table = s.getBlockTable();
+    const uint64_t start = s.getStartPosition();
+    const uint64_t end = start + tokens.size();
+    if (tokens.size() == 0) return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": no tokens"));
+    if (end > static_cast<uint64_t>(table.size()) * kKvBlockTokens) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": block table of ", table.size(),
+                                                     " blocks cannot hold ", end, " tokens"));
+    }
+    SequenceSlice slice;
+    slice.token_begin = static_cast<int>(batch.tokens.size());
+    slice.num_tokens = static_cast<int>(tokens.size());
+    slice.context_len = static_cast<int>(start);
+    for (int32_t b : table) {
+      if (b < 0 || b >= num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": block ", b, " outside the pool of ", num_blocks));
+      }
+      slice.block_table.push_back(b);
+    }
+    auto& hist = history_[s.getSeqId()];
+    if (hist.size() > start) hist.resize(start);  // recompute after preemption restarts here
+    for (uint32_t t = 0; t < tokens.size(); ++t) {
+      const int32_t id = tokens[t];
+      if (id < 0 || id >= vocab) return absl::InvalidArgumentError(absl::StrCat("token id ", id, " outside the vocabulary"));
+      const int pos = static_cast<int>(start + t);
+      batch.tokens.push_back(id);
+      batch.positions.push_back(pos);
+      batch.slots.push_back(static_cast<int64_t>(slice.block_table[pos / kKvBlockTokens]) * kKvBlockTokens +
+                            pos % kKvBlockTokens);
+      hist.push_back(id);
+    }
+    if (s.getSample()) {
+      batch.logits_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
+      sample_seq.push_back(static_cast<int>(i));
+    }
+    batch.seqs.push_back(std::move(slice));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits;
+  if (auto st = model_.Forward(batch, &logits); !st.ok()) return st;
+  const auto t1 = std::chrono::steady_clock::now();
+  result.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
+  if (!sample_here_) return result;
+  for (size_t r = 0; r < sample_seq.size(); ++r) {
+    const wire::StepSequence::Reader s = seqs[sample_seq[r]];
+    const wire::SamplingParams::Reader p = s.getSampling();
+    SequenceSampling ss;
+    ss.base.temperature = p.getTemperature();
+    ss.base.top_k = p.getTopK();
+    ss.base.top_p = p.getTopP();
+    ss.base.min_p = p.getMinP();
+    ss.base.seed = p.getSeed();
+    ss.repetition_penalty = p.getRepetitionPenalty();
+    ss.presence_penalty = p.getPresencePenalty();
+    ss.frequency_penalty = p.getFrequencyPenalty();
+    ss.min_tokens = static_cast<int>(p.getMinTokens());
+    for (int32_t e : s.getEosIds()) ss.eos_ids.push_back(e);
+    for (int32_t e : p.getStopTokenIds()) ss.stop_ids.push_back(e);
+    ss.top_logprobs = p.getLogprobs() ? static_cast<int>(p.getTopLogprobs()) : 0;
+    const auto& hist = history_[s.getSeqId()];
+    ExecutedStep::Token tok;
+    tok.seq_id = s.getSeqId();
+    tok.want_logprobs = p.getLogprobs();
+    tok.out = SampleToken(logits.data() + r * vocab, vocab, ss, hist, static_cast<int>(s.getPromptLen()),
+                          static_cast<int>(s.getGenerated()));
+    result.tokens.push_back(std::move(tok));
+  }
+  result.sample_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  return result;
+}
+
+}  // namespace mlaserve

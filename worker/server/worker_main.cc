@@ -1,0 +1,220 @@
+// mlaserve-worker: one rank of a model replica, launched by mpirun (one rank per GPU, or on CPU).
+//
+//   mpirun -np N mlaserve-worker --model DIR --coordinator tcp://HOST:PORT
+//       [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N] [--moe expert|tensor] [--threads N]
+//
+// Every rank loads its shard; if any rank fails, every rank exits with "rank R: cause". Rank 0
+// connects to the coordinator's worker socket, announces itself with a `ready` result, then
+// receives step plans, broadcasts them to the other ranks over MPI, runs the step on every rank
+// and answers with the sampled tokens. A second socket on rank 0 sends a heartbeat every 250 ms
+// so that the coordinator notices a dead job within a second or two.
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "capnp/message.h"
+#include "capnp/serialize.h"
+#include "kj/array.h"
+#include "mlaserve.capnp.h"
+#include "nlohmann/json.hpp"
+#include "worker/backend/cpu_ops.h"
+#include "worker/comm/mpi_communicator.h"
+#include "worker/server/step_executor.h"
+#include "zmq.hpp"
+
+namespace {
+
+using namespace mlaserve;
+
+struct Args {
+  std::string model, coordinator, kv = "bf16", moe = "expert";
+  int kv_blocks = 256, threads = 1;
+};
+
+std::string Serialize(capnp::MessageBuilder& msg) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
+  auto bytes = words.asBytes();
+  return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+}
+
+void SendResult(zmq::socket_t& sock, capnp::MessageBuilder& msg) {
+  const std::string bytes = Serialize(msg);
+  sock.send(zmq::buffer(bytes), zmq::send_flags::none);
+}
+
+int Fail(int rank, const std::string& msg) {
+  if (rank == 0) std::fprintf(stderr, "mlaserve-worker: %s\n", msg.c_str());
+  MPI_Finalize();
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MpiCommunicator comm;
+  const int rank = comm.rank();
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) return Fail(rank, k + " needs a value");
+    const std::string v = argv[++i];
+    bool ok = true;
+    if (k == "--model") a.model = v;
+    else if (k == "--coordinator") a.coordinator = v;
+    else if (k == "--kv-format") a.kv = v;
+    else if (k == "--moe") a.moe = v;
+    else if (k == "--kv-blocks") ok = absl::SimpleAtoi(v, &a.kv_blocks) && a.kv_blocks > 0;
+    else if (k == "--threads") ok = absl::SimpleAtoi(v, &a.threads) && a.threads > 0;
+    else return Fail(rank, "unknown argument " + k);
+    if (!ok) return Fail(rank, k + ": bad value " + v);
+  }
+  if (a.model.empty() || a.coordinator.empty()) return Fail(rank, "--model and --coordinator are required");
+  if (a.moe != "expert" && a.moe != "tensor") return Fail(rank, "--moe must be expert or tensor");
+
+  CpuOps ops(a.threads);
+  ModelOptions options;
+  options.num_kv_blocks = a.kv_blocks;
+  options.moe = a.moe == "tensor" ? MoeParallelism::kTensor : MoeParallelism::kExpert;
+  auto format = ParseKvCacheFormat(a.kv);
+  absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model =
+      format.ok() ? DeepseekV3Model::Load(a.model, (options.kv_format = *format, options), ops, comm)
+                  : absl::StatusOr<std::unique_ptr<DeepseekV3Model>>(format.status());
+  const absl::Status agreed = comm.AgreeOnStatus(model.status());
+
+  zmq::context_t ctx(1);
+  zmq::socket_t sock(ctx, zmq::socket_type::dealer);
+  std::atomic<bool> running{true};
+  std::thread heartbeat;
+  if (rank == 0) {
+    sock.set(zmq::sockopt::routing_id, "worker");
+    sock.set(zmq::sockopt::linger, 1000);
+    sock.connect(a.coordinator);
+  }
+  if (!agreed.ok()) {
+    if (rank == 0) {
+      capnp::MallocMessageBuilder msg;
+      auto r = msg.initRoot<wire::StepResult>();
+      r.setError(std::string(agreed.message()));
+      SendResult(sock, msg);
+    }
+    return Fail(rank, std::string(agreed.message()));
+  }
+  if (rank == 0) {
+    const ModelConfig& c = (*model)->config();
+    nlohmann::json info = {{"model", a.model}, {"ranks", comm.size()}, {"kv_format", a.kv},
+                           {"kv_blocks", a.kv_blocks}, {"moe", a.moe}, {"vocab_size", c.vocab_size},
+                           {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
+                           {"heads", c.num_attention_heads}, {"experts", c.n_routed_experts},
+                           {"max_position_embeddings", c.max_position_embeddings},
+                           {"eos_token_ids", c.eos_token_ids},
+                           {"weight_bytes_rank0", (*model)->weight_bytes()},
+                           {"kv_cache_bytes_rank0", (*model)->kv_cache_bytes()},
+                           {"backend", "cpu"}};
+    capnp::MallocMessageBuilder msg;
+    msg.initRoot<wire::StepResult>().setReady(info.dump());
+    SendResult(sock, msg);
+    heartbeat = std::thread([&ctx, &running, endpoint = a.coordinator] {
+      zmq::socket_t hb(ctx, zmq::socket_type::dealer);
+      hb.set(zmq::sockopt::routing_id, "heartbeat");
+      hb.set(zmq::sockopt::linger, 0);
+      hb.connect(endpoint);
+      capnp::MallocMessageBuilder msg;
+      msg.initRoot<wire::StepResult>().setPong();
+      const std::string bytes = Serialize(msg);
+      while (running.load()) {
+        hb.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      }
+    });
+  }
+
+  StepExecutor executor(**model, /*sample_here=*/rank == 0);
+  int exit_code = 0;
+  for (;;) {
+    // Rank 0 receives the plan and broadcasts its bytes; every rank parses the same message.
+    std::string bytes;
+    if (rank == 0) {
+      zmq::message_t m;
+      if (!sock.recv(m, zmq::recv_flags::none)) continue;
+      bytes.assign(static_cast<const char*>(m.data()), m.size());
+    }
+    uint64_t len = bytes.size();
+    MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    bytes.resize(len);
+    MPI_Bcast(bytes.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (len % sizeof(capnp::word) != 0 || len == 0) {
+      if (rank == 0) {
+        capnp::MallocMessageBuilder msg;
+        msg.initRoot<wire::StepResult>().setError("step plan is not a whole number of 8-byte words");
+        SendResult(sock, msg);
+      }
+      continue;
+    }
+    kj::Array<capnp::word> words = kj::heapArray<capnp::word>(len / sizeof(capnp::word));
+    std::memcpy(words.begin(), bytes.data(), len);
+    std::string error;
+    bool shutdown = false;
+    ExecutedStep step;
+    uint64_t step_id = 0;
+    try {
+      capnp::FlatArrayMessageReader reader(words);
+      wire::StepPlan::Reader plan = reader.getRoot<wire::StepPlan>();
+      step_id = plan.getStepId();
+      shutdown = plan.isShutdown();
+      if (!shutdown && !plan.isPing()) {
+        auto r = executor.Run(plan);
+        if (r.ok()) step = std::move(*r); else error = std::string(r.status().message());
+      }
+    } catch (const kj::Exception& e) {
+      error = absl::StrCat("malformed step plan: ", e.getDescription().cStr());
+    }
+    double forward = step.forward_seconds;
+    std::vector<double> per_rank(comm.size());
+    MPI_Gather(&forward, 1, MPI_DOUBLE, per_rank.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (rank == 0 && !shutdown) {
+      capnp::MallocMessageBuilder msg;
+      auto r = msg.initRoot<wire::StepResult>();
+      r.setStepId(step_id);
+      if (!error.empty()) {
+        r.setError(error);
+      } else {
+        auto list = r.initSampled(step.tokens.size());
+        for (size_t i = 0; i < step.tokens.size(); ++i) {
+          const auto& t = step.tokens[i];
+          list[i].setSeqId(t.seq_id);
+          list[i].setTokenId(t.out.token);
+          if (t.want_logprobs) {
+            auto lp = list[i].initLogprob();
+            lp.setTokenId(t.out.token);
+            lp.setLogprob(t.out.logprob);
+            auto top = lp.initTop(t.out.top.size());
+            for (size_t j = 0; j < t.out.top.size(); ++j) {
+              top[j].setTokenId(t.out.top[j].first);
+              top[j].setLogprob(t.out.top[j].second);
+            }
+          }
+        }
+      }
+      auto rs = r.initRankSeconds(per_rank.size());
+      for (size_t i = 0; i < per_rank.size(); ++i) rs.set(i, per_rank[i]);
+      r.setSampleSeconds(step.sample_seconds);
+      SendResult(sock, msg);
+    }
+    if (shutdown) break;
+  }
+  running = false;
+  if (heartbeat.joinable()) heartbeat.join();
+  sock.close();
+  MPI_Finalize();
+  return exit_code;
+}
