@@ -239,8 +239,6 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
   }
   ++step_stamp_;
   StepPlan plan;
-  plan.released = std::move(released_);
-  released_.clear();
   plan.seqs.reserve(running_.size() + 1);
   in_flight_seqs_.clear();
   int32_t budget = config_.max_tokens_per_step;
@@ -284,6 +282,9 @@ absl::StatusOr<StepPlan> Scheduler::Schedule() {
 
   if (!plan.empty()) {
     plan.step_id = next_step_id_++;
+    // Releases ride on the next step that is sent; an empty plan is not sent, so it keeps none.
+    plan.released = std::move(released_);
+    released_.clear();
     in_flight_ = true;
   }
   return plan;

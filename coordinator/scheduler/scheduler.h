@@ -81,7 +81,8 @@ struct StepPlan {
   std::vector<int32_t> token_ids;   // all new tokens of the step, sequence after sequence
   std::vector<int32_t> block_ids;   // all block tables, sequence after sequence
   std::vector<uint64_t> preempted;  // running sequences sent back to waiting in this step
-  // Sequences that ended (finished or aborted) since the previous plan: workers drop their state.
+  // Sequences that ended (finished or aborted) since the previous non-empty plan: workers drop
+  // their state. Empty plans carry none (they are not sent); the ids wait for the next step.
   std::vector<uint64_t> released;
 
   bool empty() const { return seqs.empty(); }

@@ -633,6 +633,10 @@ TEST(SchedulerTest, AbortFreesBlocksAtOnceWaitingRunningOrInFlight) {
   plan = s->Schedule();
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->empty());
+  EXPECT_TRUE(plan->released.empty());  // an empty plan is not sent: releases wait
+  ASSERT_TRUE(s->Add(Req(4, 3, 1)).ok());
+  plan = s->Schedule();
+  ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->released, (std::vector<uint64_t>{2, 1, 3}));
 }
 
