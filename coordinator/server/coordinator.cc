@@ -1,6 +1,7 @@
 #include "coordinator/server/coordinator.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 
@@ -524,6 +525,7 @@ void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::st
   const std::string bytes = Bytes(msg);
   reqs_.erase(seq);  // r is gone from here on
   SendReply(identity, bytes);
+  UpdateGauges();
 }
 
 void Coordinator::FailAll(const std::string& message) {
@@ -557,7 +559,12 @@ void Coordinator::UpdateGauges() {
 int Coordinator::Run() {
   for (;;) {
     zmq::pollitem_t items[] = {{clients_->handle(), 0, ZMQ_POLLIN, 0}, {worker_->handle(), 0, ZMQ_POLLIN, 0}};
-    zmq::poll(items, 2, std::chrono::milliseconds(50));
+    try {
+      zmq::poll(items, 2, std::chrono::milliseconds(50));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;  // a signal (SIGTERM: drain) interrupted the wait
+      items[0].revents = items[1].revents = 0;
+    }
     if (items[1].revents & ZMQ_POLLIN) {
       // Worker first: results free blocks for the clients' new requests.
       for (int n = 0; n < 64; ++n) {

@@ -238,8 +238,9 @@ TEST_F(E2eTest, MalformedInputGetsErrorsAndTheServerStaysUp) {
   EXPECT_EQ(ok->completion_tokens, 4u);
 }
 
-// A small cache (8 blocks = 512 tokens) and 12 concurrent 77+32-token requests: the scheduler
-// must preempt, and every output must still equal the golden continuation.
+// A small cache (8 blocks = 512 tokens) and 12 concurrent requests of 77 + 60 tokens (three
+// blocks each at the end): the scheduler must preempt, and every output must still equal the
+// output of the same request run alone (and its first 32 tokens the golden continuation).
 TEST(E2eKvPressureTest, PreemptionKeepsGreedyOutputs) {
   ServerProcesses server;
   ServerOptions o;
@@ -253,9 +254,12 @@ TEST(E2eKvPressureTest, PreemptionKeepsGreedyOutputs) {
   Golden golden(FixtureDir("kimi-tiny"));
   const auto prompt = golden.Get<int32_t>("p2.ids");
   const auto want = golden.Get<int32_t>("p2.greedy");
-  std::vector<GenerateInput> batch(12, Greedy(prompt, want.size()));
+  const auto alone = RunAll(**c, {Greedy(prompt, 60)})[0].final.token_ids;
+  ASSERT_EQ(alone.size(), 60u);
+  EXPECT_EQ(std::vector<int32_t>(alone.begin(), alone.begin() + want.size()), want);
+  std::vector<GenerateInput> batch(12, Greedy(prompt, 60));
   auto out = RunAll(**c, batch);
-  for (const auto& o2 : out) EXPECT_EQ(o2.final.token_ids, want);
+  for (const auto& o2 : out) EXPECT_EQ(o2.final.token_ids, alone);
   EXPECT_GT(server.MetricValue("mlaserve_preemptions_total"), 0.0) << server.Metrics();
   EXPECT_EQ(server.Stop(), 0) << server.Logs();
 }
