@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and generates a continuation of a prompt with
-# the embedded tiny model (random weights, DeepSeek-V3's tokenizer) on the CPU.
-#   scripts/run.sh ["your prompt"]
+# The main job: installs what is missing, builds, starts a coordinator and two `mpirun` worker
+# ranks on the embedded tiny model (random weights, DeepSeek-V3's tokenizer and chat template)
+# on the CPU, streams a chat answer to the terminal, and shuts the server down.
+#   scripts/run.sh ["your message"]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${MLASERVE_BUILD_DIR:-$root/build}"
+build="${MLASERVE_BUILD_DIR:-$root/build-cpu}"  # CPU only: the main job needs no CUDA
 "$root/scripts/install_deps.sh"
-MLASERVE_CUDA="${MLASERVE_CUDA:-OFF}" "$root/scripts/build.sh" mlaserve-generate tiny_model
-"$build/worker/mlaserve-generate" --model "$build/models/tiny-deepseek-v3" \
-  --prompt "${1:-The three most useful things to know about mixture-of-experts models are}" \
-  --max-tokens 32 --ignore-eos
+MLASERVE_BUILD_DIR="$build" MLASERVE_CUDA="${MLASERVE_CUDA:-OFF}" "$root/scripts/build.sh" mlaserve-coordinator mlaserve-worker \
+  mlaserve-cli tiny_model
+model="$build/models/tiny-deepseek-v3"
+port=${MLASERVE_PORT:-5555}
+endpoint="tcp://127.0.0.1:$port"
+"$root/deploy/mlaserve-launch" --model "$model" --cpu --ranks 2 --bin "$build" \
+  --listen "$endpoint" --worker-port $((port + 1)) --metrics "127.0.0.1:$((port + 2))" \
+  --kv-blocks 64 >"$build/run-server.log" 2>&1 &
+launcher=$!
+trap 'kill -TERM $launcher 2>/dev/null; wait $launcher 2>/dev/null' EXIT
+for _ in $(seq 300); do
+  "$build/coordinator/client/mlaserve-cli" --endpoint "$endpoint" health >/dev/null 2>&1 && break
+  kill -0 $launcher 2>/dev/null || { cat "$build/run-server.log"; exit 1; }
+  sleep 0.2
+done
+echo "== server up: $("$build/coordinator/client/mlaserve-cli" --endpoint "$endpoint" health)"
+echo "== chat (the tiny model has random weights: expect gibberish, streamed token by token)"
+"$build/coordinator/client/mlaserve-cli" --endpoint "$endpoint" chat --max-tokens 48 --ignore-eos \
+  --temperature 0.7 --seed 7 "${1:-Explain mixture-of-experts models in one paragraph.}"
+echo "== metrics sample:"
+curl -s "http://127.0.0.1:$((port + 2))/metrics" 2>/dev/null | grep -E '^mlaserve_(requests_total|generation_tokens_total)' || true
