@@ -14,7 +14,7 @@ port=${MLASERVE_PORT:-5555}
 endpoint="tcp://127.0.0.1:$port"
 "$root/deploy/mlaserve-launch" --model "$model" --cpu --ranks 2 --bin "$build" \
   --listen "$endpoint" --worker-port $((port + 1)) --metrics "127.0.0.1:$((port + 2))" \
-  --kv-blocks 64 >"$build/run-server.log" 2>&1 &
+  --worker-metrics-port $((port + 10)) --kv-blocks 64 >"$build/run-server.log" 2>&1 &
 launcher=$!
 trap 'kill -TERM $launcher 2>/dev/null; wait $launcher 2>/dev/null' EXIT
 for _ in $(seq 300); do

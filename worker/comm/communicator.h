@@ -20,6 +20,24 @@ class Communicator {
   virtual absl::Status AllGather(const float* send, size_t count, float* recv) = 0;
 };
 
+// Wraps a communicator and adds up the wall time spent inside its collectives (the
+// communication share of a step, exported as a metric).
+class TimedCommunicator : public Communicator {
+ public:
+  explicit TimedCommunicator(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  absl::Status AllReduceSum(float* data, size_t count) override;
+  absl::Status AllGather(const float* send, size_t count, float* recv) override;
+  double seconds() const { return seconds_; }
+  uint64_t calls() const { return calls_; }
+
+ private:
+  Communicator& inner_;
+  double seconds_ = 0;
+  uint64_t calls_ = 0;
+};
+
 // The world of one rank: collectives are copies.
 class SingleRankCommunicator : public Communicator {
  public:

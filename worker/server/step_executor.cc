@@ -59,6 +59,7 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
   if (auto st = model_.Forward(batch, &logits); !st.ok()) return st;
   const auto t1 = std::chrono::steady_clock::now();
   result.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
+  result.tokens_fed = static_cast<int64_t>(batch.tokens.size());
   if (!sample_here_) return result;
   for (size_t r = 0; r < sample_seq.size(); ++r) {
     const wire::StepSequence::Reader s = seqs[sample_seq[r]];

@@ -22,6 +22,7 @@ struct ExecutedStep {
   };
   std::vector<Token> tokens;
   double forward_seconds = 0;
+  int64_t tokens_fed = 0;
   double sample_seconds = 0;
 };
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "worker/backend/cpu_ops.h"
 #include "worker/comm/mpi_communicator.h"
 #include "worker/server/step_executor.h"
+#include "worker/server/worker_metrics.h"
 #include "zmq.hpp"
 
 namespace {
@@ -37,6 +39,9 @@ using namespace mlaserve;
 struct Args {
   std::string model, coordinator, kv = "bf16", moe = "expert";
   int kv_blocks = 256, threads = 1;
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = 0;  // rank r serves on metrics_port + r; 0: off
+  std::string name;
 };
 
 std::string Serialize(capnp::MessageBuilder& msg) {
@@ -61,7 +66,8 @@ int Fail(int rank, const std::string& msg) {
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  MpiCommunicator comm;
+  MpiCommunicator mpi;
+  TimedCommunicator comm(mpi);
   const int rank = comm.rank();
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -75,6 +81,9 @@ int main(int argc, char** argv) {
     else if (k == "--moe") a.moe = v;
     else if (k == "--kv-blocks") ok = absl::SimpleAtoi(v, &a.kv_blocks) && a.kv_blocks > 0;
     else if (k == "--threads") ok = absl::SimpleAtoi(v, &a.threads) && a.threads > 0;
+    else if (k == "--metrics-port") ok = absl::SimpleAtoi(v, &a.metrics_port) && a.metrics_port >= 0;
+    else if (k == "--metrics-host") a.metrics_host = v;
+    else if (k == "--name") a.name = v;
     else return Fail(rank, "unknown argument " + k);
     if (!ok) return Fail(rank, k + ": bad value " + v);
   }
@@ -89,7 +98,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model =
       format.ok() ? DeepseekV3Model::Load(a.model, (options.kv_format = *format, options), ops, comm)
                   : absl::StatusOr<std::unique_ptr<DeepseekV3Model>>(format.status());
-  const absl::Status agreed = comm.AgreeOnStatus(model.status());
+  const absl::Status agreed = mpi.AgreeOnStatus(model.status());
 
   zmq::context_t ctx(1);
   zmq::socket_t sock(ctx, zmq::socket_type::dealer);
@@ -138,6 +147,21 @@ int main(int argc, char** argv) {
     });
   }
 
+  // Per-rank Prometheus endpoint: step phases, communication time, memory held.
+  if (a.name.empty()) a.name = std::filesystem::path(a.model).filename().string();
+  std::unique_ptr<WorkerMetrics> metrics;
+  if (a.metrics_port > 0) {
+    try {
+      metrics = std::make_unique<WorkerMetrics>(a.name, rank, a.metrics_host + ":" + std::to_string(a.metrics_port + rank));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "mlaserve-worker: rank %d: metrics endpoint %s:%d: %s\n", rank, a.metrics_host.c_str(),
+                   a.metrics_port + rank, e.what());
+    }
+    if (metrics) {
+      metrics->weights->Set(static_cast<double>((*model)->weight_bytes()));
+      metrics->kv_cache->Set(static_cast<double>((*model)->kv_cache_bytes()));
+    }
+  }
   StepExecutor executor(**model, /*sample_here=*/rank == 0);
   int exit_code = 0;
   for (;;) {
@@ -179,6 +203,9 @@ int main(int argc, char** argv) {
       error = absl::StrCat("malformed step plan: ", e.getDescription().cStr());
     }
     double forward = step.forward_seconds;
+    if (metrics) {
+      metrics->Observe(step.forward_seconds, step.sample_seconds, comm.seconds(), step.tokens_fed);
+    }
     std::vector<double> per_rank(comm.size());
     MPI_Gather(&forward, 1, MPI_DOUBLE, per_rank.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (rank == 0 && !shutdown) {
