@@ -374,7 +374,10 @@ void Coordinator::MaybeSendStep() {
   metrics_->preemptions->Increment(plan->preempted.size());
   metrics_->steps->Increment();
   metrics_->step_tokens->Observe(plan->num_tokens());
-  metrics_->coordinator_time->Observe(Seconds(step_sent_ - t0));
+  // One observation per step: this step's scheduling and encoding plus the handling of the
+  // previous step's result (which triggered it).
+  metrics_->coordinator_time->Observe(Seconds(step_sent_ - t0) + pending_overhead_s_);
+  pending_overhead_s_ = 0;
   UpdateGauges();
 }
 
@@ -421,7 +424,7 @@ void Coordinator::HandleWorkerMessage(const std::string& identity, const std::st
     return;
   }
   ProcessEvents(*events, logprobs);
-  metrics_->coordinator_time->Observe(Seconds(Clock::now() - t0));
+  pending_overhead_s_ = Seconds(Clock::now() - t0);
   MaybeSendStep();
 }
 

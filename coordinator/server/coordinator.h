@@ -93,6 +93,7 @@ class Coordinator {
   std::string worker_failure_;
   std::atomic<bool> shutdown_requested_{false};
   bool draining_ = false;
+  double pending_overhead_s_ = 0;
   int64_t seen_prefix_queries_ = 0;
   int64_t seen_prefix_hits_ = 0;
   std::chrono::steady_clock::time_point drain_deadline_;

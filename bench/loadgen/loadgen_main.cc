@@ -1,0 +1,229 @@
+// mlaserve-loadgen: load generator over the ZeroMQ API.
+//
+//   mlaserve-loadgen --endpoint tcp://127.0.0.1:5555 --requests 200
+//       (--concurrency N | --rate R)  [--input-len 512] [--output-len 128] [--vocab V]
+//       [--input-file FILE] [--range 0.0] [--seed 1] [--metrics 127.0.0.1:9400]
+//
+// Requests are random token ids (input and output lengths fixed, or varied uniformly by
+// +-range), or lines of --input-file with "INPUT_LEN OUTPUT_LEN". --concurrency keeps N requests
+// in flight; --rate sends a Poisson stream of R requests/s. Prints TTFT, TPOT, ITL and E2E
+// (mean, p50, p90, p99), request and token throughput, and with --metrics the coordinator's
+// overhead per step from its own histogram (scheduling + plan encoding + result handling).
+#include <algorithm>
+#include <arpa/inet.h>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <netinet/in.h>
+#include <random>
+#include <regex>
+#include <string>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "coordinator/client/client.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Stats {
+  std::vector<double> v;
+  void Add(double x) { v.push_back(x); }
+  double Mean() const {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0 : s / v.size();
+  }
+  double Pct(double p) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<size_t>(std::ceil(p / 100.0 * v.size())) - (p > 0 ? 1 : 0))];
+  }
+  void Print(const char* name, double scale, const char* unit) {
+    std::printf("%-6s mean %9.3f  p50 %9.3f  p90 %9.3f  p99 %9.3f %s (n=%zu)\n", name, Mean() * scale,
+                Pct(50) * scale, Pct(90) * scale, Pct(99) * scale, unit, v.size());
+  }
+};
+
+std::string HttpGet(const std::string& hostport, const std::string& path) {
+  const auto colon = hostport.rfind(':');
+  const std::string host = hostport.substr(0, colon);
+  const int port = std::stoi(hostport.substr(colon + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, host.c_str(), &a.sin_addr);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+    (void)!write(fd, req.data(), req.size());
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  }
+  close(fd);
+  return out;
+}
+
+// (sum, count) of a histogram in the coordinator's metrics text.
+std::pair<double, double> Histogram(const std::string& text, const std::string& name) {
+  std::smatch m;
+  double sum = 0, count = 0;
+  if (std::regex_search(text, m, std::regex(name + "_sum\\{[^}]*\\} ([0-9.eE+-]+)"))) sum = std::stod(m[1]);
+  if (std::regex_search(text, m, std::regex(name + "_count\\{[^}]*\\} ([0-9.eE+-]+)"))) count = std::stod(m[1]);
+  return {sum, count};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace mlaserve;
+  std::string endpoint = "tcp://127.0.0.1:5555", input_file, metrics;
+  int requests = 100, concurrency = 0, input_len = 512, output_len = 128, vocab = 32000;
+  double rate = 0, range = 0;
+  uint64_t seed = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    bool ok = true;
+    if (k == "--endpoint") endpoint = v;
+    else if (k == "--requests") ok = absl::SimpleAtoi(v, &requests);
+    else if (k == "--concurrency") ok = absl::SimpleAtoi(v, &concurrency);
+    else if (k == "--rate") ok = absl::SimpleAtod(v, &rate);
+    else if (k == "--input-len") ok = absl::SimpleAtoi(v, &input_len);
+    else if (k == "--output-len") ok = absl::SimpleAtoi(v, &output_len);
+    else if (k == "--vocab") ok = absl::SimpleAtoi(v, &vocab);
+    else if (k == "--range") ok = absl::SimpleAtod(v, &range);
+    else if (k == "--seed") ok = absl::SimpleAtoi(v, &seed);
+    else if (k == "--input-file") input_file = v;
+    else if (k == "--metrics") metrics = v;
+    else ok = false;
+    if (!ok) {
+      std::fprintf(stderr, "mlaserve-loadgen: bad argument %s %s\n", k.c_str(), v.c_str());
+      return 2;
+    }
+  }
+  if ((concurrency > 0) == (rate > 0)) {
+    std::fprintf(stderr, "mlaserve-loadgen: give exactly one of --concurrency N and --rate R\n");
+    return 2;
+  }
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<int, int>> shapes;
+  if (!input_file.empty()) {
+    std::ifstream in(input_file);
+    int a, b;
+    while (in >> a >> b) shapes.emplace_back(a, b);
+    if (shapes.empty()) {
+      std::fprintf(stderr, "mlaserve-loadgen: no \"INPUT OUTPUT\" lines in %s\n", input_file.c_str());
+      return 2;
+    }
+  }
+  auto shape = [&](int i) -> std::pair<int, int> {
+    if (!shapes.empty()) return shapes[i % shapes.size()];
+    std::uniform_real_distribution<double> u(1 - range, 1 + range);
+    return {std::max(1, static_cast<int>(input_len * u(rng))), std::max(1, static_cast<int>(output_len * u(rng)))};
+  };
+  auto client = Client::Connect(endpoint);
+  if (!client.ok()) {
+    std::fprintf(stderr, "mlaserve-loadgen: %s\n", std::string(client.status().message()).c_str());
+    return 1;
+  }
+  const std::string before = metrics.empty() ? "" : HttpGet(metrics, "/metrics");
+  struct InFlight {
+    Clock::time_point sent, first, last;
+    bool has_first = false;
+    int tokens = 0;
+  };
+  std::map<uint64_t, InFlight> flight;
+  Stats ttft, tpot, itl, e2e;
+  int sent = 0, done = 0, errors = 0;
+  int64_t prompt_tokens = 0, output_tokens = 0;
+  std::exponential_distribution<double> gap(rate > 0 ? rate : 1.0);
+  const auto t0 = Clock::now();
+  auto next_send = t0;
+  auto send_one = [&]() {
+    const auto [in_len, out_len] = shape(sent);
+    GenerateInput in;
+    std::vector<int32_t> ids(in_len);
+    std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+    for (auto& t : ids) t = tok(rng);
+    in.token_ids = std::move(ids);
+    in.sampling.max_tokens = out_len;
+    in.sampling.ignore_eos = true;
+    auto id = (*client)->Submit(in);
+    if (!id.ok()) {
+      ++errors;
+      ++done;
+    } else {
+      flight[*id] = {Clock::now(), {}, {}, false, 0};
+    }
+    prompt_tokens += in_len;
+    ++sent;
+  };
+  while (done < requests) {
+    if (concurrency > 0) {
+      while (sent < requests && static_cast<int>(flight.size()) < concurrency) send_one();
+    } else {
+      while (sent < requests && Clock::now() >= next_send) {
+        send_one();
+        next_send += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
+      }
+    }
+    const auto wait = concurrency > 0 || sent >= requests
+                          ? std::chrono::milliseconds(60000)
+                          : std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(next_send - Clock::now()));
+    auto r = (*client)->Next(std::max(wait, std::chrono::milliseconds(1)));
+    if (!r.ok()) {
+      if (r.status().code() == absl::StatusCode::kDeadlineExceeded && concurrency == 0 && sent < requests) continue;
+      std::fprintf(stderr, "mlaserve-loadgen: %s\n", std::string(r.status().message()).c_str());
+      return 1;
+    }
+    auto it = flight.find(r->request_id);
+    if (it == flight.end()) continue;
+    const auto now = Clock::now();
+    InFlight& f = it->second;
+    if (r->kind == Reply::Kind::kChunk && !r->token_ids.empty()) {
+      if (!f.has_first) {
+        f.has_first = true;
+        f.first = now;
+        ttft.Add(std::chrono::duration<double>(now - f.sent).count());
+      } else {
+        itl.Add(std::chrono::duration<double>(now - f.last).count());
+      }
+      f.last = now;
+      f.tokens += static_cast<int>(r->token_ids.size());
+    } else if (r->kind == Reply::Kind::kFinal || r->kind == Reply::Kind::kError) {
+      if (r->kind == Reply::Kind::kError || r->finish_reason == "error") ++errors;
+      e2e.Add(std::chrono::duration<double>(now - f.sent).count());
+      if (f.tokens > 1) tpot.Add(std::chrono::duration<double>(f.last - f.first).count() / (f.tokens - 1));
+      output_tokens += f.tokens;
+      flight.erase(it);
+      ++done;
+    }
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("requests %d (errors %d) in %.2f s: %.2f req/s, input %.1f tok/s, output %.1f tok/s\n", requests,
+              errors, wall, requests / wall, prompt_tokens / wall, output_tokens / wall);
+  ttft.Print("TTFT", 1e3, "ms");
+  tpot.Print("TPOT", 1e3, "ms");
+  itl.Print("ITL", 1e3, "ms");
+  e2e.Print("E2E", 1e3, "ms");
+  if (!metrics.empty()) {
+    const std::string after = HttpGet(metrics, "/metrics");
+    const auto b = Histogram(before, "mlaserve_coordinator_step_overhead_seconds");
+    const auto a = Histogram(after, "mlaserve_coordinator_step_overhead_seconds");
+    const auto sb = Histogram(before, "mlaserve_step_seconds");
+    const auto sa = Histogram(after, "mlaserve_step_seconds");
+    if (a.second > b.second) {
+      std::printf("coordinator overhead per step (scheduling + plan encoding + result handling): %.1f us over %.0f steps; "
+                  "step round trip %.2f ms\n", (a.first - b.first) / (a.second - b.second) * 1e6, a.second - b.second,
+                  (sa.first - sb.first) / std::max(1.0, sa.second - sb.second) * 1e3);
+    }
+  }
+  return errors == 0 ? 0 : 1;
+}
