@@ -18,7 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct Outcome {
   int rc = -1;
   std::string out;  // stdout and stderr
 };
@@ -27,8 +27,8 @@ std::string SourceDir() { return std::getenv("MLASERVE_SOURCE_DIR"); }
 std::string BinaryDir() { return std::getenv("MLASERVE_BINARY_DIR"); }
 std::string Launcher() { return SourceDir() + "/deploy/mlaserve-launch"; }
 
-Run Shell(const std::string& cmd) {
-  Run r;
+Outcome Shell(const std::string& cmd) {
+  Outcome r;
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");
   char buf[4096];
   size_t n;
@@ -46,20 +46,20 @@ class LauncherChecksTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("mlaserve-launch-test-" + std::to_string(getpid()));
     fs::create_directories(dir_ / "fakegpu");
     // nvidia-smi stand-in: FAKE_GPUS GPUs with FAKE_FREE_MIB MiB free each.
-    std::ofstream(dir_ / "fakegpu/nvidia-smi") << R"(#!/usr/bin/env bash
+    std::ofstream(dir_ / "fakegpu/nvidia-smi") << R"sh(#!/usr/bin/env bash
 n=${FAKE_GPUS:-2}; free=${FAKE_FREE_MIB:-90000}
 if [[ "$1" == -L ]]; then for ((i=0;i<n;i++)); do echo "GPU $i: Fake GPU (UUID: GPU-$i)"; done; exit 0; fi
 case "$*" in
   *index,memory.free*) for ((i=0;i<n;i++)); do echo "$i, $free, 97871, Fake GPU"; done ;;
   *index*) for ((i=0;i<n;i++)); do echo "$i"; done ;;
 esac
-)";
+)sh";
     fs::permissions(dir_ / "fakegpu/nvidia-smi", fs::perms::owner_all);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
   // Runs the launcher with the real build and tiny model, plus `args`, under `env`.
-  Run Launch(const std::string& args, const std::string& env = "", bool fake_gpus = false) {
+  Outcome Launch(const std::string& args, const std::string& env = "", bool fake_gpus = false) {
     std::string cmd = "env -u CUDA_VISIBLE_DEVICES ";
     if (fake_gpus) cmd += "PATH=" + (dir_ / "fakegpu").string() + ":$PATH ";
     cmd += env + " " + Launcher() + " " + args;
@@ -72,7 +72,7 @@ esac
 };
 
 TEST_F(LauncherChecksTest, MissingModelFolder) {
-  Run r = Launch("--model " + (dir_ / "nope").string() + Bin());
+  Outcome r = Launch("--model " + (dir_ / "nope").string() + Bin());
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("mlaserve-launch: error: model folder " + (dir_ / "nope").string() + " does not exist"),
             std::string::npos) << r.out;
@@ -80,7 +80,7 @@ TEST_F(LauncherChecksTest, MissingModelFolder) {
 
 TEST_F(LauncherChecksTest, FolderWithoutConfig) {
   fs::create_directories(dir_ / "empty");
-  Run r = Launch("--model " + (dir_ / "empty").string() + Bin());
+  Outcome r = Launch("--model " + (dir_ / "empty").string() + Bin());
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("has no config.json: not a Hugging Face checkpoint folder"), std::string::npos) << r.out;
 }
@@ -88,7 +88,7 @@ TEST_F(LauncherChecksTest, FolderWithoutConfig) {
 TEST_F(LauncherChecksTest, FolderWithoutWeightsOrTokenizer) {
   fs::create_directories(dir_ / "m");
   fs::copy_file(Model() + "/config.json", dir_ / "m/config.json");
-  Run r = Launch("--model " + (dir_ / "m").string() + Bin());
+  Outcome r = Launch("--model " + (dir_ / "m").string() + Bin());
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("has no .safetensors files"), std::string::npos) << r.out;
   fs::create_symlink(Model() + "/model.safetensors", dir_ / "m/model.safetensors");
@@ -98,7 +98,7 @@ TEST_F(LauncherChecksTest, FolderWithoutWeightsOrTokenizer) {
 }
 
 TEST_F(LauncherChecksTest, MissingBinaries) {
-  Run r = Launch("--model " + Model() + " --bin " + (dir_ / "nobuild").string());
+  Outcome r = Launch("--model " + Model() + " --bin " + (dir_ / "nobuild").string());
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("missing binary " + (dir_ / "nobuild").string() + "/coordinator/server/mlaserve-coordinator"),
             std::string::npos) << r.out;
@@ -117,7 +117,7 @@ TEST_F(LauncherChecksTest, MissingBinaries) {
 }
 
 TEST_F(LauncherChecksTest, MoreRanksThanGpus) {
-  Run r = Launch("--model " + Model() + Bin() + " --ranks 4", "FAKE_GPUS=2", /*fake_gpus=*/true);
+  Outcome r = Launch("--model " + Model() + Bin() + " --ranks 4", "FAKE_GPUS=2", /*fake_gpus=*/true);
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("mlaserve-launch: error: 4 ranks but only 2 GPUs on this host"), std::string::npos) << r.out;
   // CUDA_VISIBLE_DEVICES narrows the GPUs the launcher may use.
@@ -128,7 +128,7 @@ TEST_F(LauncherChecksTest, MoreRanksThanGpus) {
 
 TEST_F(LauncherChecksTest, NotEnoughFreeGpuMemory) {
   // The tiny model needs about 2 GiB a rank (its weights and KV cache are small; 2 GiB margin).
-  Run r = Launch("--model " + Model() + Bin() + " --ranks 2", "FAKE_GPUS=2 FAKE_FREE_MIB=1000", true);
+  Outcome r = Launch("--model " + Model() + Bin() + " --ranks 2", "FAKE_GPUS=2 FAKE_FREE_MIB=1000", true);
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("mlaserve-launch: error: GPU 0 has 1000 MiB free but each rank needs about"), std::string::npos)
       << r.out;
@@ -138,7 +138,7 @@ TEST_F(LauncherChecksTest, NotEnoughFreeGpuMemory) {
 }
 
 TEST_F(LauncherChecksTest, GpuBindingOneRankPerGpu) {
-  Run r = Launch("--model " + Model() + Bin() + " --dry-run", "FAKE_GPUS=8 CUDA_VISIBLE_DEVICES=4,6", true);
+  Outcome r = Launch("--model " + Model() + Bin() + " --dry-run", "FAKE_GPUS=8 CUDA_VISIBLE_DEVICES=4,6", true);
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("2 rank(s), GPUs 4,6"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mpirun -np 2 "), std::string::npos) << r.out;
@@ -163,7 +163,7 @@ TEST_F(LauncherChecksTest, GpuBindingOneRankPerGpu) {
 
 TEST_F(LauncherChecksTest, HostfileMustStartWithThisHost) {
   std::ofstream(dir_ / "hosts") << "# two boxes\ngpu-box-elsewhere.invalid slots=8\nlocalhost slots=8\n";
-  Run r = Launch("--model " + Model() + Bin() + " --cpu --ranks 16 --hostfile " + (dir_ / "hosts").string());
+  Outcome r = Launch("--model " + Model() + Bin() + " --cpu --ranks 16 --hostfile " + (dir_ / "hosts").string());
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("run mlaserve-launch on the hostfile's first host (gpu-box-elsewhere.invalid)"), std::string::npos)
       << r.out;
