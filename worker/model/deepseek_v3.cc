@@ -74,8 +74,9 @@ float ScalarF32(const TensorRef& ref) {
 
 class WeightReader {
  public:
-  WeightReader(const Checkpoint& ckpt, std::string prefix, Ops& ops, size_t& bytes)
-      : ckpt_(ckpt), prefix_(std::move(prefix)), ops_(ops), bytes_(bytes) {}
+  WeightReader(const Checkpoint& ckpt, std::string prefix, Ops& ops, size_t& bytes,
+               const QuantConfig* quant)
+      : ckpt_(ckpt), prefix_(std::move(prefix)), ops_(ops), bytes_(bytes), quant_(quant) {}
 
   std::string Name(const std::string& n) const { return prefix_ + n; }
   bool Has(const std::string& n) const { return ckpt_.Has(Name(n)); }
@@ -108,6 +109,11 @@ class WeightReader {
     w.in_features = cols.count;
     const std::string wn = module + ".weight";
     if (Has(module + ".weight_scale")) {
+      if (quant_ != nullptr && quant_->IsExcluded(module)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", Name(module + ".weight_scale"), ": module ", module,
+            " is NVFP4 in the checkpoint but excluded from quantization by its quantization config"));
+      }
       if (in % 16 != 0 || cols.begin % 16 != 0 || cols.count % 16 != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "tensor ", Name(wn), ": NVFP4 columns ", cols.begin, "+", cols.count,
@@ -177,6 +183,7 @@ class WeightReader {
   std::string prefix_;
   Ops& ops_;
   size_t& bytes_;
+  const QuantConfig* quant_;  // exclude lists to honour; null for unquantized checkpoints
 };
 
 }  // namespace
@@ -236,7 +243,8 @@ absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
     rope_scaling_ = static_cast<float>(c.RopeAttentionScaling());
   }
 
-  WeightReader r(ckpt, c.tensor_prefix, ops_, weight_bytes_);
+  WeightReader r(ckpt, c.tensor_prefix, ops_, weight_bytes_,
+                 c.quant.method == QuantConfig::Method::kNvfp4 ? &c.quant : nullptr);
   const int64_t H = c.hidden_size;
   {
     auto emb = r.Dense("model.embed_tokens.weight", {c.vocab_size, H});
@@ -380,6 +388,8 @@ absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
   }
   return absl::OkStatus();
 }
+
+float DeepseekV3Model::kv_fp8_scale(int layer) const { return layers_[layer]->kv.fp8_scale; }
 
 size_t DeepseekV3Model::kv_cache_bytes() const {
   size_t total = 0;
