@@ -86,7 +86,8 @@ std::string UrlEncode(const std::string& s) {
   return out;
 }
 
-// GET http://127.0.0.1:port/target; returns the body ("" if the connection failed), `status` the code.
+// GET http://127.0.0.1:port/target; returns the body ("" if the connection failed), `status` the
+// code.
 std::string HttpGet(int port, const std::string& target, int* status = nullptr) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -114,7 +115,8 @@ pid_t Spawn(const std::vector<std::string>& args, const fs::path& log) {
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // its own group: teardown reaches mpirun's ranks
+  posix_spawnattr_setflags(
+      &attr, POSIX_SPAWN_SETPGROUP);  // its own group: teardown reaches mpirun's ranks
   posix_spawnattr_setpgroup(&attr, 0);
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -168,8 +170,8 @@ std::string Tool(const char* env, const char* name) {
 // Grafana's variables as this test sets them: the one model, all ranks, a window covering the load.
 std::string SubstituteGrafanaVariables(std::string expr, const std::string& model) {
   const std::vector<std::pair<std::string, std::string>> vars = {
-      {"$__rate_interval", "1m"}, {"$__interval", "15s"}, {"$__range", "5m"},
-      {"${model}", model}, {"$model", model}, {"${rank}", ".*"}, {"$rank", ".*"}};
+      {"$__rate_interval", "1m"}, {"$__interval", "15s"}, {"$__range", "5m"}, {"${model}", model},
+      {"$model", model},          {"${rank}", ".*"},      {"$rank", ".*"}};
   for (const auto& [k, v] : vars) {
     for (size_t at; (at = expr.find(k)) != std::string::npos;) expr.replace(at, k.size(), v);
   }
@@ -188,7 +190,8 @@ class LivePrometheusTest : public ::testing::Test {
       return json::array();
     }
     const json& data = j["data"];
-    if (data["resultType"] == "scalar" || data["resultType"] == "string") return json::array({data["result"]});
+    if (data["resultType"] == "scalar" || data["resultType"] == "string")
+      return json::array({data["result"]});
     return data["result"];
   }
   json Api(const std::string& path) {
@@ -205,14 +208,17 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
   const std::string prometheus = Tool("MLASERVE_PROMETHEUS", "prometheus");
   const std::string promtool = Tool("MLASERVE_PROMTOOL", "promtool");
   if (prometheus.empty() || promtool.empty()) {
-    if (in_ci) FAIL() << "prometheus/promtool not found: CI must install the Debian package `prometheus` (scripts/install_deps.sh)";
+    if (in_ci)
+      FAIL() << "prometheus/promtool not found: CI must install the Debian package `prometheus` "
+                "(scripts/install_deps.sh)";
     GTEST_SKIP() << "prometheus/promtool not installed (apt-get install prometheus)";
   }
   ASSERT_NE(std::getenv("MLASERVE_SOURCE_DIR"), nullptr);
   const fs::path src = std::getenv("MLASERVE_SOURCE_DIR");
   const fs::path bin = std::getenv("MLASERVE_BINARY_DIR");
   const fs::path rules = src / "deploy/prometheus/mlaserve-rules.yml";
-  const fs::path dir = fs::temp_directory_path() / ("mlaserve-prom-test-" + std::to_string(getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("mlaserve-prom-test-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   struct Cleanup {
@@ -224,18 +230,21 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
 
   // The rules as shipped pass promtool.
   {
-    const std::string cmd = promtool + " check rules " + rules.string() + " > " + (dir / "promtool.log").string() + " 2>&1";
+    const std::string cmd = promtool + " check rules " + rules.string() + " > " +
+                            (dir / "promtool.log").string() + " 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir / "promtool.log");
   }
 
   std::srand(static_cast<unsigned>(getpid()));
   std::set<int> taken;
-  const int client_port = FreePorts(1, taken), worker_port = FreePorts(1, taken), coord_metrics = FreePorts(1, taken);
+  const int client_port = FreePorts(1, taken), worker_port = FreePorts(1, taken),
+            coord_metrics = FreePorts(1, taken);
   const int worker_metrics = FreePorts(2, taken);
   prom_port_ = FreePorts(1, taken);
   ASSERT_TRUE(client_port && worker_port && coord_metrics && worker_metrics && prom_port_);
 
-  // Prometheus config: the shipped one with the test's ports, a 1 s scrape and the rules' full path.
+  // Prometheus config: the shipped one with the test's ports, a 1 s scrape and the rules' full
+  // path.
   std::string cfg = ReadFile(src / "deploy/prometheus/prometheus.yml");
   auto rewrite = [&](const std::string& pattern, const std::string& with) {
     const std::string before = cfg;
@@ -246,12 +255,13 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
   ASSERT_TRUE(rewrite("evaluation_interval: \\S+", "evaluation_interval: 1s"));
   ASSERT_TRUE(rewrite("- mlaserve-rules\\.yml", "- " + rules.string()));
   ASSERT_TRUE(rewrite("'localhost:9400'", "'127.0.0.1:" + std::to_string(coord_metrics) + "'"));
-  ASSERT_TRUE(rewrite("\\['localhost:9410'[^\\]]*\\]", "['127.0.0.1:" + std::to_string(worker_metrics) + "', '127.0.0.1:" +
-                                                            std::to_string(worker_metrics + 1) + "']"));
+  ASSERT_TRUE(rewrite("\\['localhost:9410'[^\\]]*\\]",
+                      "['127.0.0.1:" + std::to_string(worker_metrics) +
+                          "', '127.0.0.1:" + std::to_string(worker_metrics + 1) + "']"));
   std::ofstream(dir / "prometheus.yml") << cfg;
   {
-    const std::string cmd = promtool + " check config " + (dir / "prometheus.yml").string() + " > " +
-                            (dir / "promtool.log").string() + " 2>&1";
+    const std::string cmd = promtool + " check config " + (dir / "prometheus.yml").string() +
+                            " > " + (dir / "promtool.log").string() + " 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFile(dir / "promtool.log") << cfg;
   }
 
@@ -259,18 +269,42 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
   const std::string model = MLASERVE_TINY_MODEL_DIR;
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(client_port);
   Group launcher;
-  launcher.pid = Spawn({"/bin/bash", (src / "deploy/mlaserve-launch").string(), "--model", model, "--cpu", "--ranks", "2",
-                        "--bin", bin.string(), "--listen", endpoint, "--worker-port", std::to_string(worker_port),
-                        "--worker-bind", "127.0.0.1", "--metrics", "127.0.0.1:" + std::to_string(coord_metrics),
-                        "--worker-metrics-port", std::to_string(worker_metrics), "--worker-metrics-host", "127.0.0.1",
-                        "--kv-blocks", "8", "--", "--worker-start-timeout-ms", "60000", "--max-step-tokens", "512"},
+  launcher.pid = Spawn({"/bin/bash",
+                        (src / "deploy/mlaserve-launch").string(),
+                        "--model",
+                        model,
+                        "--cpu",
+                        "--ranks",
+                        "2",
+                        "--bin",
+                        bin.string(),
+                        "--listen",
+                        endpoint,
+                        "--worker-port",
+                        std::to_string(worker_port),
+                        "--worker-bind",
+                        "127.0.0.1",
+                        "--metrics",
+                        "127.0.0.1:" + std::to_string(coord_metrics),
+                        "--worker-metrics-port",
+                        std::to_string(worker_metrics),
+                        "--worker-metrics-host",
+                        "127.0.0.1",
+                        "--kv-blocks",
+                        "8",
+                        "--",
+                        "--worker-start-timeout-ms",
+                        "60000",
+                        "--max-step-tokens",
+                        "512"},
                        dir / "launch.log");
   ASSERT_GT(launcher.pid, 0);
   Group prom;
-  prom.pid = Spawn({prometheus, "--config.file=" + (dir / "prometheus.yml").string(),
-                    "--storage.tsdb.path=" + (dir / "data").string(),
-                    "--web.listen-address=127.0.0.1:" + std::to_string(prom_port_), "--log.level=warn"},
-                   dir / "prometheus.log");
+  prom.pid =
+      Spawn({prometheus, "--config.file=" + (dir / "prometheus.yml").string(),
+             "--storage.tsdb.path=" + (dir / "data").string(),
+             "--web.listen-address=127.0.0.1:" + std::to_string(prom_port_), "--log.level=warn"},
+            dir / "prometheus.log");
   ASSERT_GT(prom.pid, 0);
   const std::string model_name = fs::path(model).filename().string();
 
@@ -279,14 +313,17 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
   Client& c = **client;
   {
     bool healthy = false;
-    for (auto deadline = std::chrono::steady_clock::now() + 90s; !healthy && std::chrono::steady_clock::now() < deadline;) {
+    for (auto deadline = std::chrono::steady_clock::now() + 90s;
+         !healthy && std::chrono::steady_clock::now() < deadline;) {
       auto h = c.Health(500ms);
       healthy = h.ok() && h->ok;
-      ASSERT_EQ(WaitFor(launcher.pid, 0ms), -1) << "launcher exited\n" << ReadFile(dir / "launch.log");
+      ASSERT_EQ(WaitFor(launcher.pid, 0ms), -1) << "launcher exited\n"
+                                                << ReadFile(dir / "launch.log");
     }
     ASSERT_TRUE(healthy) << ReadFile(dir / "launch.log");
     int status = 0;
-    for (int i = 0; i < 100 && status != 200; ++i, std::this_thread::sleep_for(100ms)) HttpGet(prom_port_, "/-/ready", &status);
+    for (int i = 0; i < 100 && status != 200; ++i, std::this_thread::sleep_for(100ms))
+      HttpGet(prom_port_, "/-/ready", &status);
     ASSERT_EQ(status, 200) << ReadFile(dir / "prometheus.log");
   }
 
@@ -294,7 +331,8 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
   // produce, as a stop token), abort; a rejection (temperature -1: invalidRequest). Twelve requests
   // share one ~100-token prompt: prefix-cache hits, and 12 x 3 blocks > 8 blocks: preemptions.
   std::string prompt;
-  for (int i = 0; i < 8; ++i) prompt += "Operators watch mlaserve in Grafana while it serves requests. ";
+  for (int i = 0; i < 8; ++i)
+    prompt += "Operators watch mlaserve in Grafana while it serves requests. ";
   auto input = [&](uint32_t max_tokens) {
     GenerateInput in;
     in.text = prompt;
@@ -302,7 +340,8 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
     in.sampling.ignore_eos = true;
     return in;
   };
-  auto greedy = c.Generate(input(6), [](const Reply&) {}, 60s);
+  auto greedy = c.Generate(
+      input(6), [](const Reply&) {}, 60s);
   ASSERT_TRUE(greedy.ok()) << greedy.status();
   ASSERT_EQ(greedy->finish_reason, "length");
   ASSERT_GE(greedy->token_ids.size(), 3u);
@@ -346,9 +385,10 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
     ++outcomes[got];
     pending.erase(it);
   }
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  std::printf("load: %d length, %d stop, %d abort, %d rejected in %.1f s\n", outcomes["length"], outcomes["stop"],
-              outcomes["abort"], outcomes["rejected"], load_s);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  std::printf("load: %d length, %d stop, %d abort, %d rejected in %.1f s\n", outcomes["length"],
+              outcomes["stop"], outcomes["abort"], outcomes["rejected"], load_s);
 
   // Prometheus has the load once a scrape shows the abort; two more intervals let the rules run.
   std::string err;
@@ -360,11 +400,12 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
   std::this_thread::sleep_for(2500ms);
 
   // The load did exercise what the panels show (through Prometheus, not the exporter).
-  for (const char* must : {"mlaserve_requests_total{finish_reason=\"stop\"} > 0",
-                           "mlaserve_requests_rejected_total{code=\"invalidRequest\"} > 0",
-                           "mlaserve_prefix_cache_hits_total > 0", "mlaserve_preemptions_total > 0",
-                           "mlaserve_worker_steps_total > 0", "mlaserve_worker_comm_seconds_total > 0",
-                           "mlaserve_worker_memory_bytes{kind=\"kv_cache\"} > 0"}) {
+  for (const char* must :
+       {"mlaserve_requests_total{finish_reason=\"stop\"} > 0",
+        "mlaserve_requests_rejected_total{code=\"invalidRequest\"} > 0",
+        "mlaserve_prefix_cache_hits_total > 0", "mlaserve_preemptions_total > 0",
+        "mlaserve_worker_steps_total > 0", "mlaserve_worker_comm_seconds_total > 0",
+        "mlaserve_worker_memory_bytes{kind=\"kv_cache\"} > 0"}) {
     EXPECT_FALSE(Query(must, &err).empty()) << must << " is empty " << err;
   }
 
@@ -377,8 +418,10 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
     for (const json& target : t["data"]["activeTargets"]) {
       ++total;
       jobs.insert(target["labels"]["job"].get<std::string>());
-      if (target["health"] == "up") ++up;
-      else ADD_FAILURE() << "target " << target.dump() << " is not up";
+      if (target["health"] == "up")
+        ++up;
+      else
+        ADD_FAILURE() << "target " << target.dump() << " is not up";
     }
     EXPECT_EQ(total, 3);
     EXPECT_EQ(jobs, (std::set<std::string>{"mlaserve-coordinator", "mlaserve-worker"}));
@@ -391,7 +434,8 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
   {
     const std::string text = ReadFile(rules);
     const std::regex rule_line("\\n\\s*- (alert|record):");
-    const auto shipped = std::distance(std::sregex_iterator(text.begin(), text.end(), rule_line), std::sregex_iterator());
+    const auto shipped = std::distance(std::sregex_iterator(text.begin(), text.end(), rule_line),
+                                       std::sregex_iterator());
     json r = Api("/api/v1/rules");
     ASSERT_TRUE(r.contains("data")) << r.dump();
     int loaded = 0, evaluated = 0;
@@ -411,12 +455,15 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
           q = m[1].str() + " " + m[2].str() + " bool " + m[3].str();
         }
         const json res = Query(q, &err);
-        if (res.empty()) ADD_FAILURE() << "rule " << name << ": " << q << " returned no series " << err;
-        else ++evaluated;
+        if (res.empty())
+          ADD_FAILURE() << "rule " << name << ": " << q << " returned no series " << err;
+        else
+          ++evaluated;
       }
     }
     EXPECT_EQ(loaded, shipped) << "rules in " << rules << " that Prometheus did not load";
-    std::printf("rules: %d loaded of %ld shipped, %d queries return series\n", loaded, static_cast<long>(shipped), evaluated);
+    std::printf("rules: %d loaded of %ld shipped, %d queries return series\n", loaded,
+                static_cast<long>(shipped), evaluated);
   }
 
   // Every dashboard panel's every query returns a series; every template variable has values.
@@ -428,12 +475,15 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
     const std::string board = entry.path().filename().string();
     for (const json& v : d["templating"]["list"]) {
       if (v["type"] != "query") continue;
-      const std::string def = SubstituteGrafanaVariables(v["definition"].get<std::string>(), model_name);
+      const std::string def =
+          SubstituteGrafanaVariables(v["definition"].get<std::string>(), model_name);
       std::smatch m;
-      ASSERT_TRUE(std::regex_match(def, m, std::regex("label_values\\((.+), *(\\w+)\\)"))) << board << ": " << def;
+      ASSERT_TRUE(std::regex_match(def, m, std::regex("label_values\\((.+), *(\\w+)\\)")))
+          << board << ": " << def;
       json vals = Api("/api/v1/label/" + m[2].str() + "/values?match[]=" + UrlEncode(m[1].str()));
       ++variables;
-      EXPECT_FALSE(vals["data"].empty()) << board << " variable " << v["name"] << ": " << def << " has no values";
+      EXPECT_FALSE(vals["data"].empty())
+          << board << " variable " << v["name"] << ": " << def << " has no values";
       if (v["name"] == "model") EXPECT_EQ(vals["data"], json::array({model_name})) << vals.dump();
       if (v["name"] == "rank") EXPECT_EQ(vals["data"], json::array({"0", "1"})) << vals.dump();
     }
@@ -457,22 +507,27 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
         }
         const json res = Query(q, &err);
         if (res.empty()) {
-          ADD_FAILURE() << title << " [" << t.value("refId", "") << "]: " << q << " returned no series " << err;
+          ADD_FAILURE() << title << " [" << t.value("refId", "") << "]: " << q
+                        << " returned no series " << err;
           continue;
         }
         ++returned;
         bool any_finite = false;
         for (const json& s : res) {
           const json& value = s.contains("value") ? s["value"] : s;
-          if (value.is_array() && value.size() == 2 && std::isfinite(std::stod(value[1].get<std::string>()))) any_finite = true;
+          if (value.is_array() && value.size() == 2 &&
+              std::isfinite(std::stod(value[1].get<std::string>())))
+            any_finite = true;
         }
         finite += any_finite;
       }
     }
   }
   EXPECT_GT(panels, 20);
-  std::printf("dashboards: %d panels, %d queries, %d return series (%d with a finite value), %d variables\n", panels,
-              queries, returned, finite, variables);
+  std::printf(
+      "dashboards: %d panels, %d queries, %d return series (%d with a finite value), %d "
+      "variables\n",
+      panels, queries, returned, finite, variables);
 
   // SIGTERM drains and stops cleanly.
   EXPECT_EQ(launcher.Stop(60s), 0) << ReadFile(dir / "launch.log");
