@@ -6,6 +6,7 @@
 // The workers use the lossless f32 cache so that outputs can be compared with the oracle
 // exactly (see tests/model/golden_test.cc for why bf16 cannot be, on these random models).
 #include <map>
+#include <thread>
 #include <random>
 #include <set>
 
@@ -262,6 +263,38 @@ TEST(E2eKvPressureTest, PreemptionKeepsGreedyOutputs) {
   for (const auto& o2 : out) EXPECT_EQ(o2.final.token_ids, alone);
   EXPECT_GT(server.MetricValue("mlaserve_preemptions_total"), 0.0) << server.Metrics();
   EXPECT_EQ(server.Stop(), 0) << server.Logs();
+}
+
+// SIGTERM drains: a short request in flight finishes normally, a long one is aborted when the
+// drain timeout passes, and the coordinator exits 0.
+TEST(E2eDrainTest, SigtermDrainsThenAbortsTheRest) {
+  ServerProcesses server;
+  ServerOptions o;
+  o.model_dir = FixtureDir("kimi-tiny");
+  o.coordinator_args = {"--drain-timeout-ms", "2000"};
+  const std::string err = server.Start(o);
+  ASSERT_EQ(err, "") << err;
+  auto c = Client::Connect(server.endpoint());
+  ASSERT_TRUE(c.ok());
+  auto long_id = (*c)->Submit(Greedy({5, 6, 7}, 3000));
+  auto short_id = (*c)->Submit(Greedy({1, 2, 3, 4}, 24));
+  ASSERT_TRUE(long_id.ok() && short_id.ok());
+  auto first = (*c)->Next(30s);
+  ASSERT_TRUE(first.ok());
+  int rc = -1;
+  std::thread stopper([&] { rc = server.Stop(std::chrono::seconds(30)); });
+  std::map<uint64_t, Reply> finals;
+  while (finals.size() < 2) {
+    auto r = (*c)->Next(30s);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->kind == Reply::Kind::kFinal) finals[r->request_id] = *r;
+  }
+  stopper.join();
+  EXPECT_EQ(rc, 0) << server.Logs();
+  EXPECT_EQ(finals[*short_id].finish_reason, "length");
+  EXPECT_EQ(finals[*short_id].completion_tokens, 24u);
+  EXPECT_EQ(finals[*long_id].finish_reason, "abort");
+  EXPECT_NE(finals[*long_id].message.find("shut down"), std::string::npos) << finals[*long_id].message;
 }
 
 // Killing the worker job fails every in-flight request with finish reason error, health reports
