@@ -34,6 +34,8 @@ kj::Array<capnp::word> Words(const std::string& bytes) {
 }
 
 // Client messages are small: a reader that refuses huge or deeply nested ones.
+constexpr unsigned kReplyWords = 64;
+
 capnp::ReaderOptions ClientReaderOptions() {
   capnp::ReaderOptions o;
   o.traversalLimitInWords = 8 * 1024 * 1024;  // 64 MiB
@@ -150,10 +152,20 @@ absl::Status Coordinator::Start() {
   return absl::OkStatus();
 }
 
+void Coordinator::SendReply(const std::string& identity, capnp::MessageBuilder& msg) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
+  auto b = words.asBytes();
+  SendReplyBytes(identity, b.begin(), b.size());
+}
+
 void Coordinator::SendReply(const std::string& identity, const std::string& bytes) {
+  SendReplyBytes(identity, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+}
+
+void Coordinator::SendReplyBytes(const std::string& identity, const uint8_t* data, size_t size) {
   try {
     clients_->send(zmq::buffer(identity), zmq::send_flags::sndmore);
-    clients_->send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+    clients_->send(zmq::const_buffer(data, size), zmq::send_flags::dontwait);
   } catch (const zmq::error_t&) {
     // The client is gone (router_mandatory): abort everything it had in flight.
     std::vector<uint64_t> gone;
@@ -315,7 +327,9 @@ void Coordinator::MaybeSendStep() {
     return;
   }
   if (plan->empty()) return;
-  capnp::MallocMessageBuilder msg;
+  // First segment sized for the plan: ~40 words a sequence plus its tokens and blocks.
+  capnp::MallocMessageBuilder msg(static_cast<unsigned>(64 + plan->seqs.size() * 40 + plan->token_ids.size() / 2 +
+                                                        plan->block_ids.size() / 2));
   auto p = msg.initRoot<wire::StepPlan>();
   p.setStepId(plan->step_id);
   auto rel = p.initRelease(plan->released.size());
@@ -365,9 +379,10 @@ void Coordinator::MaybeSendStep() {
       for (size_t j = 0; j < eos.size(); ++j) eos.set(j, text_.eos_ids[j]);
     }
   }
-  const std::string bytes = Bytes(msg);
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
+  auto plan_bytes = words.asBytes();
   worker_->send(zmq::buffer(std::string("worker")), zmq::send_flags::sndmore);
-  worker_->send(zmq::buffer(bytes), zmq::send_flags::none);
+  worker_->send(zmq::const_buffer(plan_bytes.begin(), plan_bytes.size()), zmq::send_flags::none);
   step_in_flight_ = true;
   in_flight_step_ = plan->step_id;
   step_sent_ = Clock::now();
@@ -464,7 +479,7 @@ void Coordinator::ProcessEvents(const std::vector<SeqEvent>& events,
         }
       }
       r.text += delta;
-      capnp::MallocMessageBuilder msg;
+      capnp::MallocMessageBuilder msg(kReplyWords);
       auto reply = msg.initRoot<wire::ServerReply>();
       reply.setRequestId(r.request_id);
       auto chunk = reply.initChunk();
@@ -477,7 +492,7 @@ void Coordinator::ProcessEvents(const std::vector<SeqEvent>& events,
         capnp::FlatArrayMessageReader lr(words);
         chunk.initLogprobs(1).setWithCaveats(0, lr.getRoot<wire::TokenLogprob>());
       }
-      SendReply(r.identity, Bytes(msg));
+      SendReply(r.identity, msg);
       if (reqs_.find(ev.seq_id) == reqs_.end()) continue;  // the client went away
     }
     if (!reason.empty()) FinishRequest(r, reason, "");

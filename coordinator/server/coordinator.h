@@ -20,6 +20,10 @@
 #include "coordinator/server/request_builder.h"
 #include "coordinator/tokenizer/incremental_detokenizer.h"
 
+namespace capnp {
+class MessageBuilder;
+}  // namespace capnp
+
 namespace zmq {
 class context_t;
 class socket_t;
@@ -69,6 +73,8 @@ class Coordinator {
   void FinishRequest(Req& r, const std::string& reason, const std::string& message);
   void FailAll(const std::string& message);
   void SendReply(const std::string& identity, const std::string& bytes);
+  void SendReply(const std::string& identity, capnp::MessageBuilder& msg);
+  void SendReplyBytes(const std::string& identity, const uint8_t* data, size_t size);
   void SendError(const std::string& identity, uint64_t request_id, int code, const std::string& message);
   void UpdateGauges();
 
