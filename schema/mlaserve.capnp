@@ -142,9 +142,9 @@ struct StepSequence {
   blockTable @3 :List(Int32);
   promptLen @4 :UInt32;                 # for penalties: which tokens are output tokens
   sample @5 :Bool;                      # sample a token after the last new token
-  sampling @6 :SamplingParams;
+  sampling @6 :SamplingParams;         # sent with a sequence's first step only; workers keep it
   generated @7 :UInt32;                 # tokens generated so far (the sampling step index)
-  eosIds @8 :List(Int32);               # masked while generated < minTokens
+  eosIds @8 :List(Int32);               # masked while generated < minTokens (first step only)
 }
 
 struct StepPlan {

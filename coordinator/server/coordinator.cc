@@ -66,6 +66,7 @@ struct Coordinator::Req {
   Clock::time_point arrival, first_scheduled, first_token, last_token;
   bool has_first_token = false;
   bool stop_matched = false;
+  bool params_sent = false;
 };
 
 Coordinator::Coordinator(CoordinatorOptions options) : options_(std::move(options)) {
@@ -358,6 +359,8 @@ void Coordinator::MaybeSendStep() {
         r.cached_tokens = s.start_pos;
         metrics_->queue_time->Observe(Seconds(t0 - r.arrival));
       }
+      if (r.params_sent) continue;  // the workers keep a sequence's parameters
+      r.params_sent = true;
       auto sp = out.initSampling();
       const SamplingSettings& ss = r.prep.sampling;
       sp.setTemperature(ss.temperature);

@@ -5,6 +5,7 @@
 // request gets exactly one final; a dead worker job fails every request and the coordinator.
 // The workers use the lossless f32 cache so that outputs can be compared with the oracle
 // exactly (see tests/model/golden_test.cc for why bf16 cannot be, on these random models).
+#include <cstdlib>
 #include <map>
 #include <thread>
 #include <random>
@@ -262,6 +263,61 @@ TEST(E2eKvPressureTest, PreemptionKeepsGreedyOutputs) {
   auto out = RunAll(**c, batch);
   for (const auto& o2 : out) EXPECT_EQ(o2.final.token_ids, alone);
   EXPECT_GT(server.MetricValue("mlaserve_preemptions_total"), 0.0) << server.Metrics();
+  EXPECT_EQ(server.Stop(), 0) << server.Logs();
+}
+
+// Text in, text out on the embedded tiny model (DeepSeek-V3's tokenizer and chat template):
+// streamed text deltas concatenate to the final text, stop strings cut the text exactly before
+// the match (and end the request with reason stop), logprobs come with their alternatives.
+TEST(E2eTextTest, ChatStopStringsAndLogprobs) {
+  const std::string model = std::string(std::getenv("MLASERVE_BINARY_DIR")) + "/models/tiny-deepseek-v3";
+  ServerProcesses server;
+  ServerOptions o;
+  o.model_dir = model;
+  o.kv_format = "bf16";
+  o.kv_blocks = 16;
+  const std::string err = server.Start(o);
+  ASSERT_EQ(err, "") << err;
+  auto c = Client::Connect(server.endpoint());
+  ASSERT_TRUE(c.ok());
+  GenerateInput chat;
+  chat.chat = nlohmann::json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                     {{"role", "user"}, {"content", "Name three prime numbers."}}});
+  chat.sampling.max_tokens = 24;
+  chat.sampling.ignore_eos = true;
+  chat.sampling.logprobs = true;
+  chat.sampling.top_logprobs = 3;
+  std::string streamed;
+  std::vector<TokenLogprobInfo> lps;
+  auto full = (*c)->Generate(chat, [&](const Reply& r) {
+    streamed += r.text;
+    lps.insert(lps.end(), r.logprobs.begin(), r.logprobs.end());
+  });
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_EQ(full->kind, Reply::Kind::kFinal) << full->message;
+  EXPECT_EQ(full->finish_reason, "length");
+  EXPECT_EQ(streamed, full->text);
+  EXPECT_GT(full->prompt_tokens, 10u);  // the template added its own tokens around the messages
+  ASSERT_EQ(lps.size(), full->token_ids.size());
+  for (size_t i = 0; i < lps.size(); ++i) {
+    EXPECT_EQ(lps[i].token_id, full->token_ids[i]);
+    EXPECT_LE(lps[i].logprob, 0.0f);
+    ASSERT_EQ(lps[i].top.size(), 3u);
+    EXPECT_GE(lps[i].top[0].second, lps[i].top[1].second);
+    EXPECT_GE(lps[i].top[0].second, lps[i].logprob);  // greedy: the chosen token is the top one
+  }
+  // A stop string taken from the middle of that (greedy, so reproducible) completion.
+  ASSERT_GT(full->text.size(), 12u);
+  const std::string stop = full->text.substr(full->text.size() / 2, 3);
+  const std::string expected = full->text.substr(0, full->text.find(stop));
+  chat.sampling.stop = {stop};
+  chat.sampling.logprobs = false;
+  streamed.clear();
+  auto cut = (*c)->Generate(chat, [&](const Reply& r) { streamed += r.text; });
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->finish_reason, "stop");
+  EXPECT_EQ(cut->text, expected);
+  EXPECT_EQ(streamed, expected);
   EXPECT_EQ(server.Stop(), 0) << server.Logs();
 }
 

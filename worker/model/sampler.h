@@ -19,6 +19,7 @@ struct SequenceSampling {
   std::vector<int32_t> eos_ids;     // masked while fewer than min_tokens were generated
   std::vector<int32_t> stop_ids;    // likewise
   int top_logprobs = 0;
+  bool want_logprobs = false;
 };
 
 struct SampledOutput {

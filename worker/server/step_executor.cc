@@ -1,5 +1,6 @@
 #include "worker/server/step_executor.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -7,7 +8,10 @@
 namespace mlaserve {
 
 absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
-  for (uint64_t id : plan.getRelease()) history_.erase(id);
+  for (uint64_t id : plan.getRelease()) {
+    history_.erase(id);
+    sampling_.erase(id);
+  }
   ExecutedStep result;
   if (!plan.isStep()) return result;
   const auto seqs = plan.getStep();
@@ -36,6 +40,27 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
       }
       slice.block_table.push_back(b);
     }
+    if (s.hasSampling()) {
+      const wire::SamplingParams::Reader p = s.getSampling();
+      SequenceSampling ss;
+      ss.base.temperature = p.getTemperature();
+      ss.base.top_k = p.getTopK();
+      ss.base.top_p = p.getTopP();
+      ss.base.min_p = p.getMinP();
+      ss.base.seed = p.getSeed();
+      ss.repetition_penalty = p.getRepetitionPenalty();
+      ss.presence_penalty = p.getPresencePenalty();
+      ss.frequency_penalty = p.getFrequencyPenalty();
+      ss.min_tokens = static_cast<int>(p.getMinTokens());
+      for (int32_t e : s.getEosIds()) ss.eos_ids.push_back(e);
+      for (int32_t e : p.getStopTokenIds()) ss.stop_ids.push_back(e);
+      ss.want_logprobs = p.getLogprobs();
+      ss.top_logprobs = p.getLogprobs() ? static_cast<int>(p.getTopLogprobs()) : 0;
+      sampling_[s.getSeqId()] = std::move(ss);
+    } else if (s.getSample() && !sampling_.count(s.getSeqId())) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(),
+                                                     ": sampling parameters were never sent"));
+    }
     auto& hist = history_[s.getSeqId()];
     if (hist.size() > start) hist.resize(start);  // recompute after preemption restarts here
     for (uint32_t t = 0; t < tokens.size(); ++t) {
@@ -63,24 +88,11 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
   if (!sample_here_) return result;
   for (size_t r = 0; r < sample_seq.size(); ++r) {
     const wire::StepSequence::Reader s = seqs[sample_seq[r]];
-    const wire::SamplingParams::Reader p = s.getSampling();
-    SequenceSampling ss;
-    ss.base.temperature = p.getTemperature();
-    ss.base.top_k = p.getTopK();
-    ss.base.top_p = p.getTopP();
-    ss.base.min_p = p.getMinP();
-    ss.base.seed = p.getSeed();
-    ss.repetition_penalty = p.getRepetitionPenalty();
-    ss.presence_penalty = p.getPresencePenalty();
-    ss.frequency_penalty = p.getFrequencyPenalty();
-    ss.min_tokens = static_cast<int>(p.getMinTokens());
-    for (int32_t e : s.getEosIds()) ss.eos_ids.push_back(e);
-    for (int32_t e : p.getStopTokenIds()) ss.stop_ids.push_back(e);
-    ss.top_logprobs = p.getLogprobs() ? static_cast<int>(p.getTopLogprobs()) : 0;
+    const SequenceSampling& ss = sampling_.at(s.getSeqId());
     const auto& hist = history_[s.getSeqId()];
     ExecutedStep::Token tok;
     tok.seq_id = s.getSeqId();
-    tok.want_logprobs = p.getLogprobs();
+    tok.want_logprobs = ss.want_logprobs;
     tok.out = SampleToken(logits.data() + r * vocab, vocab, ss, hist, static_cast<int>(s.getPromptLen()),
                           static_cast<int>(s.getGenerated()));
     result.tokens.push_back(std::move(tok));
