@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/moe/nvfp4_ref.h"
 
 namespace mlaserve {
 namespace {
@@ -18,13 +19,9 @@ void WeightRow(const LinearRefWeight& w, int row, float* dst) {
     const uint16_t* src = w.bf16 + static_cast<int64_t>(row) * in;
     for (int i = 0; i < in; ++i) dst[i] = Bf16ToFloat(src[i]);
   } else {
-    const uint8_t* packed = w.nvfp4_packed + static_cast<int64_t>(row) * (in / 2);
-    const uint8_t* scales = w.nvfp4_scale + static_cast<int64_t>(row) * (in / 16);
-    for (int i = 0; i < in; ++i) {
-      const uint8_t byte = packed[i / 2];
-      const uint8_t code = (i % 2 == 0) ? (byte & 0xf) : (byte >> 4);
-      dst[i] = E2m1ToFloat(code) * E4m3ToFloat(scales[i / 16]) * w.nvfp4_global_scale;
-    }
+    DequantizeNvfp4(w.nvfp4_packed + static_cast<int64_t>(row) * (in / 2),
+                    w.nvfp4_scale + static_cast<int64_t>(row) * (in / 16), w.nvfp4_global_scale,
+                    /*rows=*/1, in, dst);
   }
 }
 
