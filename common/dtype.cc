@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -184,6 +185,25 @@ absl::StatusOr<size_t> DTypeByteSize(DType dtype, uint64_t num_elements) {
                                                    " do not fill whole bytes"));
   }
   return static_cast<size_t>(total_bits / 8);
+}
+
+bool DecodeFloats(DType dtype, const void* src, size_t n, float* dst) {
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return true;
+    case DType::kBF16:
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, bytes + 2 * i, 2);
+        dst[i] = dtype == DType::kBF16 ? Bf16ToFloat(v) : Fp16ToFloat(v);
+      }
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace mlaserve

@@ -77,4 +77,7 @@ absl::StatusOr<DType> ParseDType(std::string_view safetensors_name);
 // Bytes for `num_elements` elements; an error where the bits do not fill whole bytes.
 absl::StatusOr<size_t> DTypeByteSize(DType dtype, uint64_t num_elements);
 
+// n elements of a float dtype (F32, BF16, F16) as fp32; false for any other dtype.
+bool DecodeFloats(DType dtype, const void* src, size_t n, float* dst);
+
 }  // namespace mlaserve

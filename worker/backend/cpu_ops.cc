@@ -51,10 +51,7 @@ Tensor CpuOps::Activation(std::vector<int64_t> shape) {
 Tensor CpuOps::Upload(const Tensor& host) {
   if (host.dtype() != DType::kBF16 && host.dtype() != DType::kF16) return host;
   Tensor out = Tensor::Host(DType::kF32, host.shape());
-  const uint16_t* src = host.data<uint16_t>();
-  float* dst = out.data<float>();
-  const bool bf16 = host.dtype() == DType::kBF16;
-  for (int64_t i = 0; i < host.numel(); ++i) dst[i] = bf16 ? Bf16ToFloat(src[i]) : Fp16ToFloat(src[i]);
+  DecodeFloats(host.dtype(), host.data<void>(), static_cast<size_t>(host.numel()), out.data<float>());
   return out;
 }
 

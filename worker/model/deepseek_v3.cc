@@ -59,10 +59,7 @@ Tensor ReadSlice(const TensorRef& ref, int64_t r0, int64_t nr, int64_t c0, int64
 Tensor ToF32(const Tensor& host) {
   if (host.dtype() == DType::kF32) return host;
   Tensor out = Tensor::Host(DType::kF32, host.shape());
-  for (int64_t i = 0; i < host.numel(); ++i) {
-    const uint16_t v = host.data<uint16_t>()[i];
-    out.data<float>()[i] = host.dtype() == DType::kBF16 ? Bf16ToFloat(v) : Fp16ToFloat(v);
-  }
+  DecodeFloats(host.dtype(), host.data<void>(), static_cast<size_t>(host.numel()), out.data<float>());
   return out;
 }
 

@@ -46,15 +46,7 @@ absl::Status WriteJson(const fs::path& path, const json& j) {
 
 std::vector<float> ToFloat(const TensorInfo& info, std::span<const uint8_t> bytes) {
   std::vector<float> out(info.NumElements());
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (info.dtype == DType::kF32) {
-      std::memcpy(&out[i], bytes.data() + 4 * i, 4);
-    } else {
-      uint16_t v;
-      std::memcpy(&v, bytes.data() + 2 * i, 2);
-      out[i] = info.dtype == DType::kBF16 ? Bf16ToFloat(v) : Fp16ToFloat(v);
-    }
-  }
+  DecodeFloats(info.dtype, bytes.data(), out.size(), out.data());
   return out;
 }
 
