@@ -163,6 +163,28 @@ TEST_F(E2eTest, AbortMidStreamFreesBlocks) {
   EXPECT_EQ(server_->MetricValue("mlaserve_kv_cache_usage_ratio"), 0.0);
 }
 
+TEST_F(E2eTest, ClientThatDisconnectsFreesItsSequences) {
+  {
+    auto gone = Client::Connect(server_->endpoint());
+    ASSERT_TRUE(gone.ok());
+    auto id = (*gone)->Submit(Greedy({9, 8, 7, 6}, 2500));
+    ASSERT_TRUE(id.ok());
+    auto first = (*gone)->Next(30s);
+    ASSERT_TRUE(first.ok());
+  }  // the client's socket closes here with its request still running
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::string detail;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto h = client_->Health();
+    ASSERT_TRUE(h.ok());
+    detail = h->text;
+    if (detail.find("running 0, waiting 0") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_NE(detail.find("running 0, waiting 0"), std::string::npos) << detail;
+  EXPECT_EQ(server_->MetricValue("mlaserve_kv_cache_usage_ratio"), 0.0);
+}
+
 TEST_F(E2eTest, PrefixReuseHitsAndChangesNothing) {
   Golden golden(FixtureDir("kimi-tiny"));
   const auto prompt = golden.Get<int32_t>("p2.ids");  // 77 tokens: one full block to reuse
