@@ -620,6 +620,18 @@ int Coordinator::Run() {
       }
     }
     MaybeSendStep();
+    // While idle, a ping a second tells the workers the coordinator is alive: orphaned workers
+    // (coordinator killed) stop by themselves after their --coordinator-timeout.
+    if (!step_in_flight_ && !worker_failed_ && now - last_ping_ > std::chrono::seconds(1)) {
+      capnp::MallocMessageBuilder msg(kReplyWords);
+      auto p = msg.initRoot<wire::StepPlan>();
+      p.setPing();
+      kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
+      auto b = words.asBytes();
+      worker_->send(zmq::buffer(std::string("worker")), zmq::send_flags::sndmore);
+      worker_->send(zmq::const_buffer(b.begin(), b.size()), zmq::send_flags::dontwait);
+      last_ping_ = now;
+    }
     if (shutdown_requested_.load() && !draining_) {
       draining_ = true;
       drain_deadline_ = now + options_.drain_timeout;

@@ -95,6 +95,7 @@ class Coordinator {
   uint64_t in_flight_step_ = 0;
   std::chrono::steady_clock::time_point step_sent_;
   std::chrono::steady_clock::time_point last_heartbeat_;
+  std::chrono::steady_clock::time_point last_ping_;
   bool worker_failed_ = false;
   std::string worker_failure_;
   std::atomic<bool> shutdown_requested_{false};

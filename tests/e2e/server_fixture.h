@@ -80,8 +80,13 @@ class ServerProcesses {
     if (coordinator_ <= 0) return -1;
     kill(coordinator_, SIGTERM);
     const int rc = Wait(coordinator_, timeout);
+    if (rc == -1) {
+      kill(coordinator_, SIGKILL);
+      Wait(coordinator_, std::chrono::seconds(5));
+    }
     coordinator_ = -1;
-    Wait(workers_, std::chrono::seconds(20));
+    if (Wait(workers_, std::chrono::seconds(20)) == -1) KillWorkers();  // never leave ranks behind
+    Wait(workers_, std::chrono::seconds(5));
     workers_ = -1;
     return rc;
   }

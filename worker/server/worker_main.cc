@@ -41,6 +41,7 @@ struct Args {
   int kv_blocks = 256, threads = 1;
   std::string metrics_host = "127.0.0.1";
   int metrics_port = 0;  // rank r serves on metrics_port + r; 0: off
+  int coordinator_timeout_s = 15;  // no message (plans or idle pings) for this long: exit
   std::string name;
 };
 
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
     else if (k == "--metrics-port") ok = absl::SimpleAtoi(v, &a.metrics_port) && a.metrics_port >= 0;
     else if (k == "--metrics-host") a.metrics_host = v;
     else if (k == "--name") a.name = v;
+    else if (k == "--coordinator-timeout-s") ok = absl::SimpleAtoi(v, &a.coordinator_timeout_s) && a.coordinator_timeout_s > 0;
     else return Fail(rank, "unknown argument " + k);
     if (!ok) return Fail(rank, k + ": bad value " + v);
   }
@@ -167,11 +169,27 @@ int main(int argc, char** argv) {
   for (;;) {
     // Rank 0 receives the plan and broadcasts its bytes; every rank parses the same message.
     std::string bytes;
+    bool orphaned = false;
     if (rank == 0) {
-      zmq::message_t m;
-      if (!sock.recv(m, zmq::recv_flags::none)) continue;
-      bytes.assign(static_cast<const char*>(m.data()), m.size());
+      // The coordinator pings every second while idle; silence means it is gone.
+      zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, std::chrono::seconds(a.coordinator_timeout_s)) == 0) {
+        std::fprintf(stderr, "mlaserve-worker: no message from the coordinator for %d s; stopping\n",
+                     a.coordinator_timeout_s);
+        orphaned = true;
+        capnp::MallocMessageBuilder msg;
+        msg.initRoot<wire::StepPlan>().setShutdown();
+        kj::Array<capnp::word> w = capnp::messageToFlatArray(msg);
+        auto b = w.asBytes();
+        bytes.assign(reinterpret_cast<const char*>(b.begin()), b.size());
+        exit_code = 1;
+      } else {
+        zmq::message_t m;
+        if (!sock.recv(m, zmq::recv_flags::none)) continue;
+        bytes.assign(static_cast<const char*>(m.data()), m.size());
+      }
     }
+    (void)orphaned;
     uint64_t len = bytes.size();
     MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
     bytes.resize(len);
@@ -188,6 +206,7 @@ int main(int argc, char** argv) {
     std::memcpy(words.begin(), bytes.data(), len);
     std::string error;
     bool shutdown = false;
+    bool ping = false;
     ExecutedStep step;
     uint64_t step_id = 0;
     try {
@@ -195,7 +214,8 @@ int main(int argc, char** argv) {
       wire::StepPlan::Reader plan = reader.getRoot<wire::StepPlan>();
       step_id = plan.getStepId();
       shutdown = plan.isShutdown();
-      if (!shutdown && !plan.isPing()) {
+      ping = plan.isPing();
+      if (!shutdown && !ping) {
         auto r = executor.Run(plan);
         if (r.ok()) step = std::move(*r); else error = std::string(r.status().message());
       }
@@ -208,7 +228,7 @@ int main(int argc, char** argv) {
     }
     std::vector<double> per_rank(comm.size());
     MPI_Gather(&forward, 1, MPI_DOUBLE, per_rank.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    if (rank == 0 && !shutdown) {
+    if (rank == 0 && !shutdown && !ping) {
       capnp::MallocMessageBuilder msg;
       auto r = msg.initRoot<wire::StepResult>();
       r.setStepId(step_id);
