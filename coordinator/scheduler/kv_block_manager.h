@@ -15,6 +15,7 @@
 // nor a parent that was evicted and recomputed can alias a block to a different prefix.
 #pragma once
 
+#include "common/kv_block.h"
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -22,9 +23,6 @@
 #include "absl/container/flat_hash_map.h"
 
 namespace mlaserve {
-
-// Tokens per KV block; the workers' cache layout assumes this value.
-inline constexpr int32_t kKvBlockTokens = 64;
 
 // Where a sequence's chain of registered full blocks ends; the parent of its next full block.
 struct PrefixChainTip {

@@ -22,6 +22,7 @@
 // sequence lives in block block_table[t / 64] at slot t % 64 (global slot = block * 64 + slot).
 #pragma once
 
+#include "common/kv_block.h"
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -38,7 +39,6 @@ enum class KvCacheFormat { kBf16, kFp8, kFp8Tiled, kF32 };
 constexpr int kMlaLatentDim = 512;  // kv_lora_rank; also the value dimension.
 constexpr int kMlaRopeDim = 64;     // qk_rope_head_dim.
 constexpr int kMlaQkDim = 576;      // Absorbed query/key dimension.
-constexpr int kKvBlockTokens = 64;  // Tokens per paged block.
 
 // fp8_tiled constants (see the layout above).
 constexpr int kFp8TileDim = 128;                              // Latent values per scale.
