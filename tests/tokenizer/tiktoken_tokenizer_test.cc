@@ -25,15 +25,6 @@ using testing::InCi;
 using testing::Quote;
 using testing::RecordReader;
 
-#define REQUIRE_ORACLE(missing)                   \
-  do {                                            \
-    const std::string why = (missing);            \
-    if (!why.empty()) {                           \
-      if (InCi()) FAIL() << why;                  \
-      GTEST_SKIP() << why << " (fails under CI)"; \
-    }                                             \
-  } while (0)
-
 std::string NpmDir() { return testing::SourceDir() + "/third_party/npm"; }
 std::string O200kDir() { return NpmDir() + "/assets/o200k_base"; }
 
