@@ -35,8 +35,12 @@ else
 fi
 
 if ! command -v npm >/dev/null 2>&1; then
-  echo "install_deps: npm not found; install Debian's npm package or Node.js with npm" >&2
-  exit 1
+  # Debian's nodejs comes without npm (a separate package); a Node.js that bundles npm (as
+  # NodeSource's does) needs nothing more.
+  echo "install_deps: installing Debian's npm"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm
 fi
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
