@@ -27,6 +27,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV3ForCausalLM
 
+# The same greedy loop as the base fixtures (transformers' own KV cache, 32 tokens).
+from make_tiny_models import greedy
+
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
@@ -59,22 +62,6 @@ def dequantize(packed, scale_u8, gs):
     vals = E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
     scale = scale_u8.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=1)
     return vals * scale * gs
-
-
-def greedy(model, ids, n=32):
-    from transformers.cache_utils import DynamicCache
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids[None], past_key_values=cache, use_cache=True)
-    toks, logits, margins = [], [], []
-    for _ in range(n):
-        last = out.logits[0, -1].float()
-        top2 = torch.topk(last, 2).values
-        margins.append(float(top2[0] - top2[1]))
-        nxt = int(torch.argmax(last))
-        toks.append(nxt)
-        logits.append(last.clone())
-        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True)
-    return toks, torch.stack(logits), margins
 
 
 def main():
