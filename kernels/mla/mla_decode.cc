@@ -21,38 +21,60 @@ absl::Status CudaStatus(cudaError_t err, const char* what) {
 using BlocksPerSmFn = int (*)();
 using LaunchFn = cudaError_t (*)(const mla::MlaDecodeKernelParams&, int, cudaStream_t);
 struct VariantEntry {
-  mla::MlaDecodeVariant shape;
+  const char* name;
+  int rows_per_cta;
   BlocksPerSmFn blocks_per_sm[3];  // Indexed by KvCacheFormat.
   LaunchFn launch[3];
 };
 
-#define MLASERVE_MLA_VARIANT(RG, W, T)                                         \
-  VariantEntry {                                                               \
-    {RG, W, T},                                                                \
-        {&mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kBf16, RG, W, T>,      \
-         &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8, RG, W, T>,       \
-         &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8Tiled, RG, W, T>}, \
-    {                                                                          \
-      &mla::LaunchMlaDecodeSplit<KvCacheFormat::kBf16, RG, W, T>,              \
-          &mla::LaunchMlaDecodeSplit<KvCacheFormat::kFp8, RG, W, T>,           \
-          &mla::LaunchMlaDecodeSplit<KvCacheFormat::kFp8Tiled, RG, W, T>       \
-    }                                                                          \
+// First kernel (mla_decode_kernel.cuh): (row groups, warps per row group, tile tokens).
+#define MLASERVE_MLA_VARIANT(NAME, RG, W, T)                                             \
+  VariantEntry {                                                                     \
+    NAME, 16 * RG,                         \
+        {&mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kBf16, RG, W, T>,            \
+         &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8, RG, W, T>,             \
+         &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8Tiled, RG, W, T>},       \
+    {                                                                                \
+      &mla::LaunchMlaDecodeSplit<KvCacheFormat::kBf16, RG, W, T>,                    \
+          &mla::LaunchMlaDecodeSplit<KvCacheFormat::kFp8, RG, W, T>,                 \
+          &mla::LaunchMlaDecodeSplit<KvCacheFormat::kFp8Tiled, RG, W, T>             \
+    }                                                                                \
+  }
+// Warp-sliced kernel (mla_decode_sliced.cuh), 16 rows per block: tile tokens and stages per
+// format (bf16, fp8, fp8_tiled).
+#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                                     \
+  VariantEntry {                                                                     \
+    NAME, 16,                                                                        \
+        {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB>,              \
+         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8>,               \
+         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST>},         \
+    {                                                                                \
+      &mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB>,                      \
+          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8>,                   \
+          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST>               \
+    }                                                                                \
   }
 
-// The instantiated kernels (instantiations/*.cu): (row groups, warps per row group, tile tokens).
-// On the H200 (bench/RESULTS.md, 2026-11-29) these two won every (format, heads) class of a sweep
-// over six variants; (1, 8, 16), (1, 8, 32), (1, 4, 32) and (2, 8, 16) were slower (the 8-warp
-// ones need > 128 registers and spill under the 2-blocks-per-SM cap) and are not instantiated,
-// to keep CI builds short. The template still takes them: add a file and a line here.
+// The instantiated kernels (instantiations/*.cu). First kernel: on the H200 (bench/RESULTS.md,
+// 2026-11-29) (1, 4, 16) and (2, 4, 16) won every (format, heads) class of a sweep over six
+// shapes; the others are not instantiated, to keep CI builds short. Sliced kernel: stage depths
+// that give 2-4 blocks per SM on the H200 (228 KB of shared memory per SM).
 const VariantEntry kVariants[] = {
-    MLASERVE_MLA_VARIANT(1, 4, 16),
-    MLASERVE_MLA_VARIANT(2, 4, 16),
+    MLASERVE_MLA_VARIANT("rows16_warps4_tile16", 1, 4, 16),
+    MLASERVE_MLA_VARIANT("rows32_warps4_tile16", 2, 4, 16),
+    MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2),
+    MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3),
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-// 16 query rows per block when heads * s_q <= 16 (one block reads each KV byte once); else 32
-// (fewer blocks re-reading the same KV through L2 than with 16).
-int DefaultVariant(int rows, KvCacheFormat /*format*/) { return rows <= 16 ? 0 : 1; }
+// Measured on the H200 (bench/RESULTS.md, 2026-11-29 session 2): the sliced kernel wins every
+// case with heads * s_q <= 16 (one block reads each KV byte once) and the fp8 formats at 64
+// heads; bf16 at 64 heads keeps 32 rows per block of the first kernel (0.25 vs 0.21 of copy
+// bandwidth: half the blocks re-reading the same KV through L2).
+int DefaultVariant(int rows, KvCacheFormat format) {
+  if (rows <= 16 || format != KvCacheFormat::kBf16) return 2;
+  return 1;
+}
 
 size_t AlignUp(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -76,9 +98,7 @@ int MlaDecodeVariantCount() { return kNumVariants; }
 
 std::string MlaDecodeVariantName(int variant) {
   if (variant < 0 || variant >= kNumVariants) return "auto";
-  const mla::MlaDecodeVariant& v = kVariants[variant].shape;
-  return absl::StrCat("rows", 16 * v.row_groups, "_warps", v.warps_per_row_group, "_tile",
-                      v.tile_tokens);
+  return kVariants[variant].name;
 }
 
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
@@ -100,7 +120,7 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
     return absl::InvalidArgumentError(absl::StrCat(
         "MLA decode: variant ", variant, " >= ", kNumVariants, " (MlaDecodeVariantCount)"));
   }
-  const int rows_per_cta = 16 * kVariants[variant].shape.row_groups;
+  const int rows_per_cta = kVariants[variant].rows_per_cta;
   int device = 0, sms = 0;
   if (auto s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
   if (auto s = CudaStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),

@@ -15,12 +15,6 @@ constexpr int kSeqFixedCost = 3;       // Schedule cost of a sequence piece, in 
                                        // (q load, output write, pipeline fill).
 constexpr int kMinTilesPerWorker = 4;  // Smallest share: below it partials cost more than KV.
 
-// Kernel variants: query rows per block = 16 * row_groups; each row group's q.k and p.v are
-// split over warps_per_row_group warps; tile_tokens KV tokens per pipeline stage.
-struct MlaDecodeVariant {
-  int row_groups, warps_per_row_group, tile_tokens;
-};
-
 struct MlaDecodeKernelParams {
   const uint16_t* __restrict__ q;           // bf16 [batch, s_q, heads, 576]
   const uint8_t* __restrict__ kv_pool;      // [num_blocks, 64, row_bytes]
@@ -38,6 +32,13 @@ struct MlaDecodeKernelParams {
   float* __restrict__ o_part;      // [num_workers + batch, rows, 512]: normalized partial outputs
   float* __restrict__ lse_part;    // [num_workers + batch, rows]: their log2-sum-exp (log2 units)
 };
+
+// Warp-sliced split decode kernel (mla_decode_sliced.cuh): 16 query rows per block, kTile KV
+// tokens per stage, kStages-deep cp.async ring per warp.
+template <KvCacheFormat kFormat, int kTile, int kStages>
+cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
+template <KvCacheFormat kFormat, int kTile, int kStages>
+int MlaDecodeSlicedBlocksPerSm();
 
 // Split decode kernel per (format, variant).
 template <KvCacheFormat kFormat, int kRowGroups, int kWarps, int kTile>
