@@ -32,6 +32,7 @@ def route(tokens, num_experts, gen):
 
 def main():
     quick = "--quick" in sys.argv
+    decode_tokens = [] if "--prefill" in sys.argv else DECODE
     dev = torch.device("cuda")
     torch.manual_seed(0)
     gen = torch.Generator(device="cuda")
@@ -41,10 +42,12 @@ def main():
     print(f"{'config':<14} {'tokens':>6} {'active':>6} {'rows':>7} | {'total_us':>9} "
           f"{'GB/s':>7} | {'TFLOP/s':>8}   (bf16 weight bytes of the active experts)")
     prefill = PREFILL[:1] if quick else PREFILL
+    if "--decode" in sys.argv:
+        prefill = []
     for name, num_experts, num_local in CONFIGS:
         w13 = torch.randn(num_local, 2 * I, H, device=dev, dtype=torch.bfloat16) * 0.02
         w2 = torch.randn(num_local, H, I, device=dev, dtype=torch.bfloat16) * 0.02
-        for tokens in DECODE + prefill:
+        for tokens in decode_tokens + prefill:
             x = torch.randn(tokens, H, device=dev, dtype=torch.bfloat16)
             ids = route(tokens, num_experts, gen)
             weights = torch.full((tokens, K), 1.0 / K, device=dev)

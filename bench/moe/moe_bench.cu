@@ -3,6 +3,11 @@
 // active experts, prefill (2k..32k tokens) in TFLOP/s. Weights are cold: L2 is flushed (a 256 MB
 // memset) before every timed run. The BF16 peer (cuBLAS through PyTorch) is bf16_peer.py.
 //
+// Times per configuration: the four stages one by one (events between them, plain launches; the
+// stage columns), the layer as one InvokeNvfp4Moe call with plain launches ("plain") and with its
+// default launches ("layer": programmatic for small decode batches, kMoeProgrammaticMaxRows), and
+// for decode that call replayed as a CUDA graph ("graph").
+//
 // Usage: moe_bench [--quick | --decode | --prefill]
 #include <cuda_runtime.h>
 
@@ -71,9 +76,12 @@ using namespace mlaserve;  // NOLINT: a benchmark main
 
 int main(int argc, char** argv) {
   // --quick: prefill 2k only; --decode: decode only (for comparing build variants).
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const bool decode_only = argc > 1 && std::strcmp(argv[1], "--decode") == 0;
-  const bool prefill_only = argc > 1 && std::strcmp(argv[1], "--prefill") == 0;
+  bool quick = false, decode_only = false, prefill_only = false;
+  for (int i = 1; i < argc; ++i) {
+    quick |= std::strcmp(argv[i], "--quick") == 0;
+    decode_only |= std::strcmp(argv[i], "--decode") == 0;
+    prefill_only |= std::strcmp(argv[i], "--prefill") == 0;
+  }
   const int H = 7168, I = 2048, K = 8;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -126,9 +134,12 @@ int main(int argc, char** argv) {
   const double flop_per_row = 2.0 * (2.0 * I * H + 1.0 * H * I);
   std::printf("weight bytes per expert (codes + e4m3 scales): %.2f MB; bf16: %.2f MB\n",
               bytes_per_expert / 1e6, 3.0 * H * I * 2 / 1e6);
-  std::printf("\n%-14s %6s %5s %6s %7s | %9s %9s %9s %9s | %9s %7s %7s | %8s %8s\n", "config",
-              "tokens", "tile", "active", "rows", "dispatch", "gate_up", "down", "combine",
-              "total_us", "GB/s", "%copy", "TFLOP/s", "TF_total");
+  std::printf(
+      "\n%-14s %6s %4s %6s %7s | %8s %8s %8s %8s %8s | %8s %8s %8s | %7s %6s %6s "
+      "%6s | %8s %8s\n",
+      "config", "tokens", "tile", "active", "rows", "dispatch", "gate_up", "down", "combine",
+      "stages", "plain", "layer", "graph", "GB/s", "%stage", "%layer", "%graph", "TFLOP/s",
+      "TF_layer");
 
   std::mt19937 rng(1234);
   for (const Config& c : configs) {
@@ -222,15 +233,50 @@ int main(int argc, char** argv) {
         t_comb.push_back(ms[3] * 1e3f);
         t_total.push_back(tot * 1e3f);
       }
+      // The whole layer as one call: `launch` once per timed run, L2 flushed before each.
+      auto time_layer = [&](auto launch) {
+        std::vector<float> t;
+        for (int it = 0; it < reps + 2; ++it) {
+          CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
+          CK(cudaEventRecord(ev[0], s));
+          launch();
+          CK(cudaEventRecord(ev[1], s));
+          CK(cudaEventSynchronize(ev[1]));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+          if (it >= 2) t.push_back(ms * 1e3f);
+        }
+        return static_cast<double>(Median(t));
+      };
+      Nvfp4MoeParams plain = p;
+      plain.plain_launches = true;
+      const double us_plain = time_layer([&] { CK(InvokeNvfp4Moe(plain, s)); });
+      const double us_layer = time_layer([&] { CK(InvokeNvfp4Moe(p, s)); });
+      double us_graph = 0;
+      if (decode) {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        CK(InvokeNvfp4Moe(p, s));
+        CK(cudaStreamEndCapture(s, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        us_graph = time_layer([&] { CK(cudaGraphLaunch(exec, s)); });
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+      }
       const double us_total = Median(t_total), us_gemm = Median(t_gu) + Median(t_dn);
       const double bytes = bytes_per_expert * active;
-      const double gbps = bytes / (us_total * 1e-6) / 1e9;
+      auto pct = [&](double us) {
+        return us > 0 ? 100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbps : 0;
+      };
       const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
       std::printf(
-          "%-14s %6d %5d %6d %7d | %9.1f %9.1f %9.1f %9.1f | %9.1f %7.0f %6.1f%% | %8.1f %8.1f\n",
+          "%-14s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
+          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f\n",
           c.name, tokens, p.tile_tokens, active, rows, Median(t_disp), Median(t_gu), Median(t_dn),
-          Median(t_comb), us_total, gbps, 100.0 * gbps / copy_gbps, tflops,
-          flop_per_row * rows / (us_total * 1e-6) / 1e12);
+          Median(t_comb), us_total, us_plain, us_layer, us_graph, bytes / (us_layer * 1e-6) / 1e9,
+          pct(us_total), pct(us_layer), pct(us_graph), tflops,
+          flop_per_row * rows / (us_layer * 1e-6) / 1e12);
       std::fflush(stdout);
       CK(cudaFree(ws));
       CK(cudaFree(d_ids));
@@ -246,8 +292,11 @@ int main(int argc, char** argv) {
     CK(cudaFree(dn_gs));
   }
   std::printf(
-      "\nGB/s: weight bytes of the active experts (codes + scales) / total time (dispatch + "
-      "GEMMs + combine); %%copy: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 * H * I / "
-      "(gate_up + down time); TF_total: the same over the total time.\n");
+      "\nus: stages = dispatch + gate_up + down + combine timed one by one; plain = one "
+      "InvokeNvfp4Moe call, plain launches; layer = the same call, default launches "
+      "(programmatic for tokens * top_k <= 256 in decode); graph = that call replayed as a CUDA "
+      "graph (decode only). GB/s: weight bytes of the active experts (codes + scales) / layer "
+      "time; %%stage, %%layer, %%graph: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 * H "
+      "* I / (gate_up + down time); TF_layer: the same over the layer time.\n");
   return 0;
 }

@@ -17,6 +17,9 @@ struct MoeCombineParams {
   const __nv_bfloat16* shared_out;  // [tokens, hidden] added last, or nullptr
   float* out;                       // [tokens, hidden] or nullptr
   __nv_bfloat16* out_bf16;          // [tokens, hidden] or nullptr
+  // Launch programmatically dependent on the previous kernel of the stream (sm_90+, see
+  // moe_programmatic_launch.cuh): the kernel reads nothing before that kernel has finished.
+  bool programmatic;
 };
 
 // tokens <= 65535 (one grid row per token).

@@ -10,11 +10,13 @@ namespace {
 
 size_t Align(size_t x) { return (x + 255) / 256 * 256; }
 
-Nvfp4MoeGemmParams GemmParams(const Nvfp4MoeParams& p, const Nvfp4MoeWorkspace& ws, bool gate_up) {
+Nvfp4MoeGemmParams GemmParams(const Nvfp4MoeParams& p, const Nvfp4MoeWorkspace& ws, bool gate_up,
+                              bool programmatic) {
   const Nvfp4MoeWeights& w = p.weights;
   const int rows = p.tokens * p.top_k;
   Nvfp4MoeGemmParams g{};
   g.tile_tokens = p.tile_tokens;
+  g.programmatic = programmatic;
   g.num_local_experts = w.num_local_experts;
   g.n = gate_up ? 2 * w.intermediate : w.hidden;
   g.k = gate_up ? w.hidden : w.intermediate;
@@ -92,14 +94,15 @@ cudaError_t InvokeNvfp4MoeDispatchStage(const Nvfp4MoeParams& p, cudaStream_t st
 }
 
 cudaError_t InvokeNvfp4MoeGateUpStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
-  return InvokeNvfp4MoeGateUp(GemmParams(p, Carve(p), true), stream);
+  return InvokeNvfp4MoeGateUp(GemmParams(p, Carve(p), true, false), stream);
 }
 
 cudaError_t InvokeNvfp4MoeDownStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
-  return InvokeNvfp4MoeDown(GemmParams(p, Carve(p), false), stream);
+  return InvokeNvfp4MoeDown(GemmParams(p, Carve(p), false, false), stream);
 }
 
-cudaError_t InvokeNvfp4MoeCombineStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
+namespace {
+cudaError_t Combine(const Nvfp4MoeParams& p, cudaStream_t stream, bool programmatic) {
   const Nvfp4MoeWorkspace ws = Carve(p);
   MoeCombineParams c{};
   c.tokens = p.tokens;
@@ -110,15 +113,31 @@ cudaError_t InvokeNvfp4MoeCombineStage(const Nvfp4MoeParams& p, cudaStream_t str
   c.shared_out = p.shared_out;
   c.out = p.out;
   c.out_bf16 = p.out_bf16;
+  c.programmatic = programmatic;
   return InvokeMoeCombine(c, stream);
 }
+}  // namespace
 
+cudaError_t InvokeNvfp4MoeCombineStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
+  return Combine(p, stream, false);
+}
+
+// Dispatch is launched plainly (it overwrites offsets that a previous layer's kernels read);
+// in small decode batches gate_up, down and combine each start while their predecessor finishes.
 cudaError_t InvokeNvfp4Moe(const Nvfp4MoeParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
+  const bool pdl = !p.plain_launches && p.tile_tokens == kMoeTileTokensSmall &&
+                   static_cast<long long>(p.tokens) * p.top_k <= kMoeProgrammaticMaxRows;
+  const Nvfp4MoeWorkspace ws = Carve(p);
   if (cudaError_t e = InvokeNvfp4MoeDispatchStage(p, stream); e != cudaSuccess) return e;
-  if (cudaError_t e = InvokeNvfp4MoeGateUpStage(p, stream); e != cudaSuccess) return e;
-  if (cudaError_t e = InvokeNvfp4MoeDownStage(p, stream); e != cudaSuccess) return e;
-  return InvokeNvfp4MoeCombineStage(p, stream);
+  if (cudaError_t e = InvokeNvfp4MoeGateUp(GemmParams(p, ws, true, pdl), stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (cudaError_t e = InvokeNvfp4MoeDown(GemmParams(p, ws, false, pdl), stream); e != cudaSuccess) {
+    return e;
+  }
+  return Combine(p, stream, pdl);
 }
 
 }  // namespace mlaserve

@@ -29,7 +29,12 @@ struct Nvfp4MoeParams {
   Nvfp4MoeWeights weights;
   int tokens;
   int top_k;
-  int tile_tokens;                  // kMoeTileTokens*; see ChooseMoeTileTokens
+  int tile_tokens;  // kMoeTileTokens*; see ChooseMoeTileTokens
+  // InvokeNvfp4Moe launches gate_up, down and combine with programmatic dependent launch
+  // (sm_90+, not on the legacy default stream nullptr) for decode batches of at most
+  // kMoeProgrammaticMaxRows assignments (see there); true turns that off (for timing
+  // comparisons). The stage functions below always launch plainly.
+  bool plain_launches;
   const __nv_bfloat16* x;           // [tokens, hidden]
   const int32_t* topk_ids;          // [tokens, top_k] global expert ids
   const float* topk_weights;        // [tokens, top_k]
@@ -39,6 +44,13 @@ struct Nvfp4MoeParams {
   void* workspace;                  // Nvfp4MoeWorkspaceBytes, 256-byte aligned
   size_t workspace_bytes;
 };
+
+// Programmatic launches (moe_programmatic_launch.cuh) for batches of tokens * top_k <= this with
+// 16-token tiles. Measured on the H200 (bench/RESULTS.md, 2026-11-29, layer time plain ->
+// programmatic, top-8): 7-10 us saved at 1-32 tokens (all 256 experts, 1 token: 92.5 -> 85.7 us),
+// but 2118 -> 2553 us at 128 tokens with all 256 experts (cause not established) and no gain
+// beyond noise in prefill, so larger batches launch plainly.
+inline constexpr int kMoeProgrammaticMaxRows = 256;
 
 size_t Nvfp4MoeWorkspaceBytes(int tokens, int top_k, int num_local_experts, int hidden,
                               int intermediate);
@@ -56,7 +68,7 @@ struct Nvfp4MoeWorkspace {
 Nvfp4MoeWorkspace CarveNvfp4MoeWorkspace(void* workspace, int tokens, int top_k,
                                          int num_local_experts, int hidden, int intermediate);
 
-// Each stage alone; InvokeNvfp4Moe runs all four.
+// Each stage alone, launched plainly; InvokeNvfp4Moe runs all four.
 cudaError_t InvokeNvfp4MoeDispatchStage(const Nvfp4MoeParams& params, cudaStream_t stream);
 cudaError_t InvokeNvfp4MoeGateUpStage(const Nvfp4MoeParams& params, cudaStream_t stream);
 cudaError_t InvokeNvfp4MoeDownStage(const Nvfp4MoeParams& params, cudaStream_t stream);

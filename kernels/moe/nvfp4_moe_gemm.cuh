@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "kernels/moe/moe_programmatic_launch.cuh"
 #include "kernels/moe/nvfp4_moe_gemm.h"
 
 namespace mlaserve::moe_gemm {
@@ -110,21 +111,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // Which expert and which rows: the largest e with tile_offsets[e] <= tile (experts with no
   // rows have tile_offsets[e] == tile_offsets[e + 1] and are skipped by "largest").
+  //
+  // Programmatic launch (InvokeNvfp4Moe): gate_up waits for dispatch before reading anything.
+  // Down reads the dispatch offsets (__ldcg: from L2, never a stale L1 line) and streams its first
+  // weight stages before waiting for gate_up's h: dispatch finished before gate_up allowed down
+  // to start, and weights are constant.
+  if constexpr (kGateUp) {
+    moe_launch::WaitForPrerequisiteGrid();
+    moe_launch::AllowDependentLaunch();
+  }
   const int tile = blockIdx.y;
   const int num_e = p.num_local_experts;
-  if (tile >= __ldg(p.tile_offsets + num_e)) return;
+  if (tile >= __ldcg(p.tile_offsets + num_e)) return;
   int lo = 0, hi = num_e - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (__ldg(p.tile_offsets + mid) <= tile) {
+    if (__ldcg(p.tile_offsets + mid) <= tile) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
   const int e = lo;
-  const int row_begin = __ldg(p.expert_offsets + e) + (tile - __ldg(p.tile_offsets + e)) * kBN;
-  const int row_end = min(row_begin + kBN, __ldg(p.expert_offsets + e + 1));
+  const int row_begin = __ldcg(p.expert_offsets + e) + (tile - __ldcg(p.tile_offsets + e)) * kBN;
+  const int row_end = min(row_begin + kBN, __ldcg(p.expert_offsets + e + 1));
+  const int valid_rows = row_end - row_begin;  // 1..kBN
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
@@ -146,10 +157,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     x_row[i] = r >= row_end ? -1 : kGateUp ? __ldg(p.sorted_assignment + r) / p.top_k : r;
   }
 
-  auto load_stage = [&](int stage, int kt) {
+  auto load_weights = [&](int stage, int kt) {
     uint8_t* s_codes = smem + stage * Cfg::kStageBytes;
     uint8_t* s_scales = s_codes + Cfg::kCodeBytes;
-    uint8_t* s_x = s_scales + Cfg::kScaleBytes;
     // Codes: per 16-row tile a contiguous run of kChunksK * 512 bytes.
 #pragma unroll
     for (int i = 0; i < Cfg::kCodeIters; ++i) {
@@ -167,14 +177,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                            within * 16;
       CpAsync16(s_scales + tid * 16, src, true);
     }
-    // Activation rows, 16-byte chunks swizzled by (row & 7) against ldmatrix bank conflicts.
+  };
+  // Activation rows, 16-byte chunks swizzled by (row & 7) against ldmatrix bank conflicts. Rows
+  // past the tile are not loaded at all (a decode tile often holds 1-8 of its 16 rows): whatever
+  // their shared memory holds only reaches output columns of those rows, which are never stored.
+  auto load_x = [&](int stage, int kt) {
+    uint8_t* s_x = smem + stage * Cfg::kStageBytes + Cfg::kCodeBytes + Cfg::kScaleBytes;
 #pragma unroll
     for (int i = 0; i < Cfg::kXIters; ++i) {
       const int row = (tid + i * Cfg::kThreads) / Cfg::kXChunksPerRow;
       uint8_t* dst = s_x + row * (kBK * 2) + ((x_chunk ^ (row & 7)) * 16);
-      const __nv_bfloat16* src =
-          x_row[i] < 0 ? p.a : p.a + static_cast<size_t>(x_row[i]) * p.k + kt * kBK + x_chunk * 8;
-      CpAsync16(dst, src, x_row[i] >= 0);
+      if (x_row[i] >= 0) {
+        CpAsync16(dst, p.a + static_cast<size_t>(x_row[i]) * p.k + kt * kBK + x_chunk * 8, true);
+      }
     }
   };
 
@@ -187,9 +202,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
   const int k_tiles = p.k / kBK;
+  // Weights of the first kStages - 1 stages go into the first commit group (before down's wait),
+  // so stage s is complete once group s is: the wait_group counts below stay as in a plain
+  // pipeline.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
+    if (s < k_tiles) load_weights(s, s);
+  }
+  if constexpr (!kGateUp) {
+    moe_launch::WaitForPrerequisiteGrid();
+    moe_launch::AllowDependentLaunch();
+  }
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_x(s, s);
     CpAsyncCommit();
   }
 
@@ -202,7 +228,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     __syncthreads();
     {
       const int next = kt + kStages - 1;
-      if (next < k_tiles) load_stage(next % kStages, next);
+      if (next < k_tiles) {
+        load_weights(next % kStages, next);
+        load_x(next % kStages, next);
+      }
       CpAsyncCommit();
     }
     const uint8_t* s_codes = smem + (kt % kStages) * Cfg::kStageBytes;
@@ -225,6 +254,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         uint32_t b[kNT][2];
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
+          // Decode tiles: skip a pair of n-tiles with no row in the tile (warp-uniform).
+          if (kBN <= 16 && warp_n * Cfg::kWN + np * 16 >= valid_rows) break;
           const int row = warp_n * Cfg::kWN + np * 16 + ld_row_in_tile;
           const int chunk = (kc * 64 + j * 16) / 8 + ld_chunk_hi;
           uint32_t r4[4];
@@ -251,7 +282,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           a[2] = MulBf16x2(a[2], sg);
           a[3] = MulBf16x2(a[3], sg8);
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) MmaBf16(acc[mt][nt], a, b[nt][0], b[nt][1]);
+          for (int nt = 0; nt < kNT; ++nt) {
+            if (kBN > 16 || warp_n * Cfg::kWN + nt * 8 < valid_rows) {
+              MmaBf16(acc[mt][nt], a, b[nt][0], b[nt][1]);
+            }
+          }
         }
       }
     }
@@ -304,15 +339,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
-// Tile shapes by tokens per tile. Shared memory: 52 KB, 50 KB, 82 KB (sm_120 allows 99 KB).
+// Tile shapes by tokens per tile. Shared memory: 53 KB, 50 KB, 82 KB (sm_120 allows 99 KB).
 template <int kTileTokens>
 struct TileFor;
 // Decode: weight-stream bound and, on Hopper, close to instruction-issue bound (dequantization
 // costs about 2 integer/bf16 ops per weight). Measured on the H200 (bench/RESULTS.md, 2026-11-29,
-// all 256 experts, 32 tokens, % of copy bandwidth): default (8 warps x 1 m-tile, K step 128,
-// 4 stages, 3 blocks/SM) 67.3%; K step 256 64.7%; 6 stages 63.5%; 4 warps x 2 m-tiles with
-// 4 blocks/SM (-DMLASERVE_MOE_DECODE_WARPS_M=4 -DMLASERVE_MOE_DECODE_MIN_BLOCKS=4) 69.4%, the
-// fastest, but only timed, not yet run through the GPU tests: UNVERIFIED, so not the default.
+// all 256 experts, % of copy bandwidth at 8 / 32 / 64 / 128 tokens): 8 warps x 1 m-tile, K step
+// 128, 4 stages, 3 blocks/SM 63.0 / 67.3 / 67.7 / 65.2; K step 256 60.6 / 64.7 / 63.8 / 63.4;
+// 6 stages 59.5 / 63.5 / 63.3 / 63.2; 4 warps x 2 m-tiles with 4 blocks/SM 64.7 / 69.4 / 68.4 /
+// 66.8, the default (moe_gpu_test passed with it, same RESULTS.md section).
 #ifndef MLASERVE_MOE_DECODE_BK
 #define MLASERVE_MOE_DECODE_BK 128
 #endif
@@ -320,10 +355,10 @@ struct TileFor;
 #define MLASERVE_MOE_DECODE_STAGES 4
 #endif
 #ifndef MLASERVE_MOE_DECODE_WARPS_M
-#define MLASERVE_MOE_DECODE_WARPS_M 8
+#define MLASERVE_MOE_DECODE_WARPS_M 4
 #endif
 #ifndef MLASERVE_MOE_DECODE_MIN_BLOCKS
-#define MLASERVE_MOE_DECODE_MIN_BLOCKS 3
+#define MLASERVE_MOE_DECODE_MIN_BLOCKS 4
 #endif
 template <>
 struct TileFor<16> {
@@ -334,15 +369,14 @@ template <>
 struct TileFor<64> {
   using Cfg = TileConfig<128, 64, 64, 4, 2, 4, 2>;
 };
-// Prefill: MMA bound. Measured (8192 tokens, all 256 experts, GEMM TFLOP/s): default 4 x 2 warps
-// 251.1 (spills 32 B); 3 stages 259.4; 2 x 4 warps with 1 block/SM 201.3; 8 warps along M (warp
-// tile 16 x 128, -DMLASERVE_MOE_PREFILL_WARPS_M=8) 265.9, the fastest, but only timed, not yet run
-// through the GPU tests: UNVERIFIED, so not the default.
+// Prefill: MMA bound. Measured (8192 tokens, all 256 experts, GEMM TFLOP/s): 4 x 2 warps 251.1
+// (spills 32 B); 3 stages 259.4; 2 x 4 warps with 1 block/SM 201.3; 8 warps along M (warp tile
+// 16 x 128) 265.9, the default (moe_gpu_test passed with it).
 #ifndef MLASERVE_MOE_PREFILL_STAGES
 #define MLASERVE_MOE_PREFILL_STAGES 4
 #endif
 #ifndef MLASERVE_MOE_PREFILL_WARPS_M
-#define MLASERVE_MOE_PREFILL_WARPS_M 4
+#define MLASERVE_MOE_PREFILL_WARPS_M 8
 #endif
 #ifndef MLASERVE_MOE_PREFILL_MIN_BLOCKS
 #define MLASERVE_MOE_PREFILL_MIN_BLOCKS 2
@@ -366,8 +400,8 @@ cudaError_t Launch(const Nvfp4MoeGemmParams& p, cudaStream_t stream) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.n / Cfg::kBM, p.max_tiles);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return moe_launch::LaunchMoeKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
+                                     p.programmatic, p);
 }
 
 }  // namespace mlaserve::moe_gemm

@@ -32,6 +32,10 @@ int ChooseMoeTileTokens(int tokens, int top_k, int num_experts);
 
 struct Nvfp4MoeGemmParams {
   int tile_tokens;  // kMoeTileTokens*, the same value InvokeMoeDispatch used
+  // Launch programmatically dependent on the previous kernel of the stream (sm_90+; see
+  // moe_programmatic_launch.cuh). Only InvokeNvfp4Moe sets it: the down GEMM then reads the
+  // dispatch offsets before waiting, which is safe only right after gate_up.
+  bool programmatic;
   int num_local_experts;
   int n;          // weight rows: 2 * intermediate (gate_up) or hidden (down); multiple of 128
   int k;          // hidden (gate_up) or intermediate (down); multiple of 128

@@ -559,8 +559,12 @@ void RunLayer(const LayerCase& c, const Experts& x, const DeviceExperts& dx, int
   p.out = d_out.p;
   p.workspace = ws.p;
   p.workspace_bytes = ws_bytes;
-  CUDA_OK(InvokeNvfp4Moe(p, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
+  // An explicit stream: InvokeNvfp4Moe launches programmatically there (sm_90+), not on nullptr.
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  CUDA_OK(InvokeNvfp4Moe(p, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaStreamDestroy(stream));
   cublasDestroy(cublas);
 
   // CPU: router on the GPU's logits must give the same ids and weights.
@@ -645,6 +649,7 @@ TEST(MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
   for (float& v : w) v = ud(rng);
   const std::vector<uint16_t> xb = RandomBf16(static_cast<size_t>(tokens) * hidden, rng, 1.0f);
   // Runs a batch given as a list of token indices of the base batch.
+  // Explicit stream, as in serving: programmatic launches (sm_90+) for small decode batches.
   auto run = [&](const std::vector<int>& order, int tile) {
     const int n = static_cast<int>(order.size());
     std::vector<uint16_t> bx(static_cast<size_t>(n) * hidden);
@@ -672,8 +677,12 @@ TEST(MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
     p.out = d_out.p;
     p.workspace = ws.p;
     p.workspace_bytes = ws_bytes;
-    EXPECT_EQ(InvokeNvfp4Moe(p, nullptr), cudaSuccess);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaStream_t stream;
+    EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    d_out.Poison();
+    EXPECT_EQ(InvokeNvfp4Moe(p, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
     return d_out.Get();
   };
   std::vector<int> base(tokens);
@@ -690,6 +699,15 @@ TEST(MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
   }
   const std::vector<float> one = run({17}, kMoeTileTokensMedium);
   EXPECT_EQ(std::memcmp(one.data(), ref.data() + 17 * hidden, hidden * 4), 0);
+  // A small decode batch (programmatic launches, kMoeProgrammaticMaxRows) against the large one.
+  const std::vector<int> few = {shuffled[0], shuffled[1], shuffled[2]};
+  const std::vector<float> few_out = run(few, kMoeTileTokensSmall);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::memcmp(few_out.data() + static_cast<size_t>(i) * hidden,
+                          ref.data() + static_cast<size_t>(few[i]) * hidden, hidden * 4),
+              0)
+        << "token " << few[i];
+  }
 }
 
 }  // namespace

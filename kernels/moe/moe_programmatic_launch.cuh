@@ -1,0 +1,67 @@
+// Programmatic dependent launch (PDL, sm_90+) for the kernels of one MoE layer, which run back to
+// back on one stream (dispatch -> gate_up -> down -> combine). A kernel launched with
+// LaunchMoeKernel(..., programmatic = true) may start while its predecessor is still running:
+// its blocks become resident, set up, and wait in WaitForPrerequisiteGrid until the predecessor
+// has finished and its writes are visible. That hides the launch and ramp-up gap between the
+// kernels, which at 1-8 decode tokens is a large part of a ~50-100 us layer.
+//
+// Rules every kernel here follows: read nothing a predecessor writes before
+// WaitForPrerequisiteGrid (the one exception, documented in nvfp4_moe_gemm.cuh, is the down
+// GEMM's read of the dispatch offsets, which completed before gate_up let down start); call
+// AllowDependentLaunch only after WaitForPrerequisiteGrid, so that a dependent that starts early
+// can rely on every grid before its predecessor having finished. On devices before sm_90 both
+// are no-ops and the launcher never sets the attribute.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace mlaserve::moe_launch {
+
+__device__ __forceinline__ void WaitForPrerequisiteGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// True when the current device supports programmatic dependent launch (compute capability 9+).
+inline bool DeviceSupportsProgrammaticLaunch() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    return false;
+  }
+  return major >= 9;
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), programmatically dependent on the
+// previous kernel of `stream` when `programmatic` (and the device has PDL; the legacy default
+// stream, nullptr, always gets a plain launch).
+template <class... KernelArgs, class... Args>
+cudaError_t LaunchMoeKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, bool programmatic, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (programmatic && stream != nullptr && DeviceSupportsProgrammaticLaunch()) {
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) return err;
+  return cudaGetLastError();
+}
+
+}  // namespace mlaserve::moe_launch
