@@ -23,6 +23,7 @@ using LaunchFn = cudaError_t (*)(const mla::MlaDecodeKernelParams&, int, cudaStr
 struct VariantEntry {
   const char* name;
   int rows_per_cta;
+  bool sliced;  // mla_decode_sliced.cuh
   BlocksPerSmFn blocks_per_sm[3];  // Indexed by KvCacheFormat.
   LaunchFn launch[3];
 };
@@ -30,7 +31,7 @@ struct VariantEntry {
 // First kernel (mla_decode_kernel.cuh): (row groups, warps per row group, tile tokens).
 #define MLASERVE_MLA_VARIANT(NAME, RG, W, T)                                             \
   VariantEntry {                                                                     \
-    NAME, 16 * RG,                         \
+    NAME, 16 * RG, false,                         \
         {&mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kBf16, RG, W, T>,            \
          &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8, RG, W, T>,             \
          &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8Tiled, RG, W, T>},       \
@@ -44,7 +45,7 @@ struct VariantEntry {
 // format (bf16, fp8, fp8_tiled).
 #define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                                     \
   VariantEntry {                                                                     \
-    NAME, 16,                                                                        \
+    NAME, 16, true,                                                                  \
         {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB>,              \
          &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8>,               \
          &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST>},         \
@@ -191,9 +192,13 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   k.o_part = reinterpret_cast<float*>(ws + layout.o_part);
   k.lse_part = reinterpret_cast<float*>(ws + layout.lse_part);
   const int row_tiles = (rows + plan->rows_per_cta - 1) / plan->rows_per_cta;
-  if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
-      !s.ok()) {
-    return s;
+  // The sliced kernel computes small batches' schedule itself (one launch fewer).
+  k.inline_schedule = kVariants[plan->variant].sliced && p.batch <= mla::kInlineScheduleMaxBatch;
+  if (!k.inline_schedule) {
+    if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
+        !s.ok()) {
+      return s;
+    }
   }
   if (auto s = CudaStatus(kVariants[plan->variant].launch[static_cast<int>(p.format)](
                               k, plan->num_workers * row_tiles, stream),

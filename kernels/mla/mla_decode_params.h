@@ -14,6 +14,11 @@ constexpr int kCostTokens = 16;        // Schedule granularity: work shares are 
 constexpr int kSeqFixedCost = 3;       // Schedule cost of a sequence piece, in 16-token units
                                        // (q load, output write, pipeline fill).
 constexpr int kMinTilesPerWorker = 4;  // Smallest share: below it partials cost more than KV.
+// Schedule cost of one sequence (kCostTokens units plus the fixed cost).
+constexpr int MlaSequenceCost(int len) { return (len + kCostTokens - 1) / kCostTokens + kSeqFixedCost; }
+// Batches up to this size have their schedule computed inside the sliced kernel (no separate
+// schedule launch); the prefix lives in shared memory.
+constexpr int kInlineScheduleMaxBatch = 512;
 
 struct MlaDecodeKernelParams {
   const uint16_t* __restrict__ q;           // bf16 [batch, s_q, heads, 576]
@@ -23,6 +28,7 @@ struct MlaDecodeKernelParams {
   int max_blocks_per_seq;
   int batch, s_q, heads, rows;  // rows = s_q * heads
   int num_workers;
+  int inline_schedule;         // 1: the (sliced) split kernel computes the schedule itself.
   float score_scale_log2;      // softmax_scale * log2(e) (* kv_scale for kFp8)
   float out_scale;             // kv_scale for kFp8, else 1
   uint16_t* __restrict__ out;  // bf16 [batch, s_q, heads, 512]

@@ -77,7 +77,9 @@ struct Config {
   static constexpr int kPartBytes = kWarps * 16 * kTileP * 4;
   static constexpr int kPBytes = 16 * kTileP * 4;
   static constexpr int kStatBytes = 2 * kWarps * 16 * 4;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kPartBytes + kPBytes + kStatBytes;
+  static constexpr int kSchedBytes = 4 * (kInlineScheduleMaxBatch + 2);
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kPartBytes + kPBytes + kStatBytes + kSchedBytes;
   static constexpr int kSTiles = kTile / 8;       // n8 tiles of S per warp.
   static constexpr int kPSteps = kTile / 16;      // k16 steps of P.V.
   static constexpr int kSlice = kTile / kWarps;   // Tokens each warp sums and exponentiates.
@@ -184,8 +186,55 @@ __global__ void __launch_bounds__(sliced::kThreads,
   const int row_tiles = (p.rows + 15) / 16;
   const int worker = blockIdx.x / row_tiles, mt = blockIdx.x % row_tiles;
 
-  // Schedule (MlaDecodeScheduleKernel): cost prefix over sequences and the per-worker share.
-  const int32_t* __restrict__ prefix = p.schedule;
+  // Schedule: cost prefix over sequences and the per-worker share (MlaDecodeScheduleKernel's
+  // arithmetic). Small batches compute it here, in every block (and block 0 stores it for the
+  // combine kernel); larger ones read what the schedule kernel wrote.
+  const int32_t* prefix = p.schedule;
+  if (p.inline_schedule) {
+    int32_t* sched = reinterpret_cast<int32_t*>(smem + Cfg::kSmemBytes - Cfg::kSchedBytes);
+    constexpr int kPer = (kInlineScheduleMaxBatch + kThreads - 1) / kThreads;  // 4
+    const int tid = threadIdx.x;
+    int cost[kPer], local = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int bb = tid * kPer + i;
+      cost[i] = bb < p.batch ? MlaSequenceCost(p.seq_lens[bb]) : 0;
+      local += cost[i];
+    }
+    int incl = local;  // inclusive scan over the warp, then over the 4 warp totals
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += v;
+    }
+    int* warp_tot = sched;  // scratch for the 4 warp totals, overwritten after the next barrier
+    if (lane == 31) warp_tot[w] = incl;
+    __syncthreads();
+    int base = 0, total = 0;
+#pragma unroll
+    for (int ww = 0; ww < kWarps; ++ww) {
+      const int t = warp_tot[ww];
+      base += ww < w ? t : 0;
+      total += t;
+    }
+    __syncthreads();  // warp_tot read before sched is written
+    int run = base + incl - local;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int bb = tid * kPer + i;
+      if (bb < p.batch) sched[bb] = run;
+      run += cost[i];
+    }
+    if (tid == 0) {
+      sched[p.batch] = total;
+      sched[p.batch + 1] = max((total + p.num_workers - 1) / p.num_workers, kMinTilesPerWorker);
+    }
+    __syncthreads();
+    if (blockIdx.x == 0) {
+      for (int i = tid; i < p.batch + 2; i += kThreads) p.schedule[i] = sched[i];
+    }
+    prefix = sched;
+  }
   const int total = prefix[p.batch], share = prefix[p.batch + 1];
   const int cost_begin = worker * share;
   const int cost_end = min(cost_begin + share, total);
@@ -233,6 +282,55 @@ __global__ void __launch_bounds__(sliced::kThreads,
     const bool whole = seq_cost_begin >= cost_begin && seq_cost_end <= cost_end;
     const int32_t* __restrict__ blocks =
         p.block_table + static_cast<size_t>(b) * p.max_blocks_per_seq;
+
+    // Copies this warp's slice of tile t's rows (all in one 64-token block). Latent: kLatentChunks
+    // consecutive lanes per row (one contiguous 128- or 256-B run), 32 / kLatentChunks rows per
+    // instruction; RoPE: kRopeChunks lanes per row. Every address is a per-lane base plus a
+    // compile-time offset; the per-token bounds check only matters on a sequence's last tile.
+    constexpr int kLc = Cfg::kLatentChunks, kRc = Cfg::kRopeChunks;
+    const int lat_lane_row = lane / kLc, lat_lane_off = latent_off + 16 * (lane % kLc);
+    const int rope_lane_row = lane / kRc, rope_lane_off = rope_off + 16 * (lane % kRc);
+    auto issue = [&](int t, int stage, int32_t block) {
+      const uint32_t dst = smem_base + stage * Cfg::kStageBytes;
+      const uint8_t* src_tile =
+          p.kv_pool + (static_cast<size_t>(block) * kKvBlockTokens + (t * kTile) % kKvBlockTokens) *
+                          Cfg::kRowBytes;
+      const bool full = t * kTile + kTile <= len;  // warp-uniform
+      const uint8_t* lat_src = src_tile + (lat_lane_row * Cfg::kRowBytes + lat_lane_off);
+      const uint32_t lat_dst = dst + lat_lane_row * kRow + lat_lane_off;
+#pragma unroll
+      for (int k = 0; k < kTile * kLc / 32; ++k) {
+        const int r = (32 / kLc) * k;  // + lat_lane_row
+        const bool valid = full || t * kTile + r + lat_lane_row < len;
+        CpAsync16(lat_dst + r * kRow, valid ? lat_src + r * Cfg::kRowBytes : p.kv_pool, valid);
+      }
+      const uint8_t* rope_src = src_tile + (rope_lane_row * Cfg::kRowBytes + rope_lane_off);
+      const uint32_t rope_dst = dst + rope_lane_row * kRow + rope_lane_off;
+#pragma unroll
+      for (int k = 0; k < kTile * kRc / 32; ++k) {
+        const int r = (32 / kRc) * k;
+        const bool valid = full || t * kTile + r + rope_lane_row < len;
+        CpAsync16(rope_dst + r * kRow, valid ? rope_src + r * Cfg::kRowBytes : p.kv_pool, valid);
+      }
+      if constexpr (kTiled) {
+#pragma unroll
+        for (int k = 0; k < kTile / 32; ++k) {
+          const int r = lane + 32 * k;
+          const bool valid = full || t * kTile + r < len;
+          const int off = kFp8TiledScaleOffset + 4 * w;
+          CpAsync4(dst + r * kRow + off, valid ? src_tile + r * Cfg::kRowBytes + off : p.kv_pool,
+                   valid);
+        }
+      }
+    };
+    constexpr int kTilesPerBlock = kKvBlockTokens / kTile;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (t_begin + s < t_end) issue(t_begin + s, s, blocks[(t_begin + s) / kTilesPerBlock]);
+      CpAsyncCommit();
+    }
+    int32_t next_block =
+        t_begin + kStages - 1 < t_end ? blocks[(t_begin + kStages - 1) / kTilesPerBlock] : 0;
 
     // q fragments of this warp's 8 latent k-steps and 1 RoPE k-step. bf16 format: natural order,
     // bf16. fp8 formats: latent (and fp8's RoPE) permuted and in f16 times 2^qexp; fp8_tiled's
@@ -318,45 +416,6 @@ __global__ void __launch_bounds__(sliced::kThreads,
     for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
     float sigma = 0.0f;  // fp8_tiled: largest tile scale of this warp's tile so far (O's unit).
-
-    // Copies this warp's slice of tile t's rows (all in one 64-token block).
-    auto issue = [&](int t, int stage, int32_t block) {
-      const uint32_t dst = smem_base + stage * Cfg::kStageBytes;
-      const uint8_t* src_block =
-          p.kv_pool + static_cast<size_t>(block) * kKvBlockTokens * Cfg::kRowBytes;
-#pragma unroll
-      for (int k = 0; k < kTile * Cfg::kChunks / 32; ++k) {
-        const int i = lane + 32 * k;
-        const int r = i / Cfg::kChunks, ch = i - r * Cfg::kChunks;
-        const int off = ch < Cfg::kLatentChunks ? latent_off + 16 * ch
-                                                : rope_off + 16 * (ch - Cfg::kLatentChunks);
-        const int tok = t * kTile + r;
-        const bool valid = tok < len;
-        const uint8_t* src = valid ? src_block + (tok % kKvBlockTokens) * Cfg::kRowBytes + off
-                                   : p.kv_pool;
-        CpAsync16(dst + r * kRow + off, src, valid);
-      }
-      if constexpr (kTiled) {
-#pragma unroll
-        for (int k = 0; k < kTile / 32; ++k) {
-          const int r = lane + 32 * k;
-          const int tok = t * kTile + r;
-          const bool valid = tok < len;
-          const int off = kFp8TiledScaleOffset + 4 * w;
-          const uint8_t* src = valid ? src_block + (tok % kKvBlockTokens) * Cfg::kRowBytes + off
-                                     : p.kv_pool;
-          CpAsync4(dst + r * kRow + off, src, valid);
-        }
-      }
-    };
-    constexpr int kTilesPerBlock = kKvBlockTokens / kTile;
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (t_begin + s < t_end) issue(t_begin + s, s, blocks[(t_begin + s) / kTilesPerBlock]);
-      CpAsyncCommit();
-    }
-    int32_t next_block =
-        t_begin + kStages - 1 < t_end ? blocks[(t_begin + kStages - 1) / kTilesPerBlock] : 0;
 
     for (int t = t_begin; t < t_end; ++t) {
       const int it = t - t_begin;
