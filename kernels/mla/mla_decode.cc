@@ -69,13 +69,11 @@ const VariantEntry kVariants[] = {
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 // Measured on the H200 (bench/RESULTS.md, 2026-11-29 session 2): the sliced kernel wins every
-// case with heads * s_q <= 16 (one block reads each KV byte once) and the fp8 formats at 64
-// heads; bf16 at 64 heads keeps 32 rows per block of the first kernel (0.25 vs 0.21 of copy
-// bandwidth: half the blocks re-reading the same KV through L2).
-int DefaultVariant(int rows, KvCacheFormat format) {
-  if (rows <= 16 || format != KvCacheFormat::kBf16) return 2;
-  return 1;
-}
+// (format, heads) class, also at 64 and 128 heads where 16-row blocks re-read the KV through L2
+// (bf16 64 heads 0.26 vs 0.24, fp8 0.18 vs 0.11 of copy bandwidth at batch 64 x 32k). The deep
+// ring (fp8: 4 stages, 2 blocks/SM) wins at batch 1 (0.167 vs 0.144 at 32k), the shallow one
+// (3 stages, 3 blocks/SM) from batch 64 (0.65 vs 0.60).
+int DefaultVariant(int batch, int /*rows*/, KvCacheFormat /*format*/) { return batch < 8 ? 3 : 2; }
 
 size_t AlignUp(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -116,7 +114,7 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
     return absl::InvalidArgumentError(absl::StrCat("MLA decode: heads ", heads, " outside 1..128"));
   }
   const int rows = s_q * heads;
-  if (variant < 0) variant = DefaultVariant(rows, format);
+  if (variant < 0) variant = DefaultVariant(batch, rows, format);
   if (variant >= kNumVariants) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MLA decode: variant ", variant, " >= ", kNumVariants, " (MlaDecodeVariantCount)"));

@@ -562,7 +562,13 @@ __global__ void __launch_bounds__(sliced::kThreads,
           mt_lo = fmaxf(mt_lo, ms_lo[ww]);
           mt_hi = fmaxf(mt_hi, ms_hi[ww]);
         }
-        const float new_lo = fmaxf(m_lo, mt_lo), new_hi = fmaxf(m_hi, mt_hi);
+        // Lazy max (as FlashAttention-4): the reference max moves only when a tile's max exceeds
+        // it by more than 2^8, so P (up to 2^8, f16/bf16-safe) and the fp32 sums stay in range
+        // while O is rescaled only a few times per sequence. The softmax is invariant to the
+        // reference, so this changes nothing but rounding.
+        constexpr float kLazyLog2 = 8.0f;
+        const float new_lo = mt_lo > m_lo + kLazyLog2 ? mt_lo : m_lo;
+        const float new_hi = mt_hi > m_hi + kLazyLog2 ? mt_hi : m_hi;
         // A row with nothing visible yet keeps max -inf; subtract 0 then so exp2 gives 0, not NaN.
         const float base_lo = new_lo == -INFINITY ? 0.0f : new_lo;
         const float base_hi = new_hi == -INFINITY ? 0.0f : new_hi;
