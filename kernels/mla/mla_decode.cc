@@ -23,29 +23,15 @@ using LaunchFn = cudaError_t (*)(const mla::MlaDecodeKernelParams&, int, cudaStr
 struct VariantEntry {
   const char* name;
   int rows_per_cta;
-  bool sliced;  // mla_decode_sliced.cuh
   BlocksPerSmFn blocks_per_sm[3];  // Indexed by KvCacheFormat.
   LaunchFn launch[3];
 };
 
-// First kernel (mla_decode_kernel.cuh): (row groups, warps per row group, tile tokens).
-#define MLASERVE_MLA_VARIANT(NAME, RG, W, T)                                             \
-  VariantEntry {                                                                     \
-    NAME, 16 * RG, false,                         \
-        {&mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kBf16, RG, W, T>,            \
-         &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8, RG, W, T>,             \
-         &mla::MlaDecodeSplitBlocksPerSm<KvCacheFormat::kFp8Tiled, RG, W, T>},       \
-    {                                                                                \
-      &mla::LaunchMlaDecodeSplit<KvCacheFormat::kBf16, RG, W, T>,                    \
-          &mla::LaunchMlaDecodeSplit<KvCacheFormat::kFp8, RG, W, T>,                 \
-          &mla::LaunchMlaDecodeSplit<KvCacheFormat::kFp8Tiled, RG, W, T>             \
-    }                                                                                \
-  }
 // Warp-sliced kernel (mla_decode_sliced.cuh), 16 rows per block: tile tokens and stages per
 // format (bf16, fp8, fp8_tiled).
 #define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                                     \
   VariantEntry {                                                                     \
-    NAME, 16, true,                                                                  \
+    NAME, 16,                                                                        \
         {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB>,              \
          &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8>,               \
          &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST>},         \
@@ -56,24 +42,19 @@ struct VariantEntry {
     }                                                                                \
   }
 
-// The instantiated kernels (instantiations/*.cu). First kernel: on the H200 (bench/RESULTS.md,
-// 2026-11-29) (1, 4, 16) and (2, 4, 16) won every (format, heads) class of a sweep over six
-// shapes; the others are not instantiated, to keep CI builds short. Sliced kernel: stage depths
-// that give 2-4 blocks per SM on the H200 (228 KB of shared memory per SM).
+// The instantiated kernels (instantiations/*.cu): the same kernel with two cp.async ring depths.
+// (The first kernel of this directory, 16-token tiles with a shared-memory fp8 dequantize pass,
+// lost to these in every case measured and was removed; bench/RESULTS.md keeps its figures.)
 const VariantEntry kVariants[] = {
-    MLASERVE_MLA_VARIANT("rows16_warps4_tile16", 1, 4, 16),
-    MLASERVE_MLA_VARIANT("rows32_warps4_tile16", 2, 4, 16),
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3),
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-// Measured on the H200 (bench/RESULTS.md, 2026-11-29 session 2): the sliced kernel wins every
-// (format, heads) class, also at 64 and 128 heads where 16-row blocks re-read the KV through L2
-// (bf16 64 heads 0.26 vs 0.24, fp8 0.18 vs 0.11 of copy bandwidth at batch 64 x 32k). The deep
-// ring (fp8: 4 stages, 2 blocks/SM) wins at batch 1 (0.167 vs 0.144 at 32k), the shallow one
+// Measured on the H200 (bench/RESULTS.md, 2026-11-29 session 2): the deep ring (fp8: 4 stages,
+// 2 blocks/SM) wins at batch 1 (0.167 vs 0.144 of copy bandwidth at 32k), the shallow one
 // (3 stages, 3 blocks/SM) from batch 64 (0.65 vs 0.60).
-int DefaultVariant(int batch, int /*rows*/, KvCacheFormat /*format*/) { return batch < 8 ? 3 : 2; }
+int DefaultVariant(int batch, int /*rows*/, KvCacheFormat /*format*/) { return batch < 8 ? 1 : 0; }
 
 size_t AlignUp(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -190,8 +171,8 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   k.o_part = reinterpret_cast<float*>(ws + layout.o_part);
   k.lse_part = reinterpret_cast<float*>(ws + layout.lse_part);
   const int row_tiles = (rows + plan->rows_per_cta - 1) / plan->rows_per_cta;
-  // The sliced kernel computes small batches' schedule itself (one launch fewer).
-  k.inline_schedule = kVariants[plan->variant].sliced && p.batch <= mla::kInlineScheduleMaxBatch;
+  // The split kernel computes small batches' schedule itself (one launch fewer).
+  k.inline_schedule = p.batch <= mla::kInlineScheduleMaxBatch;
   if (!k.inline_schedule) {
     if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
         !s.ok()) {

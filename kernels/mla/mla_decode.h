@@ -1,17 +1,20 @@
 // Absorbed-MLA decode on the GPU over a paged latent KV cache in any KvCacheFormat.
 //
-// One portable implementation for SM90, SM100 and SM120: warp-level mma.sync (bf16 in, fp32
-// accumulate), cp.async loads, < 99 KB of shared memory per block; no wgmma/TMA. FP8 rows are
-// dequantized to bf16 in shared memory (exactly: e4m3 * a power of two, or e4m3 with the per-layer
-// scale applied to the fp32 scores and outputs), so the only rounding beyond the CPU reference
-// (mla_decode_ref.h) is P = softmax weights in bf16 for the P.V product.
+// One portable implementation for SM90, SM100 and SM120 (mla_decode_sliced.cuh): warp-level
+// mma.sync (fp32 accumulate), cp.async loads, < 99 KB of shared memory per block; no wgmma/TMA.
+// Each of a block's 4 warps owns a 128-dim slice of every cache row. FP8 bytes are converted in
+// registers straight into f16 mma fragments (exact: e4m3 fits f16; fp8's per-layer scale is
+// applied to the fp32 scores and outputs, fp8_tiled's tile scales to each token's partial score
+// and P entry), so the only rounding beyond the CPU reference (mla_decode_ref.h) is P = softmax
+// weights in bf16 (bf16 cache) or f16 (fp8 caches) for the P.V product.
 //
 // Work split: the KV tokens of the whole batch are cut into equal shares, one per persistent
-// worker (a worker = one block per 16 or 32 query rows), so a single 128k sequence among short
-// ones, or batch 1, still fills every SM. A sequence that spans several workers gets one partial
-// result per worker (fp32, normalized, with its log-sum-exp), merged by a combine kernel. The
-// per-call schedule is computed on the device from seq_lens, so the three kernels of a call can be
-// captured in a CUDA graph once and replayed with new lengths.
+// worker (a worker = one block per 16 query rows), so a single 128k sequence among short ones,
+// or batch 1, still fills every SM. A sequence that spans several workers gets one partial result
+// per worker (fp32, normalized, with its log-sum-exp), merged by a combine kernel. The per-call
+// schedule is computed on the device from seq_lens (inside the split kernel for batch <= 512,
+// else by a schedule kernel), so the kernels of a call can be captured in a CUDA graph once and
+// replayed with new lengths.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -40,14 +43,14 @@ struct MlaDecodeParams {
   float* lse = nullptr;        // [batch, s_q, heads], natural log (nullable).
   void* workspace = nullptr;   // MlaDecodePlan::workspace_bytes, 256-B aligned (cudaMalloc).
   size_t workspace_bytes = 0;
-  int variant = -1;  // Kernel variant; -1 chooses from format and heads * s_q (tests, benchmarks).
+  int variant = -1;  // Kernel variant; -1 chooses from the batch size (tests, benchmarks).
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.
 
 struct MlaDecodePlan {
   int variant;             // Index of the kernel variant (MlaDecodeVariantName).
-  int rows_per_cta;        // 16 or 32 query rows (of heads * s_q) per block.
+  int rows_per_cta;        // 16 query rows (of heads * s_q) per block.
   int num_workers;         // Persistent workers; the grid is num_workers * row tiles blocks.
   size_t workspace_bytes;  // Schedule + partial outputs: ~ (num_workers + batch) * rows * 2 KiB.
 };
@@ -56,12 +59,11 @@ struct MlaDecodePlan {
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
                                             int variant = -1);
 
-// Kernel variants (query rows per block, warps per 16 rows, KV tokens per pipeline stage), for
-// tests and benchmarks that cover each one.
+// Kernel variants (cp.async ring depths), for tests and benchmarks that cover each one.
 int MlaDecodeVariantCount();
 std::string MlaDecodeVariantName(int variant);
 
-// Runs schedule, split decode and combine on `stream` (three kernels, graph-capturable).
+// Runs [schedule,] split decode and combine on `stream` (2-3 kernels, graph-capturable).
 absl::Status InvokeMlaDecode(const MlaDecodeParams& params, cudaStream_t stream);
 
 // Quantizes and stores new cache rows with exactly KvCacheEncodeRow's rounding and scales.

@@ -46,12 +46,6 @@ cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cuda
 template <KvCacheFormat kFormat, int kTile, int kStages>
 int MlaDecodeSlicedBlocksPerSm();
 
-// Split decode kernel per (format, variant).
-template <KvCacheFormat kFormat, int kRowGroups, int kWarps, int kTile>
-cudaError_t LaunchMlaDecodeSplit(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kRowGroups, int kWarps, int kTile>
-int MlaDecodeSplitBlocksPerSm();  // Occupancy on the current device (after the smem opt-in).
-
 // Cache write: one warp per token (kv_cache_write.cu).
 cudaError_t LaunchKvCacheWrite(KvCacheFormat format, float fp8_scale, const uint16_t* latent,
                                int64_t latent_stride, const uint16_t* rope, int64_t rope_stride,

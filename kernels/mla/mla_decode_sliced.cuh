@@ -1,8 +1,8 @@
-// Warp-sliced split-KV MLA decode kernel (16 query rows per block), included by one small .cu per
-// instantiation. The default for heads * s_q <= 16 (DefaultVariant in mla_decode.cc).
+// Warp-sliced split-KV MLA decode kernel (16 query rows per block; more rows run as more blocks),
+// included by one small .cu per instantiation.
 //
-// Why a second kernel (kernels/mla/NOTES.md, ncu profile in bench/RESULTS.md): the first kernel
-// (mla_decode_kernel.cuh) was bound by shared memory and barriers: fp8 tiles took a dequantize
+// Why this shape (kernels/mla/NOTES.md, ncu profiles in bench/RESULTS.md): the first kernel of
+// this directory (removed) was bound by shared memory and barriers: fp8 tiles took a dequantize
 // pass through shared memory, every warp re-read all four partial score tiles, and three block
 // barriers fell on every 16 tokens. Here:
 //
