@@ -3,13 +3,15 @@
 //
 // Error bound of the decode output, per element:
 //   |o_gpu - o_ref| <= 2^-7 * max|v| + 2^-7 * |o_ref| + 1e-6
-// Why: q and the dequantized K/V are exact in bf16 (bf16 input; e4m3 times a power of two; fp8's
-// per-layer scale is applied in fp32), S is accumulated in fp32 (relative error ~1e-6 over 576
-// terms), so the only roundings that matter are (a) the softmax weights P rounded to bf16 for the
-// P.V product (relative 2^-9 each; normalized by the sum of the same rounded weights, the output
-// moves by at most ~2 * 2^-9 * max|v|) and (b) the final bf16 output (2^-9 * |o|). The bound
-// doubles both. LSE (natural log): |lse_gpu - lse_ref| <= 4e-3 + 1e-5 * |lse_ref| (the sum uses
-// the rounded weights: log(1 + 2^-9) ~ 2e-3).
+// Why: q and the dequantized K/V are exact in the MMA inputs (bf16 q; f16 q times a power of
+// two for the fp8 caches; e4m3 is exact in f16; fp8's per-layer scale is applied in fp32, the
+// fp8_tiled tile scales as powers of two), S is accumulated in fp32 (relative error ~1e-6 over
+// 576 terms), and split sequences' partial outputs are fp32, so the roundings that matter are
+// (a) the softmax weights P rounded to bf16 (bf16 cache) or f16 (fp8 caches) for the P.V
+// product (relative 2^-9 at most: the output moves by at most ~2^-9 * max|v|) and (b) the final
+// bf16 output (2^-9 * |o|). The bound is four times each.
+// LSE (natural log): |lse_gpu - lse_ref| <= 4e-3 + 1e-5 * |lse_ref| (the sums are fp32 over
+// unrounded weights, ~1e-6; the margin covers fp32 exp2 approximations).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
