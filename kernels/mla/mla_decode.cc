@@ -29,17 +29,17 @@ struct VariantEntry {
 
 // Warp-sliced kernel (mla_decode_sliced.cuh), 16 rows per block: tile tokens and stages per
 // format (bf16, fp8, fp8_tiled).
-#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                                     \
-  VariantEntry {                                                                     \
-    NAME, 16,                                                                        \
-        {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB>,              \
-         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8>,               \
-         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST>},         \
-    {                                                                                \
-      &mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB>,                      \
-          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8>,                   \
-          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST>               \
-    }                                                                                \
+#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                             \
+  VariantEntry {                                                             \
+    NAME, 16,                                                                \
+        {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB>,      \
+         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8>,       \
+         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST>}, \
+    {                                                                        \
+      &mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB>,              \
+          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8>,           \
+          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST>       \
+    }                                                                        \
   }
 
 // The instantiated kernels (instantiations/*.cu): the same kernel with two cp.async ring depths.

@@ -9,7 +9,6 @@ namespace {
 
 constexpr int kScheduleThreads = 1024;
 
-
 // One block: prefix[b] = sum of costs of sequences < b, prefix[batch] = total,
 // prefix[batch + 1] = share of one worker (tiles, >= kMinTilesPerWorker). Worker w takes the
 // cost range [w * share, (w + 1) * share); sequence b is split over the workers
@@ -89,8 +88,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
       if (s < n) {
         const float l = p.lse_part[(slot0 + s) * p.rows + row];
         w[u] = mx == -INFINITY ? 0.0f : exp2f(l - mx);  // Empty pieces (lse -inf) weigh 0.
-        v[u] = *reinterpret_cast<const float4*>(
-            p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim + col);
+        v[u] = *reinterpret_cast<const float4*>(p.o_part +
+                                                ((slot0 + s) * p.rows + row) * kMlaLatentDim + col);
       }
     }
 #pragma unroll

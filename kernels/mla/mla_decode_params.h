@@ -15,7 +15,9 @@ constexpr int kSeqFixedCost = 3;       // Schedule cost of a sequence piece, in 
                                        // (q load, output write, pipeline fill).
 constexpr int kMinTilesPerWorker = 4;  // Smallest share: below it partials cost more than KV.
 // Schedule cost of one sequence (kCostTokens units plus the fixed cost).
-constexpr int MlaSequenceCost(int len) { return (len + kCostTokens - 1) / kCostTokens + kSeqFixedCost; }
+constexpr int MlaSequenceCost(int len) {
+  return (len + kCostTokens - 1) / kCostTokens + kSeqFixedCost;
+}
 // Batches up to this size have their schedule computed inside the sliced kernel (no separate
 // schedule launch); the prefix lives in shared memory.
 constexpr int kInlineScheduleMaxBatch = 512;

@@ -69,7 +69,7 @@ struct Config {
   static constexpr int kLatentChunks = kBf16 ? 16 : 8;
   static constexpr int kRopeChunks = kFormat == KvCacheFormat::kFp8 ? 1 : 2;
   static constexpr int kChunks = kLatentChunks + kRopeChunks;
-  static constexpr int kRopeOffset = kBf16 ? 2 * kMlaLatentDim
+  static constexpr int kRopeOffset = kBf16    ? 2 * kMlaLatentDim
                                      : kTiled ? kFp8TiledRopeOffset
                                               : kMlaLatentDim;
   static constexpr int kStageBytes = kTile * kSmemRow;
@@ -80,9 +80,9 @@ struct Config {
   static constexpr int kSchedBytes = 4 * (kInlineScheduleMaxBatch + 2);
   static constexpr int kSmemBytes =
       kStages * kStageBytes + kPartBytes + kPBytes + kStatBytes + kSchedBytes;
-  static constexpr int kSTiles = kTile / 8;       // n8 tiles of S per warp.
-  static constexpr int kPSteps = kTile / 16;      // k16 steps of P.V.
-  static constexpr int kSlice = kTile / kWarps;   // Tokens each warp sums and exponentiates.
+  static constexpr int kSTiles = kTile / 8;      // n8 tiles of S per warp.
+  static constexpr int kPSteps = kTile / 16;     // k16 steps of P.V.
+  static constexpr int kSlice = kTile / kWarps;  // Tokens each warp sums and exponentiates.
   // Blocks per SM that the shared memory allows on an H200 (227 KB usable, 1 KB reserved per
   // block), at most 3: the register cap that follows (170 at 3) must not spill.
   static constexpr int kFitH200 = (227 * 1024) / (kSmemBytes + 1024);
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(sliced::kThreads,
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t part_base = smem_base + kStages * Cfg::kStageBytes;  // [4][16][kTileP] f32
   const uint32_t p_base = part_base + Cfg::kPartBytes;                // [16][kTileP] f32
-  const uint32_t stat_base = p_base + Cfg::kPBytes;  // m [4][16], then l [4][16]
+  const uint32_t stat_base = p_base + Cfg::kPBytes;                   // m [4][16], then l [4][16]
 
   // This warp's byte offsets inside a row.
   const int latent_off = w * (kBf16 ? 256 : 128);
@@ -366,10 +366,12 @@ __global__ void __launch_bounds__(sliced::kThreads,
           raw[ks][1] = ld2(row_hi, hi_ok, k0);
           raw[ks][2] = ld2(row_lo, lo_ok, k0 + 2);
           raw[ks][3] = ld2(row_hi, hi_ok, k0 + 2);
-          amax_lo = fmaxf(amax_lo, fmaxf(fmaxf(fabsf(Bf16Lo(raw[ks][0])), fabsf(Bf16Hi(raw[ks][0]))),
-                                         fmaxf(fabsf(Bf16Lo(raw[ks][2])), fabsf(Bf16Hi(raw[ks][2])))));
-          amax_hi = fmaxf(amax_hi, fmaxf(fmaxf(fabsf(Bf16Lo(raw[ks][1])), fabsf(Bf16Hi(raw[ks][1]))),
-                                         fmaxf(fabsf(Bf16Lo(raw[ks][3])), fabsf(Bf16Hi(raw[ks][3])))));
+          amax_lo =
+              fmaxf(amax_lo, fmaxf(fmaxf(fabsf(Bf16Lo(raw[ks][0])), fabsf(Bf16Hi(raw[ks][0]))),
+                                   fmaxf(fabsf(Bf16Lo(raw[ks][2])), fabsf(Bf16Hi(raw[ks][2])))));
+          amax_hi =
+              fmaxf(amax_hi, fmaxf(fmaxf(fabsf(Bf16Lo(raw[ks][1])), fabsf(Bf16Hi(raw[ks][1]))),
+                                   fmaxf(fabsf(Bf16Lo(raw[ks][3])), fabsf(Bf16Hi(raw[ks][3])))));
         }
         amax_lo = fmaxf(amax_lo, __shfl_xor_sync(0xffffffffu, amax_lo, 1));
         amax_lo = fmaxf(amax_lo, __shfl_xor_sync(0xffffffffu, amax_lo, 2));
@@ -621,7 +623,8 @@ __global__ void __launch_bounds__(sliced::kThreads,
       for (int kk = 0; kk < kPSteps; ++kk) {
         uint32_t pa[4];
         {
-          // Tokens 16kk + 2c (+1) lie in slice (16kk) / kSlice, 16kk + 8 + 2c in (16kk + 8) / kSlice.
+          // Tokens 16kk + 2c (+1) lie in slice (16kk) / kSlice, 16kk + 8 + 2c in (16kk + 8) /
+          // kSlice.
           const int t0 = 16 * kk + 2 * c, t1 = t0 + 8;
           const int kSl0 = kSlice == 8 ? 2 * kk : kk;  // slice indices (constant after unrolling)
           const int kSl1 = kSlice == 8 ? 2 * kk + 1 : kk;
@@ -785,9 +788,9 @@ cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cuda
   return cudaGetLastError();
 }
 
-#define MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(FORMAT, TILE, STAGES)                    \
-  template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES>(                    \
-      const MlaDecodeKernelParams&, int, cudaStream_t);                                \
+#define MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(FORMAT, TILE, STAGES)                             \
+  template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES>(const MlaDecodeKernelParams&, \
+                                                                   int, cudaStream_t);           \
   template int MlaDecodeSlicedBlocksPerSm<FORMAT, TILE, STAGES>();
 
 }  // namespace mlaserve::mla
