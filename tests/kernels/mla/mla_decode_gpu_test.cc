@@ -258,6 +258,11 @@ TEST(MlaDecodeGpuTest, SkewedAndLargeBatches) {
     for (int32_t& l : many) l = std::uniform_int_distribution<int>(2, 700)(rng);
     RunDecodeCase({f, 8, 2, many}, seed++);
     RunDecodeCase({f, 128, 1, {20000}}, seed++);  // Batch 1: split over every SM.
+    // Above kInlineScheduleMaxBatch (512) the schedule comes from its own kernel.
+    std::vector<int32_t> huge(600);
+    for (int32_t& l : huge) l = std::uniform_int_distribution<int>(1, 300)(rng);
+    huge[17] = 9000;  // one long sequence split over many blocks
+    RunDecodeCase({f, 8, 1, huge}, seed++);
   }
 }
 
