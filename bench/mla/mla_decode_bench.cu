@@ -123,7 +123,8 @@ struct Result {
   double us, bytes;
 };
 
-Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int variant) {
+Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int variant,
+                  int max_workers) {
   const size_t row_bytes = KvCacheBytesPerToken(format);
   const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
   const size_t num_blocks = size_t(batch) * blocks_per_seq;
@@ -154,7 +155,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   CHECK_CUDA(cudaMalloc(&d_out, out_elems * 2));
   CHECK_CUDA(cudaMalloc(&d_lse, size_t(batch) * heads * 4));
   FillBf16<<<1024, 256>>>(d_q, q_elems, 5);
-  auto plan = PlanMlaDecode(batch, 1, heads, format, variant);
+  auto plan = PlanMlaDecode(batch, 1, heads, format, variant, max_workers);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     std::exit(1);
@@ -179,6 +180,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   p.workspace = ws;
   p.workspace_bytes = plan->workspace_bytes;
   p.variant = plan->variant;
+  p.max_workers = max_workers;
   // Warm-up outside the graph (module load, smem opt-in, occupancy query).
   p.kv_pool = pools[0];
   absl::Status st = InvokeMlaDecode(p, stream);
@@ -238,7 +240,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
 
 int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 32, 64, 128}, contexts = {1024, 8192, 32768, 131072},
-                   heads_list = {8, 16, 64, 128}, variants = {-1};
+                   heads_list = {8, 16, 64, 128}, variants = {-1}, workers_list = {0};
   std::vector<KvCacheFormat> formats = {KvCacheFormat::kBf16, KvCacheFormat::kFp8,
                                         KvCacheFormat::kFp8Tiled};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -251,6 +253,8 @@ int Main(int argc, char** argv) {
       heads_list = ParseList(argv[i + 1]);
     else if (k == "--variant")
       variants = ParseList(argv[i + 1]);
+    else if (k == "--workers")  // caps on the persistent workers (0: none)
+      workers_list = ParseList(argv[i + 1]);
     else if (k == "--format") {
       formats.clear();
       std::stringstream ss(argv[i + 1]);
@@ -272,18 +276,25 @@ int Main(int argc, char** argv) {
       for (int variant : variants) {
         for (int batch : batches) {
           for (int context : contexts) {
-            const Result r = TimeConfig(f, heads, batch, context, variant);
-            const std::string vname = MlaDecodeVariantName(
-                variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
-            const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
-            std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
-                        std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
-                        variant < 0 ? "auto:" : "", vname.c_str(), r.us, r.bytes, gbps,
-                        gbps * 1e9 / copy_bw, copy_bw / 1e9);
-            std::fflush(stdout);
-            std::fprintf(stderr, "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
-                         std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(), batch,
-                         context, r.us, gbps, gbps * 1e9 / copy_bw);
+            for (int workers : workers_list) {
+              const Result r = TimeConfig(f, heads, batch, context, variant, workers);
+              std::string vname = MlaDecodeVariantName(
+                  variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
+              if (workers > 0) {
+                vname +=
+                    "/w" + std::to_string(
+                               PlanMlaDecode(batch, 1, heads, f, variant, workers)->num_workers);
+              }
+              const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
+              std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
+                          std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
+                          variant < 0 ? "auto:" : "", vname.c_str(), r.us, r.bytes, gbps,
+                          gbps * 1e9 / copy_bw, copy_bw / 1e9);
+              std::fflush(stdout);
+              std::fprintf(stderr, "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
+                           std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(), batch,
+                           context, r.us, gbps, gbps * 1e9 / copy_bw);
+            }
           }
         }
       }

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -82,7 +83,7 @@ std::string MlaDecodeVariantName(int variant) {
 }
 
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
-                                            int variant) {
+                                            int variant, int max_workers) {
   if (batch < 1)
     return absl::InvalidArgumentError(absl::StrCat("MLA decode: batch ", batch, " < 1"));
   if (format == KvCacheFormat::kF32) {
@@ -93,6 +94,10 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
   }
   if (heads < 1 || heads > 128) {
     return absl::InvalidArgumentError(absl::StrCat("MLA decode: heads ", heads, " outside 1..128"));
+  }
+  if (max_workers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MLA decode: max_workers ", max_workers, " < 0 (0 = no cap)"));
   }
   const int rows = s_q * heads;
   if (variant < 0) variant = DefaultVariant(batch, rows, format);
@@ -118,12 +123,14 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
   plan.variant = variant;
   plan.rows_per_cta = rows_per_cta;
   plan.num_workers = std::max(1, sms * per_sm / row_tiles);
+  if (max_workers > 0) plan.num_workers = std::min(plan.num_workers, max_workers);
   plan.workspace_bytes = Layout(batch, rows, plan.num_workers).total;
   return plan;
 }
 
 absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
-  absl::StatusOr<MlaDecodePlan> plan = PlanMlaDecode(p.batch, p.s_q, p.heads, p.format, p.variant);
+  absl::StatusOr<MlaDecodePlan> plan =
+      PlanMlaDecode(p.batch, p.s_q, p.heads, p.format, p.variant, p.max_workers);
   if (!plan.ok()) return plan.status();
   if (p.q == nullptr || p.kv_pool == nullptr || p.block_table == nullptr || p.seq_lens == nullptr ||
       p.out == nullptr || p.workspace == nullptr) {

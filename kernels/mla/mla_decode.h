@@ -44,6 +44,10 @@ struct MlaDecodeParams {
   void* workspace = nullptr;   // MlaDecodePlan::workspace_bytes, 256-B aligned (cudaMalloc).
   size_t workspace_bytes = 0;
   int variant = -1;  // Kernel variant; -1 chooses from the batch size (tests, benchmarks).
+  // Cap on the persistent workers per 16 query rows (0: every resident block slot of the GPU).
+  // A lower cap leaves SMs to kernels running beside the decode (communication overlap) and
+  // means fewer partial outputs; PlanMlaDecode must be given the same value.
+  int max_workers = 0;
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.
@@ -57,7 +61,7 @@ struct MlaDecodePlan {
 
 // The launch shape for the current device; depends on shapes, not on sequence lengths.
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
-                                            int variant = -1);
+                                            int variant = -1, int max_workers = 0);
 
 // Kernel variants (cp.async ring depths), for tests and benchmarks that cover each one.
 int MlaDecodeVariantCount();

@@ -74,13 +74,14 @@ struct DecodeCase {
   KvCacheFormat format;
   int heads, s_q;
   std::vector<int32_t> lens;
-  int variant = -1;  // -1: the launcher's choice.
+  int variant = -1;     // -1: the launcher's choice.
+  int max_workers = 0;  // 0: no cap.
 };
 
 std::string Name(const DecodeCase& c) {
   std::string s = std::string(KvCacheFormatName(c.format)) + " heads=" + std::to_string(c.heads) +
                   " s_q=" + std::to_string(c.s_q) + " variant=" + MlaDecodeVariantName(c.variant) +
-                  " lens=";
+                  " max_workers=" + std::to_string(c.max_workers) + " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -135,7 +136,7 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
                         softmax_scale, ref_out.data(), ref_lse.data()};
   MlaDecodeRef(rp);
 
-  auto plan = PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant);
+  auto plan = PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant, c.max_workers);
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<uint8_t> d_pool(pool.size()), d_ws(plan->workspace_bytes);
   DeviceBuffer<int32_t> d_table(table.size()), d_lens(c.lens.size());
@@ -169,6 +170,7 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   p.workspace = d_ws.ptr;
   p.workspace_bytes = d_ws.count;
   p.variant = c.variant;
+  p.max_workers = c.max_workers;
   const absl::Status st = InvokeMlaDecode(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_OK(cudaDeviceSynchronize());
@@ -263,7 +265,20 @@ TEST(MlaDecodeGpuTest, SkewedAndLargeBatches) {
     for (int32_t& l : huge) l = std::uniform_int_distribution<int>(1, 300)(rng);
     huge[17] = 9000;  // one long sequence split over many blocks
     RunDecodeCase({f, 8, 1, huge}, seed++);
+    // A worker cap (SMs left to other kernels): each of 3 workers takes many whole sequences
+    // and pieces of the long one.
+    RunDecodeCase({f, 16, 2, skewed, -1, 3}, seed++);
+    RunDecodeCase({f, 64, 1, {5000, 17, 700}, -1, 1}, seed++);
   }
+}
+
+TEST(MlaDecodeGpuTest, RejectsBadWorkerCap) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const auto plan = PlanMlaDecode(4, 1, 16, KvCacheFormat::kFp8, -1, -1);
+  EXPECT_FALSE(plan.ok());
+  const auto capped = PlanMlaDecode(4, 1, 16, KvCacheFormat::kFp8, -1, 5);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->num_workers, 5);
 }
 
 TEST(KvCacheWriteGpuTest, BytesMatchHostEncoder) {
