@@ -219,7 +219,11 @@ constexpr KvCacheFormat kFormats[] = {KvCacheFormat::kBf16, KvCacheFormat::kFp8,
 TEST(MlaDecodeGpuTest, Small) {  // Also the compute-sanitizer case.
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 1;
-  for (KvCacheFormat f : kFormats) RunDecodeCase({f, 16, 2, {2, 63, 65, 130}}, seed++);
+  for (KvCacheFormat f : kFormats) {
+    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {  // every loop shape under the sanitizer
+      RunDecodeCase({f, 16, 2, {2, 63, 65, 130}, v}, seed++);
+    }
+  }
   RunDecodeCase({KvCacheFormat::kFp8Tiled, 40, 1, {70, 3}}, seed++);
 }
 
