@@ -41,15 +41,21 @@ __global__ void __launch_bounds__(kScheduleThreads)
   }
 }
 
-constexpr int kCombineWarps = 8;
-constexpr int kCombineUnroll = 4;
 constexpr int kCombineChunks = 4;  // 128-column chunks of a row, one block each
+// Up to this many (sequence, row) pairs the combine runs 16 warps x 8 loads in flight per block
+// instead of 8 x 4: then the grid (batch * rows * 4 blocks) is below one block per SM and each
+// row has hundreds of partials (batch 1 x 32k x 16 heads: 64 blocks, 264 partials each), so the
+// time is rounds of load latency. Measured on the H200 (bench/RESULTS.md, session 3): batch 1,
+// 16 heads, 32k: bf16 27.5 -> 25.6 us, fp8 25.8 -> 23.8 us; at 128 rows (batch 8 x 16 heads,
+// batch 1 x 128 heads, 512 blocks) the wide form was 1-5% slower, hence the limit.
+constexpr int kWideCombineRows = 16;
 
 // One block per (sequence, query row, 128-column chunk); rows of unsplit sequences were written
 // by the split kernel and exit at once. The warps of a block stride over the sequence's partials
-// (4 loads in flight each, one float4 per lane), weight them by 2^(lse - max), and reduce through
-// shared memory. Splitting columns over 4 blocks keeps batch 1 (hundreds of partials per row)
-// from resting on batch * rows blocks.
+// (kUnroll loads in flight each, one float4 per lane), weight them by 2^(lse - max), and reduce
+// through shared memory. Splitting columns over 4 blocks keeps batch 1 (hundreds of partials per
+// row) from resting on batch * rows blocks.
+template <int kCombineWarps, int kCombineUnroll>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     MlaDecodeCombineKernel(const MlaDecodeKernelParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -138,7 +144,12 @@ cudaError_t LaunchMlaDecodeSchedule(const MlaDecodeKernelParams& p, cudaStream_t
 }
 
 cudaError_t LaunchMlaDecodeCombine(const MlaDecodeKernelParams& p, cudaStream_t stream) {
-  MlaDecodeCombineKernel<<<p.batch * p.rows * kCombineChunks, kCombineWarps * 32, 0, stream>>>(p);
+  const int blocks = p.batch * p.rows * kCombineChunks;
+  if (p.batch * p.rows <= kWideCombineRows) {
+    MlaDecodeCombineKernel<16, 8><<<blocks, 16 * 32, 0, stream>>>(p);
+  } else {
+    MlaDecodeCombineKernel<8, 4><<<blocks, 8 * 32, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

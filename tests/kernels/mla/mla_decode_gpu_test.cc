@@ -264,6 +264,7 @@ TEST(MlaDecodeGpuTest, SkewedAndLargeBatches) {
     for (int32_t& l : many) l = std::uniform_int_distribution<int>(2, 700)(rng);
     RunDecodeCase({f, 8, 2, many}, seed++);
     RunDecodeCase({f, 128, 1, {20000}}, seed++);  // Batch 1: split over every SM.
+    RunDecodeCase({f, 16, 1, {30000}}, seed++);   // ... with the wide combine (16 rows).
     // Above kInlineScheduleMaxBatch (512) the schedule comes from its own kernel.
     std::vector<int32_t> huge(600);
     for (int32_t& l : huge) l = std::uniform_int_distribution<int>(1, 300)(rng);
