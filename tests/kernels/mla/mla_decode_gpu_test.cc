@@ -225,6 +225,7 @@ TEST(MlaDecodeGpuTest, Small) {  // Also the compute-sanitizer case.
     }
   }
   RunDecodeCase({KvCacheFormat::kFp8Tiled, 40, 1, {70, 3}}, seed++);
+  RunDecodeCase({KvCacheFormat::kFp8, 16, 1, {3000}}, seed++);  // split, wide combine (16 rows)
 }
 
 TEST(MlaDecodeGpuTest, HeadsSqLengths) {
