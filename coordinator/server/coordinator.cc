@@ -10,6 +10,7 @@
 #include "capnp/serialize.h"
 #include "mlaserve.capnp.h"
 #include "nlohmann/json.hpp"
+#include "schema/message_scratch.h"
 #include "zmq.hpp"
 
 namespace mlaserve {
@@ -69,7 +70,10 @@ struct Coordinator::Req {
   bool params_sent = false;
 };
 
-Coordinator::Coordinator(CoordinatorOptions options) : options_(std::move(options)) {
+Coordinator::Coordinator(CoordinatorOptions options)
+    : reply_scratch_(std::make_unique<MessageScratch>(kReplyWords)),
+      plan_scratch_(std::make_unique<MessageScratch>(4096)),
+      options_(std::move(options)) {
   if (options_.model_name.empty()) {
     options_.model_name = std::filesystem::path(options_.model_dir).filename().string();
     if (options_.model_name.empty()) options_.model_name = "model";
@@ -99,13 +103,17 @@ absl::Status Coordinator::Start() {
   const auto deadline = Clock::now() + options_.worker_start_timeout;
   nlohmann::json info;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
-      return absl::DeadlineExceededError(absl::StrCat("no worker connected to ", options_.worker_endpoint, " within ",
-                                                      options_.worker_start_timeout.count() / 1000, " s"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no worker connected to ", options_.worker_endpoint, " within ",
+                       options_.worker_start_timeout.count() / 1000, " s"));
     }
     zmq::pollitem_t item{worker_->handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(500))) == 0) continue;
+    if (zmq::poll(&item, 1,
+                  std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(500))) == 0)
+      continue;
     zmq::message_t id, body;
     if (!worker_->recv(id) || !worker_->recv(body)) continue;
     if (id.to_string() != "worker") continue;
@@ -113,16 +121,20 @@ absl::Status Coordinator::Start() {
     if (words.size() == 0) continue;
     capnp::FlatArrayMessageReader reader(words);
     auto r = reader.getRoot<wire::StepResult>();
-    if (r.isError()) return absl::FailedPreconditionError(absl::StrCat("worker failed to start: ", r.getError().cStr()));
+    if (r.isError())
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker failed to start: ", r.getError().cStr()));
     if (!r.isReady()) continue;
     info = nlohmann::json::parse(r.getReady().cStr(), nullptr, false);
     break;
   }
-  if (info.is_discarded() || !info.contains("vocab_size")) return absl::InternalError("worker sent a malformed ready message");
+  if (info.is_discarded() || !info.contains("vocab_size"))
+    return absl::InternalError("worker sent a malformed ready message");
   ranks_ = info.value("ranks", 1);
   const int kv_blocks = info.value("kv_blocks", 0);
   std::vector<int32_t> eos = info.value("eos_token_ids", std::vector<int32_t>{});
-  int max_len = options_.max_model_len > 0 ? options_.max_model_len : info.value("max_position_embeddings", 4096);
+  int max_len = options_.max_model_len > 0 ? options_.max_model_len
+                                           : info.value("max_position_embeddings", 4096);
   max_len = std::min(max_len, kv_blocks * kKvBlockTokens);
   auto text = ModelText::Load(options_.model_dir, info["vocab_size"].get<int>(), max_len, eos);
   if (!text.ok()) return text.status();
@@ -139,7 +151,8 @@ absl::Status Coordinator::Start() {
   auto sched = Scheduler::Create(sc);
   if (!sched.ok()) return sched.status();
   scheduler_ = std::move(*sched);
-  metrics_ = std::make_unique<CoordinatorMetrics>(options_.model_name, options_.metrics_address, ranks_);
+  metrics_ =
+      std::make_unique<CoordinatorMetrics>(options_.model_name, options_.metrics_address, ranks_);
   metrics_->kv_blocks_total->Set(kv_blocks);
   metrics_->worker_up->Set(1);
   info["name"] = options_.model_name;
@@ -193,8 +206,8 @@ void Coordinator::SendError(const std::string& identity, uint64_t request_id, in
   auto e = r.initError();
   e.setCode(static_cast<wire::ErrorCode>(code));
   e.setMessage(message);
-  static const char* kNames[] = {"invalidRequest", "promptTooLong", "overloaded", "notFound",
-                                 "internal", "workerFailed", "shuttingDown"};
+  static const char* kNames[] = {"invalidRequest", "promptTooLong", "overloaded",  "notFound",
+                                 "internal",       "workerFailed",  "shuttingDown"};
   metrics_->Rejected(kNames[code]).Increment();
   SendReply(identity, Bytes(msg));
 }
@@ -202,8 +215,9 @@ void Coordinator::SendError(const std::string& identity, uint64_t request_id, in
 void Coordinator::HandleClientMessage(const std::string& identity, const std::string& bytes) {
   auto words = Words(bytes);
   if (words.size() == 0) {
-    SendError(identity, 0, static_cast<int>(wire::ErrorCode::INVALID_REQUEST),
-              "malformed message: not a Cap'n Proto ClientRequest (length is not a multiple of 8 bytes)");
+    SendError(
+        identity, 0, static_cast<int>(wire::ErrorCode::INVALID_REQUEST),
+        "malformed message: not a Cap'n Proto ClientRequest (length is not a multiple of 8 bytes)");
     return;
   }
   uint64_t request_id = 0;
@@ -220,8 +234,8 @@ void Coordinator::HandleClientMessage(const std::string& identity, const std::st
         h.setOk(!worker_failed_ && !draining_);
         h.setDetail(worker_failed_ ? absl::StrCat("worker job failed: ", worker_failure_)
                     : draining_    ? std::string("shutting down")
-                                   : absl::StrCat("running ", scheduler_->num_running(), ", waiting ",
-                                                  scheduler_->num_waiting(), ", ranks ", ranks_));
+                                : absl::StrCat("running ", scheduler_->num_running(), ", waiting ",
+                                               scheduler_->num_waiting(), ", ranks ", ranks_));
         SendReply(identity, Bytes(msg));
         return;
       }
@@ -260,7 +274,8 @@ void Coordinator::HandleClientMessage(const std::string& identity, const std::st
       return;
     }
     if (draining_) {
-      SendError(identity, request_id, static_cast<int>(wire::ErrorCode::SHUTTING_DOWN), "server is shutting down");
+      SendError(identity, request_id, static_cast<int>(wire::ErrorCode::SHUTTING_DOWN),
+                "server is shutting down");
       return;
     }
     if (by_client_.count({identity, request_id})) {
@@ -272,7 +287,8 @@ void Coordinator::HandleClientMessage(const std::string& identity, const std::st
     if (!prep.ok()) {
       const bool too_long = prep.status().code() == absl::StatusCode::kOutOfRange;
       SendError(identity, request_id,
-                static_cast<int>(too_long ? wire::ErrorCode::PROMPT_TOO_LONG : wire::ErrorCode::INVALID_REQUEST),
+                static_cast<int>(too_long ? wire::ErrorCode::PROMPT_TOO_LONG
+                                          : wire::ErrorCode::INVALID_REQUEST),
                 std::string(prep.status().message()));
       return;
     }
@@ -283,14 +299,17 @@ void Coordinator::HandleClientMessage(const std::string& identity, const std::st
     r->prep = std::move(*prep);
     r->arrival = Clock::now();
     if (!r->prep.has_seed) {
-      r->prep.seed = r->seq_id * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(r->arrival.time_since_epoch().count());
+      r->prep.seed = r->seq_id * 0x9e3779b97f4a7c15ull ^
+                     static_cast<uint64_t>(r->arrival.time_since_epoch().count());
     }
     if (text_.tokenizer) {
-      r->detok = std::make_unique<IncrementalDetokenizer>(*text_.tokenizer, r->prep.skip_special_tokens);
+      r->detok =
+          std::make_unique<IncrementalDetokenizer>(*text_.tokenizer, r->prep.skip_special_tokens);
     }
     auto matcher = StopStringMatcher::Create(r->prep.stop);
     if (!matcher.ok()) {
-      SendError(identity, request_id, static_cast<int>(wire::ErrorCode::INVALID_REQUEST), std::string(matcher.status().message()));
+      SendError(identity, request_id, static_cast<int>(wire::ErrorCode::INVALID_REQUEST),
+                std::string(matcher.status().message()));
       return;
     }
     r->stop = std::make_unique<StopStringMatcher>(std::move(*matcher));
@@ -306,7 +325,8 @@ void Coordinator::HandleClientMessage(const std::string& identity, const std::st
     if (auto s = scheduler_->Add(sreq); !s.ok()) {
       const bool overloaded = s.code() == absl::StatusCode::kResourceExhausted;
       SendError(identity, request_id,
-                static_cast<int>(overloaded ? wire::ErrorCode::OVERLOADED : wire::ErrorCode::INVALID_REQUEST),
+                static_cast<int>(overloaded ? wire::ErrorCode::OVERLOADED
+                                            : wire::ErrorCode::INVALID_REQUEST),
                 std::string(s.message()));
       return;
     }
@@ -329,8 +349,8 @@ void Coordinator::MaybeSendStep() {
   }
   if (plan->empty()) return;
   // First segment sized for the plan: ~40 words a sequence plus its tokens and blocks.
-  capnp::MallocMessageBuilder msg(static_cast<unsigned>(64 + plan->seqs.size() * 40 + plan->token_ids.size() / 2 +
-                                                        plan->block_ids.size() / 2));
+  capnp::MallocMessageBuilder msg(plan_scratch_->FirstSegment(
+      64 + plan->seqs.size() * 40 + plan->token_ids.size() / 2 + plan->block_ids.size() / 2));
   auto p = msg.initRoot<wire::StepPlan>();
   p.setStepId(plan->step_id);
   auto rel = p.initRelease(plan->released.size());
@@ -382,8 +402,7 @@ void Coordinator::MaybeSendStep() {
       for (size_t j = 0; j < eos.size(); ++j) eos.set(j, text_.eos_ids[j]);
     }
   }
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
-  auto plan_bytes = words.asBytes();
+  const auto plan_bytes = plan_scratch_->Flatten(msg);
   worker_->send(zmq::buffer(std::string("worker")), zmq::send_flags::sndmore);
   worker_->send(zmq::const_buffer(plan_bytes.begin(), plan_bytes.size()), zmq::send_flags::none);
   step_in_flight_ = true;
@@ -422,7 +441,8 @@ void Coordinator::HandleWorkerMessage(const std::string& identity, const std::st
   step_in_flight_ = false;
   metrics_->step_time->Observe(Seconds(t0 - step_sent_));
   const auto ranks = r.getRankSeconds();
-  for (size_t i = 0; i < ranks.size() && i < metrics_->rank_forward.size(); ++i) metrics_->rank_forward[i]->Observe(ranks[i]);
+  for (size_t i = 0; i < ranks.size() && i < metrics_->rank_forward.size(); ++i)
+    metrics_->rank_forward[i]->Observe(ranks[i]);
   metrics_->sample_time->Observe(r.getSampleSeconds());
   std::vector<SampledToken> sampled;
   std::map<uint64_t, std::vector<uint8_t>> logprobs;
@@ -482,7 +502,7 @@ void Coordinator::ProcessEvents(const std::vector<SeqEvent>& events,
         }
       }
       r.text += delta;
-      capnp::MallocMessageBuilder msg(kReplyWords);
+      capnp::MallocMessageBuilder msg(reply_scratch_->FirstSegment());
       auto reply = msg.initRoot<wire::ServerReply>();
       reply.setRequestId(r.request_id);
       auto chunk = reply.initChunk();
@@ -495,7 +515,8 @@ void Coordinator::ProcessEvents(const std::vector<SeqEvent>& events,
         capnp::FlatArrayMessageReader lr(words);
         chunk.initLogprobs(1).setWithCaveats(0, lr.getRoot<wire::TokenLogprob>());
       }
-      SendReply(r.identity, msg);
+      const auto bytes = reply_scratch_->Flatten(msg);
+      SendReplyBytes(r.identity, bytes.begin(), bytes.size());
       if (reqs_.find(ev.seq_id) == reqs_.end()) continue;  // the client went away
     }
     if (!reason.empty()) FinishRequest(r, reason, "");
@@ -532,7 +553,8 @@ void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::st
   u.setPromptTokens(r.prep.prompt.size());
   u.setCompletionTokens(r.output.size());
   u.setCachedTokens(r.cached_tokens);
-  u.setQueueSeconds(r.scheduled ? Seconds(r.first_scheduled - r.arrival) : Seconds(now - r.arrival));
+  u.setQueueSeconds(r.scheduled ? Seconds(r.first_scheduled - r.arrival)
+                                : Seconds(now - r.arrival));
   u.setTtftSeconds(r.has_first_token ? Seconds(r.first_token - r.arrival) : 0.0);
   u.setTotalSeconds(Seconds(now - r.arrival));
   metrics_->Finished(reason).Increment();
@@ -569,9 +591,11 @@ void Coordinator::UpdateGauges() {
   metrics_->running->Set(scheduler_->num_running());
   metrics_->waiting->Set(scheduler_->num_waiting());
   const auto& b = scheduler_->blocks();
-  metrics_->kv_usage->Set(b.num_blocks() > 0 ? static_cast<double>(b.num_used()) / b.num_blocks() : 0.0);
+  metrics_->kv_usage->Set(b.num_blocks() > 0 ? static_cast<double>(b.num_used()) / b.num_blocks()
+                                             : 0.0);
   // The block manager counts prefix lookups cumulatively; export the increments.
-  metrics_->prefix_queries->Increment(static_cast<double>(b.prefix_query_tokens() - seen_prefix_queries_));
+  metrics_->prefix_queries->Increment(
+      static_cast<double>(b.prefix_query_tokens() - seen_prefix_queries_));
   metrics_->prefix_hits->Increment(static_cast<double>(b.prefix_hit_tokens() - seen_prefix_hits_));
   seen_prefix_queries_ = b.prefix_query_tokens();
   seen_prefix_hits_ = b.prefix_hit_tokens();
@@ -579,7 +603,8 @@ void Coordinator::UpdateGauges() {
 
 int Coordinator::Run() {
   for (;;) {
-    zmq::pollitem_t items[] = {{clients_->handle(), 0, ZMQ_POLLIN, 0}, {worker_->handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::pollitem_t items[] = {{clients_->handle(), 0, ZMQ_POLLIN, 0},
+                               {worker_->handle(), 0, ZMQ_POLLIN, 0}};
     try {
       zmq::poll(items, 2, std::chrono::milliseconds(50));
     } catch (const zmq::error_t& e) {
@@ -612,11 +637,12 @@ int Coordinator::Run() {
     const auto now = Clock::now();
     if (!worker_failed_) {
       if (now - last_heartbeat_ > options_.heartbeat_timeout) {
-        FailAll(absl::StrCat("no heartbeat from worker rank 0 for ", options_.heartbeat_timeout.count(),
+        FailAll(absl::StrCat("no heartbeat from worker rank 0 for ",
+                             options_.heartbeat_timeout.count(),
                              " ms (a rank died or the job was killed)"));
       } else if (step_in_flight_ && now - step_sent_ > options_.step_timeout) {
-        FailAll(absl::StrCat("step ", in_flight_step_, " did not finish within ", options_.step_timeout.count(),
-                             " ms (a rank stopped answering)"));
+        FailAll(absl::StrCat("step ", in_flight_step_, " did not finish within ",
+                             options_.step_timeout.count(), " ms (a rank stopped answering)"));
       }
     }
     MaybeSendStep();
@@ -635,8 +661,8 @@ int Coordinator::Run() {
     if (shutdown_requested_.load() && !draining_) {
       draining_ = true;
       drain_deadline_ = now + options_.drain_timeout;
-      std::fprintf(stderr, "mlaserve-coordinator: draining %zu requests (up to %lld s)\n", reqs_.size(),
-                   static_cast<long long>(options_.drain_timeout.count() / 1000));
+      std::fprintf(stderr, "mlaserve-coordinator: draining %zu requests (up to %lld s)\n",
+                   reqs_.size(), static_cast<long long>(options_.drain_timeout.count() / 1000));
     }
     if (draining_ && (reqs_.empty() || now > drain_deadline_ || worker_failed_)) {
       std::vector<uint64_t> seqs;

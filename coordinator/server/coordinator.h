@@ -31,9 +31,11 @@ class socket_t;
 
 namespace mlaserve {
 
+class MessageScratch;
+
 struct CoordinatorOptions {
   std::string model_dir;
-  std::string model_name;                 // metrics label and model info; default: folder name
+  std::string model_name;  // metrics label and model info; default: folder name
   std::string client_endpoint = "tcp://127.0.0.1:5555";
   std::string worker_endpoint = "tcp://127.0.0.1:5556";
   std::string metrics_address = "127.0.0.1:9400";  // empty: no HTTP endpoint
@@ -41,7 +43,7 @@ struct CoordinatorOptions {
   int32_t max_tokens_per_step = 2048;
   int32_t max_waiting = 1024;
   int32_t max_prefill_chunk = 512;
-  int32_t max_model_len = 0;              // 0: the model's max_position_embeddings, capped by the cache
+  int32_t max_model_len = 0;  // 0: the model's max_position_embeddings, capped by the cache
   bool prefix_caching = true;
   std::chrono::milliseconds worker_start_timeout{300000};
   std::chrono::milliseconds heartbeat_timeout{3000};
@@ -75,7 +77,10 @@ class Coordinator {
   void SendReply(const std::string& identity, const std::string& bytes);
   void SendReply(const std::string& identity, capnp::MessageBuilder& msg);
   void SendReplyBytes(const std::string& identity, const uint8_t* data, size_t size);
-  void SendError(const std::string& identity, uint64_t request_id, int code, const std::string& message);
+  // Scratch for the per-token replies and the step plans (no heap traffic per message).
+  std::unique_ptr<MessageScratch> reply_scratch_, plan_scratch_;
+  void SendError(const std::string& identity, uint64_t request_id, int code,
+                 const std::string& message);
   void UpdateGauges();
 
   CoordinatorOptions options_;
@@ -88,7 +93,7 @@ class Coordinator {
   std::string model_info_json_;
   int ranks_ = 1;
 
-  std::map<uint64_t, std::unique_ptr<Req>> reqs_;               // by sequence id
+  std::map<uint64_t, std::unique_ptr<Req>> reqs_;                   // by sequence id
   std::map<std::pair<std::string, uint64_t>, uint64_t> by_client_;  // (identity, request id) -> seq
   uint64_t next_seq_id_ = 1;
   bool step_in_flight_ = false;
