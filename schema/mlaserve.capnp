@@ -55,6 +55,11 @@ struct GenerateRequest {
   tools @3 :Text;                       # JSON array of tool definitions, or empty
   addGenerationPrompt @4 :Bool = true;
   sampling @5 :SamplingParams;
+  batchedReplies @6 :Bool = false;      # the client reads frames holding several ServerReply
+                                        # messages back to back (each in flat-array framing):
+                                        # this request's replies may then share a frame with
+                                        # other such replies to the same client (one frame per
+                                        # client per step instead of one per token)
 }
 
 struct ClientRequest {

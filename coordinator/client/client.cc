@@ -27,23 +27,34 @@ absl::Status SendMessage(zmq::socket_t& sock, capnp::MessageBuilder& msg) {
 
 const char* FinishName(FinishReason r) {
   switch (r) {
-    case FinishReason::STOP: return "stop";
-    case FinishReason::LENGTH: return "length";
-    case FinishReason::ABORT: return "abort";
-    case FinishReason::ERROR: return "error";
+    case FinishReason::STOP:
+      return "stop";
+    case FinishReason::LENGTH:
+      return "length";
+    case FinishReason::ABORT:
+      return "abort";
+    case FinishReason::ERROR:
+      return "error";
   }
   return "?";
 }
 
 const char* ErrorName(ErrorCode c) {
   switch (c) {
-    case ErrorCode::INVALID_REQUEST: return "invalidRequest";
-    case ErrorCode::PROMPT_TOO_LONG: return "promptTooLong";
-    case ErrorCode::OVERLOADED: return "overloaded";
-    case ErrorCode::NOT_FOUND: return "notFound";
-    case ErrorCode::INTERNAL: return "internal";
-    case ErrorCode::WORKER_FAILED: return "workerFailed";
-    case ErrorCode::SHUTTING_DOWN: return "shuttingDown";
+    case ErrorCode::INVALID_REQUEST:
+      return "invalidRequest";
+    case ErrorCode::PROMPT_TOO_LONG:
+      return "promptTooLong";
+    case ErrorCode::OVERLOADED:
+      return "overloaded";
+    case ErrorCode::NOT_FOUND:
+      return "notFound";
+    case ErrorCode::INTERNAL:
+      return "internal";
+    case ErrorCode::WORKER_FAILED:
+      return "workerFailed";
+    case ErrorCode::SHUTTING_DOWN:
+      return "shuttingDown";
   }
   return "?";
 }
@@ -79,14 +90,18 @@ absl::StatusOr<uint64_t> Client::Submit(const GenerateInput& in) {
     auto ids = g.getInput().initTokenIds(in.token_ids->size());
     for (size_t i = 0; i < in.token_ids->size(); ++i) ids.set(i, (*in.token_ids)[i]);
   } else {
-    if (!in.chat->is_array()) return absl::InvalidArgumentError("chat must be a JSON array of messages");
+    if (!in.chat->is_array())
+      return absl::InvalidArgumentError("chat must be a JSON array of messages");
     auto msgs = g.getInput().initChat(in.chat->size());
     for (size_t i = 0; i < in.chat->size(); ++i) {
       const auto& m = (*in.chat)[i];
       msgs[i].setRole(m.value("role", ""));
-      if (m.contains("content") && m["content"].is_string()) msgs[i].setContent(m["content"].get<std::string>());
-      if (m.contains("name") && m["name"].is_string()) msgs[i].setName(m["name"].get<std::string>());
-      if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) msgs[i].setToolCallId(m["tool_call_id"].get<std::string>());
+      if (m.contains("content") && m["content"].is_string())
+        msgs[i].setContent(m["content"].get<std::string>());
+      if (m.contains("name") && m["name"].is_string())
+        msgs[i].setName(m["name"].get<std::string>());
+      if (m.contains("tool_call_id") && m["tool_call_id"].is_string())
+        msgs[i].setToolCallId(m["tool_call_id"].get<std::string>());
       if (m.contains("reasoning_content") && m["reasoning_content"].is_string()) {
         msgs[i].setReasoningContent(m["reasoning_content"].get<std::string>());
       }
@@ -105,6 +120,7 @@ absl::StatusOr<uint64_t> Client::Submit(const GenerateInput& in) {
   }
   g.setTools(in.tools_json);
   g.setAddGenerationPrompt(in.add_generation_prompt);
+  g.setBatchedReplies(true);  // Next() reads multi-message frames
   auto s = g.initSampling();
   const ClientSampling& cs = in.sampling;
   s.setTemperature(cs.temperature);
@@ -142,82 +158,99 @@ absl::Status Client::Abort(uint64_t request_id) {
 }
 
 absl::Status Client::SendRaw(const std::string& bytes) {
-  if (!sock_->send(zmq::buffer(bytes), zmq::send_flags::dontwait)) return absl::UnavailableError("send failed");
+  if (!sock_->send(zmq::buffer(bytes), zmq::send_flags::dontwait))
+    return absl::UnavailableError("send failed");
   return absl::OkStatus();
 }
 
 absl::StatusOr<Reply> Client::Next(std::chrono::milliseconds timeout) {
-  zmq::pollitem_t item{sock_->handle(), 0, ZMQ_POLLIN, 0};
-  if (zmq::poll(&item, 1, timeout) == 0) {
-    return absl::DeadlineExceededError(absl::StrCat("no reply from the coordinator within ", timeout.count(), " ms"));
-  }
-  zmq::message_t m;
-  if (!sock_->recv(m, zmq::recv_flags::none)) return absl::UnavailableError("receive failed");
-  if (m.size() % sizeof(capnp::word) != 0) return absl::DataLossError("reply is not a Cap'n Proto message");
-  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(m.size() / sizeof(capnp::word));
-  std::memcpy(words.begin(), m.data(), m.size());
-  Reply out;
-  try {
-    capnp::FlatArrayMessageReader reader(words);
-    ServerReply::Reader r = reader.getRoot<ServerReply>();
-    out.request_id = r.getRequestId();
-    switch (r.which()) {
-      case ServerReply::CHUNK: {
-        out.kind = Reply::Kind::kChunk;
-        auto c = r.getChunk();
-        for (int32_t t : c.getTokenIds()) out.token_ids.push_back(t);
-        out.text = c.getText();
-        for (auto lp : c.getLogprobs()) {
-          TokenLogprobInfo info{lp.getTokenId(), lp.getLogprob(), {}};
-          for (auto t : lp.getTop()) info.top.emplace_back(t.getTokenId(), t.getLogprob());
-          out.logprobs.push_back(std::move(info));
-        }
-        break;
-      }
-      case ServerReply::FINAL: {
-        out.kind = Reply::Kind::kFinal;
-        auto f = r.getFinal();
-        out.finish_reason = FinishName(f.getFinishReason());
-        out.text = f.getText();
-        out.message = f.getMessage();
-        for (int32_t t : f.getTokenIds()) out.token_ids.push_back(t);
-        auto u = f.getUsage();
-        out.prompt_tokens = u.getPromptTokens();
-        out.completion_tokens = u.getCompletionTokens();
-        out.cached_tokens = u.getCachedTokens();
-        out.queue_seconds = u.getQueueSeconds();
-        out.ttft_seconds = u.getTtftSeconds();
-        out.total_seconds = u.getTotalSeconds();
-        break;
-      }
-      case ServerReply::ERROR:
-        out.kind = Reply::Kind::kError;
-        out.error_code = ErrorName(r.getError().getCode());
-        out.message = r.getError().getMessage();
-        break;
-      case ServerReply::HEALTH:
-        out.kind = Reply::Kind::kHealth;
-        out.ok = r.getHealth().getOk();
-        out.text = r.getHealth().getDetail();
-        break;
-      case ServerReply::MODEL_INFO:
-        out.kind = Reply::Kind::kModelInfo;
-        out.text = r.getModelInfo().getJson();
-        break;
-      case ServerReply::ACCEPTED:
-        out.kind = Reply::Kind::kAccepted;
-        break;
+  if (pending_.empty()) {
+    zmq::pollitem_t item{sock_->handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, timeout) == 0) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no reply from the coordinator within ", timeout.count(), " ms"));
     }
-  } catch (const kj::Exception& e) {
-    return absl::DataLossError(absl::StrCat("malformed reply: ", e.getDescription().cStr()));
+    zmq::message_t m;
+    if (!sock_->recv(m, zmq::recv_flags::none)) return absl::UnavailableError("receive failed");
+    if (m.size() == 0 || m.size() % sizeof(capnp::word) != 0) {
+      return absl::DataLossError("reply is not a Cap'n Proto message");
+    }
+    kj::Array<capnp::word> words = kj::heapArray<capnp::word>(m.size() / sizeof(capnp::word));
+    std::memcpy(words.begin(), m.data(), m.size());
+    // A frame holds one ServerReply, or several back to back for requests sent with
+    // batchedReplies (which Submit sets): each is read up to its own end.
+    kj::ArrayPtr<const capnp::word> rest = words.asPtr();
+    try {
+      while (rest.size() > 0) {
+        capnp::FlatArrayMessageReader reader(rest);
+        Reply out;
+        ServerReply::Reader r = reader.getRoot<ServerReply>();
+        out.request_id = r.getRequestId();
+        switch (r.which()) {
+          case ServerReply::CHUNK: {
+            out.kind = Reply::Kind::kChunk;
+            auto c = r.getChunk();
+            for (int32_t t : c.getTokenIds()) out.token_ids.push_back(t);
+            out.text = c.getText();
+            for (auto lp : c.getLogprobs()) {
+              TokenLogprobInfo info{lp.getTokenId(), lp.getLogprob(), {}};
+              for (auto t : lp.getTop()) info.top.emplace_back(t.getTokenId(), t.getLogprob());
+              out.logprobs.push_back(std::move(info));
+            }
+            break;
+          }
+          case ServerReply::FINAL: {
+            out.kind = Reply::Kind::kFinal;
+            auto f = r.getFinal();
+            out.finish_reason = FinishName(f.getFinishReason());
+            out.text = f.getText();
+            out.message = f.getMessage();
+            for (int32_t t : f.getTokenIds()) out.token_ids.push_back(t);
+            auto u = f.getUsage();
+            out.prompt_tokens = u.getPromptTokens();
+            out.completion_tokens = u.getCompletionTokens();
+            out.cached_tokens = u.getCachedTokens();
+            out.queue_seconds = u.getQueueSeconds();
+            out.ttft_seconds = u.getTtftSeconds();
+            out.total_seconds = u.getTotalSeconds();
+            break;
+          }
+          case ServerReply::ERROR:
+            out.kind = Reply::Kind::kError;
+            out.error_code = ErrorName(r.getError().getCode());
+            out.message = r.getError().getMessage();
+            break;
+          case ServerReply::HEALTH:
+            out.kind = Reply::Kind::kHealth;
+            out.ok = r.getHealth().getOk();
+            out.text = r.getHealth().getDetail();
+            break;
+          case ServerReply::MODEL_INFO:
+            out.kind = Reply::Kind::kModelInfo;
+            out.text = r.getModelInfo().getJson();
+            break;
+          case ServerReply::ACCEPTED:
+            out.kind = Reply::Kind::kAccepted;
+            break;
+        }
+        pending_.push_back(std::move(out));
+        rest = kj::arrayPtr(reader.getEnd(), rest.end());
+      }
+    } catch (const kj::Exception& e) {
+      pending_.clear();
+      return absl::DataLossError(absl::StrCat("malformed reply: ", e.getDescription().cStr()));
+    }
   }
+  Reply out = std::move(pending_.front());
+  pending_.pop_front();
   return out;
 }
 
 absl::StatusOr<Reply> Client::Call(uint64_t id, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return absl::DeadlineExceededError("no reply from the coordinator");
     auto r = Next(left);
     if (!r.ok()) return r.status();
@@ -232,7 +265,8 @@ absl::StatusOr<Reply> Client::Generate(const GenerateInput& input,
   if (!id.ok()) return id.status();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return absl::DeadlineExceededError("generate: no final reply in time");
     auto r = Call(*id, left);
     if (!r.ok()) return r.status();

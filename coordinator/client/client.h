@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -65,10 +66,10 @@ struct Reply {
   std::vector<int32_t> token_ids;  // chunk: new tokens; final: the whole completion
   std::string text;                // chunk: delta; final: whole text; health: detail; info: json
   std::vector<TokenLogprobInfo> logprobs;
-  std::string finish_reason;       // final: stop | length | abort | error
-  std::string error_code;          // error: invalidRequest | promptTooLong | overloaded | ...
-  std::string message;             // error / final error or abort: why
-  bool ok = false;                 // health
+  std::string finish_reason;  // final: stop | length | abort | error
+  std::string error_code;     // error: invalidRequest | promptTooLong | overloaded | ...
+  std::string message;        // error / final error or abort: why
+  bool ok = false;            // health
   uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   double queue_seconds = 0, ttft_seconds = 0, total_seconds = 0;
 };
@@ -100,6 +101,7 @@ class Client {
   std::unique_ptr<zmq::context_t> ctx_;
   std::unique_ptr<zmq::socket_t> sock_;
   uint64_t next_id_ = 1;
+  std::deque<Reply> pending_;  // replies of a multi-message frame not yet returned
 };
 
 }  // namespace mlaserve

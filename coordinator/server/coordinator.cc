@@ -68,6 +68,7 @@ struct Coordinator::Req {
   bool has_first_token = false;
   bool stop_matched = false;
   bool params_sent = false;
+  bool batched = false;  // replies may share frames (GenerateRequest.batchedReplies)
 };
 
 Coordinator::Coordinator(CoordinatorOptions options)
@@ -296,6 +297,7 @@ void Coordinator::HandleClientMessage(const std::string& identity, const std::st
     r->seq_id = next_seq_id_++;
     r->identity = identity;
     r->request_id = request_id;
+    r->batched = req.getGenerate().getBatchedReplies();
     r->prep = std::move(*prep);
     r->arrival = Clock::now();
     if (!r->prep.has_seed) {
@@ -466,9 +468,34 @@ void Coordinator::HandleWorkerMessage(const std::string& identity, const std::st
   MaybeSendStep();
 }
 
+void Coordinator::Emit(const std::string& identity, bool batched, const uint8_t* data,
+                       size_t size) {
+  if (!collecting_ || !batched) {
+    SendReplyBytes(identity, data, size);
+    return;
+  }
+  std::vector<uint64_t>& frame = batches_[identity];
+  const size_t old = frame.size();
+  frame.resize(old + size / sizeof(uint64_t));  // flat messages are whole words
+  std::memcpy(frame.data() + old, data, size);
+}
+
+void Coordinator::FlushBatches() {
+  collecting_ = false;
+  for (auto& [identity, frame] : batches_) {
+    if (frame.empty()) continue;
+    // A failed send (client gone) aborts that client's requests; batches_ is not touched.
+    SendReplyBytes(identity, reinterpret_cast<const uint8_t*>(frame.data()),
+                   frame.size() * sizeof(uint64_t));
+    frame.clear();
+  }
+  if (batches_.size() > 1024) batches_.clear();  // forget idle clients' buffers
+}
+
 void Coordinator::ProcessEvents(const std::vector<SeqEvent>& events,
                                 const std::map<uint64_t, std::vector<uint8_t>>& logprob_blobs) {
   const auto now = Clock::now();
+  collecting_ = true;  // replies of batched requests go out in one frame per client, below
   for (const SeqEvent& ev : events) {
     auto it = reqs_.find(ev.seq_id);
     if (it == reqs_.end()) continue;
@@ -516,11 +543,12 @@ void Coordinator::ProcessEvents(const std::vector<SeqEvent>& events,
         chunk.initLogprobs(1).setWithCaveats(0, lr.getRoot<wire::TokenLogprob>());
       }
       const auto bytes = reply_scratch_->Flatten(msg);
-      SendReplyBytes(r.identity, bytes.begin(), bytes.size());
+      Emit(r.identity, r.batched, bytes.begin(), bytes.size());
       if (reqs_.find(ev.seq_id) == reqs_.end()) continue;  // the client went away
     }
     if (!reason.empty()) FinishRequest(r, reason, "");
   }
+  FlushBatches();
   UpdateGauges();
 }
 
@@ -538,7 +566,8 @@ void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::st
     auto reply = msg.initRoot<wire::ServerReply>();
     reply.setRequestId(r.request_id);
     reply.initChunk().setText(tail);
-    SendReply(r.identity, Bytes(msg));
+    const std::string bytes = Bytes(msg);
+    Emit(r.identity, r.batched, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   }
   capnp::MallocMessageBuilder msg;
   auto reply = msg.initRoot<wire::ServerReply>();
@@ -564,10 +593,11 @@ void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::st
   metrics_->generation_length->Observe(r.output.size());
   const std::string identity = r.identity;
   const uint64_t seq = r.seq_id;
+  const bool batched = r.batched;
   by_client_.erase({r.identity, r.request_id});
   const std::string bytes = Bytes(msg);
   reqs_.erase(seq);  // r is gone from here on
-  SendReply(identity, bytes);
+  Emit(identity, batched, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   UpdateGauges();
 }
 

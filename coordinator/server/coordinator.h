@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -77,8 +78,15 @@ class Coordinator {
   void SendReply(const std::string& identity, const std::string& bytes);
   void SendReply(const std::string& identity, capnp::MessageBuilder& msg);
   void SendReplyBytes(const std::string& identity, const uint8_t* data, size_t size);
+  // Sends one flat ServerReply to `identity`, or, while a step result is processed and the
+  // request takes batched replies, appends it to that client's frame for this step.
+  void Emit(const std::string& identity, bool batched, const uint8_t* data, size_t size);
+  void FlushBatches();
   // Scratch for the per-token replies and the step plans (no heap traffic per message).
   std::unique_ptr<MessageScratch> reply_scratch_, plan_scratch_;
+  // Frames being collected for clients with batched requests (word-aligned bytes), by identity.
+  std::unordered_map<std::string, std::vector<uint64_t>> batches_;
+  bool collecting_ = false;
   void SendError(const std::string& identity, uint64_t request_id, int code,
                  const std::string& message);
   void UpdateGauges();

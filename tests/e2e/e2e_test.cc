@@ -17,6 +17,7 @@
 #include "mlaserve.capnp.h"
 #include "tests/e2e/server_fixture.h"
 #include "tests/model/golden_fixture.h"
+#include "zmq.hpp"
 
 namespace mlaserve {
 namespace {
@@ -94,6 +95,66 @@ class E2eTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 ServerProcesses* E2eTest::server_ = nullptr;
+
+// Reply framing on a raw DEALER socket: requests without batchedReplies get exactly one
+// ServerReply per frame (what clients written against the original API expect); requests with
+// it may share frames, and do when they decode in the same steps. Both see every token once.
+TEST_F(E2eTest, ReplyFramesWithAndWithoutBatchedReplies) {
+  for (const bool batched : {false, true}) {
+    SCOPED_TRACE(batched ? "batchedReplies" : "one reply per frame");
+    zmq::context_t ctx(1);
+    zmq::socket_t sock(ctx, zmq::socket_type::dealer);
+    sock.set(zmq::sockopt::linger, 0);
+    sock.connect(server_->endpoint());
+    constexpr int kRequests = 3, kTokens = 12;
+    for (int i = 0; i < kRequests; ++i) {
+      capnp::MallocMessageBuilder msg;
+      auto req = msg.initRoot<wire::ClientRequest>();
+      req.setRequestId(100 + i);
+      auto g = req.initGenerate();
+      auto ids = g.getInput().initTokenIds(4);
+      for (int j = 0; j < 4; ++j) ids.set(j, 3 + i + j);
+      g.getSampling().setMaxTokens(kTokens);
+      g.getSampling().setIgnoreEos(true);
+      g.setBatchedReplies(batched);
+      auto words = capnp::messageToFlatArray(msg);
+      auto b = words.asBytes();
+      ASSERT_TRUE(sock.send(zmq::const_buffer(b.begin(), b.size()), zmq::send_flags::none));
+    }
+    std::map<uint64_t, int> tokens, finals;
+    int frames = 0, shared_frames = 0;
+    while (static_cast<int>(finals.size()) < kRequests) {
+      zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
+      ASSERT_GT(zmq::poll(&item, 1, std::chrono::milliseconds(60000)), 0) << "no reply";
+      zmq::message_t m;
+      ASSERT_TRUE(sock.recv(m, zmq::recv_flags::none));
+      ASSERT_EQ(m.size() % sizeof(capnp::word), 0u);
+      auto words = kj::heapArray<capnp::word>(m.size() / sizeof(capnp::word));
+      std::memcpy(words.begin(), m.data(), m.size());
+      kj::ArrayPtr<const capnp::word> rest = words.asPtr();
+      int in_frame = 0;
+      while (rest.size() > 0) {
+        capnp::FlatArrayMessageReader reader(rest);
+        auto r = reader.getRoot<wire::ServerReply>();
+        if (r.isChunk()) tokens[r.getRequestId()] += r.getChunk().getTokenIds().size();
+        if (r.isFinal()) {
+          EXPECT_EQ(r.getFinal().getTokenIds().size(), static_cast<unsigned>(kTokens));
+          ++finals[r.getRequestId()];
+        }
+        ++in_frame;
+        rest = kj::arrayPtr(reader.getEnd(), rest.end());
+      }
+      ++frames;
+      if (in_frame > 1) ++shared_frames;
+      if (!batched) EXPECT_EQ(in_frame, 1) << "frame " << frames;
+    }
+    for (int i = 0; i < kRequests; ++i) {
+      EXPECT_EQ(tokens[100 + i], kTokens) << "request " << 100 + i;
+      EXPECT_EQ(finals[100 + i], 1) << "request " << 100 + i;
+    }
+    if (batched) EXPECT_GT(shared_frames, 0) << frames << " frames";
+  }
+}
 
 TEST_F(E2eTest, GreedyMatchesGoldenAloneAndInABatchOf64) {
   Golden golden(FixtureDir("kimi-tiny"));
