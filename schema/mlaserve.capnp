@@ -150,6 +150,9 @@ struct StepSequence {
   sampling @6 :SamplingParams;         # sent with a sequence's first step only; workers keep it
   generated @7 :UInt32;                 # tokens generated so far (the sampling step index)
   eosIds @8 :List(Int32);               # masked while generated < minTokens (first step only)
+  blockTableFrom @9 :UInt32;            # blockTable holds the table's entries from this index
+                                        # on; the workers keep the entries before it from the
+                                        # sequence's earlier steps (0: the whole table)
 }
 
 struct StepPlan {

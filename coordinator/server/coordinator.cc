@@ -68,7 +68,8 @@ struct Coordinator::Req {
   bool has_first_token = false;
   bool stop_matched = false;
   bool params_sent = false;
-  bool batched = false;  // replies may share frames (GenerateRequest.batchedReplies)
+  bool batched = false;             // replies may share frames (GenerateRequest.batchedReplies)
+  std::vector<int32_t> sent_table;  // the block table the workers hold (plans send changes)
 };
 
 Coordinator::Coordinator(CoordinatorOptions options)
@@ -366,13 +367,25 @@ void Coordinator::MaybeSendStep() {
     auto t = out.initTokens(toks.size());
     for (size_t j = 0; j < toks.size(); ++j) t.set(j, toks[j]);
     out.setStartPosition(s.start_pos);
-    const auto blocks = plan->blocks(s);
-    auto b = out.initBlockTable(blocks.size());
-    for (size_t j = 0; j < blocks.size(); ++j) b.set(j, blocks[j]);
     out.setPromptLen(s.prompt_len);
     out.setSample(s.sample);
     out.setGenerated(s.num_generated);
+    // Block table: only the entries after the longest prefix the workers already hold (tables
+    // grow by appending; a preempted sequence's new table differs from entry 0). Decode steps
+    // send nothing or one new block instead of the whole table.
+    const auto blocks = plan->blocks(s);
     auto it = reqs_.find(s.seq_id);
+    size_t from = 0;
+    if (it != reqs_.end()) {
+      std::vector<int32_t>& sent = it->second->sent_table;
+      const size_t common = std::min(sent.size(), blocks.size());
+      while (from < common && sent[from] == blocks[from]) ++from;
+      sent.resize(from);
+      sent.insert(sent.end(), blocks.begin() + from, blocks.end());
+    }
+    out.setBlockTableFrom(static_cast<uint32_t>(from));
+    auto b = out.initBlockTable(blocks.size() - from);
+    for (size_t j = from; j < blocks.size(); ++j) b.set(j - from, blocks[j]);
     if (it != reqs_.end()) {
       Req& r = *it->second;
       if (!r.scheduled) {

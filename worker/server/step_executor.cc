@@ -11,6 +11,7 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
   for (uint64_t id : plan.getRelease()) {
     history_.erase(id);
     sampling_.erase(id);
+    tables_.erase(id);
   }
   ExecutedStep result;
   if (!plan.isStep()) return result;
@@ -22,24 +23,37 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
   for (uint32_t i = 0; i < seqs.size(); ++i) {
     const wire::StepSequence::Reader s = seqs[i];
     const auto tokens = s.getTokens();
-    const auto table = s.getBlockTable();
     const uint64_t start = s.getStartPosition();
     const uint64_t end = start + tokens.size();
-    if (tokens.size() == 0) return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": no tokens"));
+    if (tokens.size() == 0)
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": no tokens"));
+    // The block table: the entries kept from earlier steps up to blockTableFrom, then this
+    // step's (a preempted sequence comes back with a new table from 0).
+    std::vector<int32_t>& table = tables_[s.getSeqId()];
+    const uint32_t from = s.getBlockTableFrom();
+    if (from > table.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(),
+                                                     ": block table continues at entry ", from,
+                                                     " but only ", table.size(), " are known"));
+    }
+    table.resize(from);
+    for (int32_t b : s.getBlockTable()) {
+      if (b < 0 || b >= num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": block ", b,
+                                                       " outside the pool of ", num_blocks));
+      }
+      table.push_back(b);
+    }
     if (end > static_cast<uint64_t>(table.size()) * kKvBlockTokens) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": block table of ", table.size(),
-                                                     " blocks cannot hold ", end, " tokens"));
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": block table of ",
+                                                     table.size(), " blocks cannot hold ", end,
+                                                     " tokens"));
     }
     SequenceSlice slice;
     slice.token_begin = static_cast<int>(batch.tokens.size());
     slice.num_tokens = static_cast<int>(tokens.size());
     slice.context_len = static_cast<int>(start);
-    for (int32_t b : table) {
-      if (b < 0 || b >= num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": block ", b, " outside the pool of ", num_blocks));
-      }
-      slice.block_table.push_back(b);
-    }
+    slice.block_table = table;
     if (s.hasSampling()) {
       const wire::SamplingParams::Reader p = s.getSampling();
       SequenceSampling ss;
@@ -58,18 +72,20 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
       ss.top_logprobs = p.getLogprobs() ? static_cast<int>(p.getTopLogprobs()) : 0;
       sampling_[s.getSeqId()] = std::move(ss);
     } else if (s.getSample() && !sampling_.count(s.getSeqId())) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(),
-                                                     ": sampling parameters were never sent"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s.getSeqId(), ": sampling parameters were never sent"));
     }
     auto& hist = history_[s.getSeqId()];
     if (hist.size() > start) hist.resize(start);  // recompute after preemption restarts here
     for (uint32_t t = 0; t < tokens.size(); ++t) {
       const int32_t id = tokens[t];
-      if (id < 0 || id >= vocab) return absl::InvalidArgumentError(absl::StrCat("token id ", id, " outside the vocabulary"));
+      if (id < 0 || id >= vocab)
+        return absl::InvalidArgumentError(absl::StrCat("token id ", id, " outside the vocabulary"));
       const int pos = static_cast<int>(start + t);
       batch.tokens.push_back(id);
       batch.positions.push_back(pos);
-      batch.slots.push_back(static_cast<int64_t>(slice.block_table[pos / kKvBlockTokens]) * kKvBlockTokens +
+      batch.slots.push_back(static_cast<int64_t>(slice.block_table[pos / kKvBlockTokens]) *
+                                kKvBlockTokens +
                             pos % kKvBlockTokens);
       hist.push_back(id);
     }
@@ -93,11 +109,12 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
     ExecutedStep::Token tok;
     tok.seq_id = s.getSeqId();
     tok.want_logprobs = ss.want_logprobs;
-    tok.out = SampleToken(logits.data() + r * vocab, vocab, ss, hist, static_cast<int>(s.getPromptLen()),
-                          static_cast<int>(s.getGenerated()));
+    tok.out = SampleToken(logits.data() + r * vocab, vocab, ss, hist,
+                          static_cast<int>(s.getPromptLen()), static_cast<int>(s.getGenerated()));
     result.tokens.push_back(std::move(tok));
   }
-  result.sample_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  result.sample_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   return result;
 }
 

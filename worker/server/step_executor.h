@@ -38,6 +38,8 @@ class StepExecutor {
   DeepseekV3Model& model_;
   bool sample_here_;
   std::unordered_map<uint64_t, std::vector<int32_t>> history_;
+  // Each sequence's block table as sent so far (plans carry only the entries that changed).
+  std::unordered_map<uint64_t, std::vector<int32_t>> tables_;
   // Each sequence's sampling parameters, sent with its first step and kept until released.
   std::unordered_map<uint64_t, SequenceSampling> sampling_;
 };
