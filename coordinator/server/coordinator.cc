@@ -168,12 +168,6 @@ absl::Status Coordinator::Start() {
   return absl::OkStatus();
 }
 
-void Coordinator::SendReply(const std::string& identity, capnp::MessageBuilder& msg) {
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
-  auto b = words.asBytes();
-  SendReplyBytes(identity, b.begin(), b.size());
-}
-
 void Coordinator::SendReply(const std::string& identity, const std::string& bytes) {
   SendReplyBytes(identity, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
 }
@@ -493,6 +487,10 @@ void Coordinator::Emit(const std::string& identity, bool batched, const uint8_t*
   std::memcpy(frame.data() + old, data, size);
 }
 
+void Coordinator::Emit(const std::string& identity, bool batched, const std::string& bytes) {
+  Emit(identity, batched, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+}
+
 void Coordinator::FlushBatches() {
   collecting_ = false;
   for (auto& [identity, frame] : batches_) {
@@ -579,8 +577,7 @@ void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::st
     auto reply = msg.initRoot<wire::ServerReply>();
     reply.setRequestId(r.request_id);
     reply.initChunk().setText(tail);
-    const std::string bytes = Bytes(msg);
-    Emit(r.identity, r.batched, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    Emit(r.identity, r.batched, Bytes(msg));
   }
   capnp::MallocMessageBuilder msg;
   auto reply = msg.initRoot<wire::ServerReply>();
@@ -610,7 +607,7 @@ void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::st
   by_client_.erase({r.identity, r.request_id});
   const std::string bytes = Bytes(msg);
   reqs_.erase(seq);  // r is gone from here on
-  Emit(identity, batched, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  Emit(identity, batched, bytes);
   UpdateGauges();
 }
 

@@ -21,10 +21,6 @@
 #include "coordinator/server/request_builder.h"
 #include "coordinator/tokenizer/incremental_detokenizer.h"
 
-namespace capnp {
-class MessageBuilder;
-}  // namespace capnp
-
 namespace zmq {
 class context_t;
 class socket_t;
@@ -76,11 +72,11 @@ class Coordinator {
   void FinishRequest(Req& r, const std::string& reason, const std::string& message);
   void FailAll(const std::string& message);
   void SendReply(const std::string& identity, const std::string& bytes);
-  void SendReply(const std::string& identity, capnp::MessageBuilder& msg);
   void SendReplyBytes(const std::string& identity, const uint8_t* data, size_t size);
   // Sends one flat ServerReply to `identity`, or, while a step result is processed and the
   // request takes batched replies, appends it to that client's frame for this step.
   void Emit(const std::string& identity, bool batched, const uint8_t* data, size_t size);
+  void Emit(const std::string& identity, bool batched, const std::string& bytes);
   void FlushBatches();
   // Scratch for the per-token replies and the step plans (no heap traffic per message).
   std::unique_ptr<MessageScratch> reply_scratch_, plan_scratch_;
