@@ -1,0 +1,459 @@
+// Load-time upload (padding, relayout) and the per-layer launch sequence of moe_experts.h.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/moe/bf16_moe_gemm.h"
+#include "kernels/moe/moe_combine.h"
+#include "kernels/moe/moe_dispatch.h"
+#include "kernels/moe/moe_experts.h"
+#include "kernels/moe/nvfp4_moe.h"
+#include "kernels/moe/nvfp4_moe_gemm.h"
+#include "kernels/moe/nvfp4_moe_layout.h"
+
+namespace mlaserve {
+namespace {
+
+// The grouped GEMMs tile weight rows by 128 and K by 64 or 128.
+constexpr int kPadMultiple = 128;
+// InvokeMoeDispatch's limit on local experts (one thread block).
+constexpr int kMaxLocalExperts = 1024;
+
+int RoundUp(int x, int m) { return (x + m - 1) / m * m; }
+size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
+
+absl::Status CudaStatus(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("MoE experts: ", what, ": ", cudaGetErrorName(e), " (",
+                                          cudaGetErrorString(e), ")"));
+}
+
+// Device scratch freed on scope exit (load time only).
+struct ScopedDeviceBuffer {
+  void* p = nullptr;
+  ~ScopedDeviceBuffer() { cudaFree(p); }
+};
+
+// Copies an NVFP4 [rows, cols] projection into a zero [rows_p, cols_p] one (cols % 16 == 0):
+// zero scale bytes make the padded blocks dequantize to zero (nvfp4_moe_layout.h).
+void PadNvfp4(const uint8_t* packed, const uint8_t* scale, int rows, int cols, int rows_p,
+              int cols_p, std::vector<uint8_t>* packed_p, std::vector<uint8_t>* scale_p) {
+  packed_p->assign(static_cast<size_t>(rows_p) * cols_p / 2, 0);
+  scale_p->assign(static_cast<size_t>(rows_p) * cols_p / 16, 0);
+  for (int r = 0; r < rows; ++r) {
+    std::memcpy(packed_p->data() + static_cast<size_t>(r) * cols_p / 2,
+                packed + static_cast<size_t>(r) * cols / 2, cols / 2);
+    std::memcpy(scale_p->data() + static_cast<size_t>(r) * cols_p / 16,
+                scale + static_cast<size_t>(r) * cols / 16, cols / 16);
+  }
+}
+
+absl::Status Validate(const MoeExpertsHostWeights& w) {
+  const int E = w.num_local_experts;
+  if (E < 0 || E > kMaxLocalExperts || w.first_expert < 0 || w.num_routed_experts < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoE experts: need 0 <= num_local_experts <= ", kMaxLocalExperts,
+        ", first_expert >= 0 and num_routed_experts >= 0; got num_local_experts ", E,
+        ", first_expert ", w.first_expert, ", num_routed_experts ", w.num_routed_experts));
+  }
+  if (E == 0) return absl::OkStatus();
+  if (w.hidden <= 0 || w.intermediate <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("MoE experts: hidden ", w.hidden,
+                                                   " and intermediate ", w.intermediate,
+                                                   " must be positive"));
+  }
+  if (static_cast<int>(w.gate.size()) != E || static_cast<int>(w.up.size()) != E ||
+      static_cast<int>(w.down.size()) != E) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoE experts: expected ", E, " gate, up and down projections, got ",
+                     w.gate.size(), ", ", w.up.size(), ", ", w.down.size()));
+  }
+  if (w.nvfp4 && (w.hidden % 16 != 0 || w.intermediate % 16 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoE experts: NVFP4 weights need hidden and intermediate multiples of 16 (one e4m3 scale "
+        "per 16 columns); got hidden ",
+        w.hidden, ", intermediate ", w.intermediate));
+  }
+  const char* names[3] = {"gate", "up", "down"};
+  for (int i = 0; i < E; ++i) {
+    const MoeExpertsHostWeights::Projection* proj[3] = {&w.gate[i], &w.up[i], &w.down[i]};
+    for (int k = 0; k < 3; ++k) {
+      const auto& pr = *proj[k];
+      const bool ok =
+          w.nvfp4 ? pr.packed != nullptr && pr.scale != nullptr && std::isfinite(pr.global_scale)
+                  : pr.bf16 != nullptr;
+      if (!ok) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("MoE experts: expert ", w.first_expert + i, " ", names[k], ": ",
+                         w.nvfp4 ? "NVFP4 needs packed, scale and a finite global_scale"
+                                 : "bf16 weights missing (bf16 == nullptr)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void* MoeExpertsGpu::Alloc(size_t bytes, cudaError_t* err) {
+  void* p = nullptr;
+  *err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (*err != cudaSuccess) return nullptr;
+  allocations_.push_back(p);
+  device_bytes_ += bytes;
+  return p;
+}
+
+MoeExpertsGpu::~MoeExpertsGpu() {
+  for (void* p : allocations_) cudaFree(p);
+}
+
+absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeExpertsHostWeights& w,
+                                                                     cudaStream_t stream) {
+  if (absl::Status st = Validate(w); !st.ok()) return st;
+  std::unique_ptr<MoeExpertsGpu> g(new MoeExpertsGpu());
+  const int E = w.num_local_experts, H = w.hidden, I = w.intermediate;
+  g->first_expert_ = w.first_expert;
+  g->num_local_experts_ = E;
+  g->hidden_ = H;
+  g->intermediate_ = I;
+  g->num_routed_experts_ = w.num_routed_experts > 0 ? w.num_routed_experts : E;
+  g->nvfp4_ = w.nvfp4;
+  if (E == 0) return g;
+  const int Hp = RoundUp(H, kPadMultiple), Ip = RoundUp(I, kPadMultiple);
+  g->padded_hidden_ = Hp;
+  g->padded_intermediate_ = Ip;
+  cudaError_t err = cudaSuccess;
+  const std::string what =
+      absl::StrCat("upload of experts ", w.first_expert, "..", w.first_expert + E - 1, " (hidden ",
+                   H, ", intermediate ", I, ")");
+
+  if (!w.nvfp4) {
+    const size_t gu_elems = static_cast<size_t>(2) * Ip * Hp,
+                 dn_elems = static_cast<size_t>(Hp) * Ip;
+    g->bf16_gate_up_ = g->Alloc(gu_elems * 2 * E, &err);
+    if (err != cudaSuccess) return CudaStatus(err, what + ": cudaMalloc gate_up");
+    g->bf16_down_ = g->Alloc(dn_elems * 2 * E, &err);
+    if (err != cudaSuccess) return CudaStatus(err, what + ": cudaMalloc down");
+    // The checkpoint's row-major projections of one expert, rearranged on the device.
+    const size_t proj_bytes = static_cast<size_t>(I) * H * 2;
+    ScopedDeviceBuffer stage;
+    err = cudaMalloc(&stage.p, 3 * proj_bytes);
+    if (err != cudaSuccess) return CudaStatus(err, what + ": cudaMalloc staging");
+    auto* s_gate = static_cast<__nv_bfloat16*>(stage.p);
+    __nv_bfloat16* s_up = s_gate + static_cast<size_t>(I) * H;
+    __nv_bfloat16* s_down = s_up + static_cast<size_t>(I) * H;
+    for (int i = 0; i < E; ++i) {
+      const std::string ew = absl::StrCat(what, ": expert ", w.first_expert + i);
+      // Pageable sources: each copy returns once the host buffer has been read; the staging
+      // buffer is reused only after the previous expert's relayout kernels in stream order.
+      const std::pair<const uint16_t*, __nv_bfloat16*> copies[3] = {
+          {w.gate[i].bf16, s_gate}, {w.up[i].bf16, s_up}, {w.down[i].bf16, s_down}};
+      for (const auto& c : copies) {
+        err = cudaMemcpyAsync(c.second, c.first, proj_bytes, cudaMemcpyHostToDevice, stream);
+        if (err != cudaSuccess) return CudaStatus(err, ew + ": copy to device");
+      }
+      Bf16MoeRelayoutParams gu{s_gate,
+                               s_up,
+                               I,
+                               H,
+                               2 * Ip,
+                               Hp,
+                               static_cast<__nv_bfloat16*>(g->bf16_gate_up_) + gu_elems * i};
+      if (err = InvokeRelayoutBf16MoeWeight(gu, stream); err != cudaSuccess) {
+        return CudaStatus(err, ew + ": gate_up relayout");
+      }
+      Bf16MoeRelayoutParams dn{
+          s_down, nullptr, H, I, Hp, Ip, static_cast<__nv_bfloat16*>(g->bf16_down_) + dn_elems * i};
+      if (err = InvokeRelayoutBf16MoeWeight(dn, stream); err != cudaSuccess) {
+        return CudaStatus(err, ew + ": down relayout");
+      }
+    }
+    if (err = cudaStreamSynchronize(stream); err != cudaSuccess) return CudaStatus(err, what);
+    return g;
+  }
+
+  // NVFP4: pad (host), rearrange with the project's relayout (host), copy.
+  const size_t gu_c = Nvfp4TiledCodeBytes(2 * Ip, Hp), gu_s = Nvfp4TiledScaleBytes(2 * Ip, Hp);
+  const size_t dn_c = Nvfp4TiledCodeBytes(Hp, Ip), dn_s = Nvfp4TiledScaleBytes(Hp, Ip);
+  g->gate_up_codes_ = static_cast<uint8_t*>(g->Alloc(gu_c * E, &err));
+  if (err == cudaSuccess) g->gate_up_scales_ = static_cast<uint8_t*>(g->Alloc(gu_s * E, &err));
+  if (err == cudaSuccess) g->down_codes_ = static_cast<uint8_t*>(g->Alloc(dn_c * E, &err));
+  if (err == cudaSuccess) g->down_scales_ = static_cast<uint8_t*>(g->Alloc(dn_s * E, &err));
+  if (err == cudaSuccess) {
+    g->gate_up_global_scale_ = static_cast<float*>(g->Alloc(sizeof(float) * 2 * E, &err));
+  }
+  if (err == cudaSuccess) {
+    g->down_global_scale_ = static_cast<float*>(g->Alloc(sizeof(float) * E, &err));
+  }
+  if (err != cudaSuccess) return CudaStatus(err, what + ": cudaMalloc");
+  const bool pad = H != Hp || I != Ip;
+  std::vector<uint8_t> gp, gs, up, us, dp, ds;  // padded checkpoint layout
+  std::vector<uint8_t> t_gu_c(gu_c), t_gu_s(gu_s), t_dn_c(dn_c), t_dn_s(dn_s);
+  std::vector<float> gu_global(2 * E), dn_global(E);
+  for (int i = 0; i < E; ++i) {
+    const std::string ew = absl::StrCat(what, ": expert ", w.first_expert + i);
+    const auto &wg = w.gate[i], &wu = w.up[i], &wd = w.down[i];
+    const uint8_t *g_p = wg.packed, *g_s = wg.scale, *u_p = wu.packed, *u_s = wu.scale;
+    const uint8_t *d_p = wd.packed, *d_s = wd.scale;
+    if (pad) {
+      PadNvfp4(wg.packed, wg.scale, I, H, Ip, Hp, &gp, &gs);
+      PadNvfp4(wu.packed, wu.scale, I, H, Ip, Hp, &up, &us);
+      PadNvfp4(wd.packed, wd.scale, H, I, Hp, Ip, &dp, &ds);
+      g_p = gp.data(), g_s = gs.data(), u_p = up.data(), u_s = us.data();
+      d_p = dp.data(), d_s = ds.data();
+    }
+    if (absl::Status st =
+            RelayoutNvfp4GateUp(g_p, g_s, u_p, u_s, Ip, Hp, t_gu_c.data(), t_gu_s.data());
+        !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(ew, " gate/up: ", st.message()));
+    }
+    if (absl::Status st = RelayoutNvfp4(d_p, d_s, Hp, Ip, t_dn_c.data(), t_dn_s.data()); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(ew, " down: ", st.message()));
+    }
+    gu_global[2 * i] = wg.global_scale;
+    gu_global[2 * i + 1] = wu.global_scale;
+    dn_global[i] = wd.global_scale;
+    // The tiled host buffers are reused for the next expert: synchronous copies.
+    const std::pair<void*, const std::vector<uint8_t>*> copies[4] = {
+        {g->gate_up_codes_ + gu_c * i, &t_gu_c},
+        {g->gate_up_scales_ + gu_s * i, &t_gu_s},
+        {g->down_codes_ + dn_c * i, &t_dn_c},
+        {g->down_scales_ + dn_s * i, &t_dn_s}};
+    for (const auto& c : copies) {
+      err = cudaMemcpyAsync(c.first, c.second->data(), c.second->size(), cudaMemcpyHostToDevice,
+                            stream);
+      if (err != cudaSuccess) return CudaStatus(err, ew + ": copy to device");
+    }
+    if (err = cudaStreamSynchronize(stream); err != cudaSuccess) return CudaStatus(err, ew);
+  }
+  err = cudaMemcpyAsync(g->gate_up_global_scale_, gu_global.data(), sizeof(float) * 2 * E,
+                        cudaMemcpyHostToDevice, stream);
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(g->down_global_scale_, dn_global.data(), sizeof(float) * E,
+                          cudaMemcpyHostToDevice, stream);
+  }
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) return CudaStatus(err, what + ": global scales");
+  return g;
+}
+
+namespace {
+
+// Workspace: the dispatch/GEMM/combine region of nvfp4_moe.h (used by both paths), then, when
+// hidden is padded, x, shared_out and the output at the padded width [tokens, Hp] bf16.
+struct Workspace {
+  void* core;
+  size_t core_bytes;
+  __nv_bfloat16* x_padded;
+  __nv_bfloat16* shared_padded;
+  __nv_bfloat16* out_padded;
+};
+
+size_t CoreBytes(const MoeExpertsGpu& g, int tokens, int top_k) {
+  return Align256(Nvfp4MoeWorkspaceBytes(tokens, top_k, g.num_local_experts(), g.padded_hidden(),
+                                         g.padded_intermediate()));
+}
+
+size_t PaddedBytes(const MoeExpertsGpu& g, int tokens) {
+  return Align256(static_cast<size_t>(tokens) * g.padded_hidden() * 2);
+}
+
+Workspace CarveWorkspace(const MoeExpertsGpu& g, void* workspace, int tokens, int top_k) {
+  Workspace ws{};
+  ws.core = workspace;
+  ws.core_bytes = CoreBytes(g, tokens, top_k);
+  if (g.padded_hidden() != g.hidden()) {
+    char* p = static_cast<char*>(workspace) + ws.core_bytes;
+    const size_t b = PaddedBytes(g, tokens);
+    ws.x_padded = reinterpret_cast<__nv_bfloat16*>(p);
+    ws.shared_padded = reinterpret_cast<__nv_bfloat16*>(p + b);
+    ws.out_padded = reinterpret_cast<__nv_bfloat16*>(p + 2 * b);
+  }
+  return ws;
+}
+
+// dst [tokens, Hp] <- src [tokens, hidden], pad columns zeroed.
+cudaError_t PadRows(void* dst, const void* src, int tokens, int hidden, int hp,
+                    cudaStream_t stream) {
+  const size_t row = static_cast<size_t>(hidden) * 2, row_p = static_cast<size_t>(hp) * 2;
+  cudaError_t e =
+      cudaMemset2DAsync(static_cast<char*>(dst) + row, row_p, 0, row_p - row, tokens, stream);
+  if (e != cudaSuccess) return e;
+  return cudaMemcpy2DAsync(dst, row_p, src, row, row, tokens, cudaMemcpyDeviceToDevice, stream);
+}
+
+}  // namespace
+
+size_t MoeExpertsGpu::WorkspaceBytes(int tokens, int top_k) const {
+  if (num_local_experts_ == 0 || tokens <= 0 || top_k <= 0) return 0;
+  size_t bytes = CoreBytes(*this, tokens, top_k);
+  if (padded_hidden_ != hidden_) bytes += 3 * PaddedBytes(*this, tokens);
+  return bytes;
+}
+
+absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams& p,
+                              cudaStream_t stream) {
+  if (p.tokens < 0 || p.tokens > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoE experts: tokens ", p.tokens, " outside [0, 65535]; split the batch"));
+  }
+  if (p.tokens == 0) return absl::OkStatus();
+  if (p.top_k < 1 || p.x == nullptr || p.topk_ids == nullptr || p.topk_weights == nullptr ||
+      p.out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoE experts: need top_k >= 1 and x, topk_ids, topk_weights, out set; got top_k ", p.top_k,
+        p.x ? "" : ", x null", p.topk_ids ? "" : ", topk_ids null",
+        p.topk_weights ? "" : ", topk_weights null", p.out ? "" : ", out null"));
+  }
+  const int H = g.hidden(), Hp = g.padded_hidden(), E = g.num_local_experts();
+  const size_t out_bytes = static_cast<size_t>(p.tokens) * H * 2;
+  if (E == 0) {
+    const cudaError_t e =
+        p.shared_out != nullptr
+            ? cudaMemcpyAsync(p.out, p.shared_out, out_bytes, cudaMemcpyDeviceToDevice, stream)
+            : cudaMemsetAsync(p.out, 0, out_bytes, stream);
+    return CudaStatus(e, "rank without local experts: output");
+  }
+  const long long rows = static_cast<long long>(p.tokens) * p.top_k;
+  const int tile = ChooseMoeTileTokens(p.tokens, p.top_k, g.num_routed_experts_);
+  const long long max_tiles = rows / tile + std::min<long long>(E, rows);
+  if (rows > (1ll << 30) || max_tiles > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("MoE experts: ", p.tokens, " tokens x top_k ",
+                                                   p.top_k, " need ", max_tiles, " row tiles of ",
+                                                   tile, " (at most 65535); split the batch"));
+  }
+  const size_t need = g.WorkspaceBytes(p.tokens, p.top_k);
+  if (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 256 != 0 ||
+      p.workspace_bytes < need) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoE experts: workspace must be 256-byte aligned and at least WorkspaceBytes(",
+                     p.tokens, ", ", p.top_k, ") = ", need, " bytes; got ", p.workspace_bytes,
+                     " bytes at ", reinterpret_cast<uintptr_t>(p.workspace)));
+  }
+  const Workspace ws = CarveWorkspace(g, p.workspace, p.tokens, p.top_k);
+  const bool padded = Hp != H;
+  const auto* x = static_cast<const __nv_bfloat16*>(p.x);
+  const auto* shared = static_cast<const __nv_bfloat16*>(p.shared_out);
+  auto* out = static_cast<__nv_bfloat16*>(p.out);
+  if (padded) {
+    if (cudaError_t e = PadRows(ws.x_padded, p.x, p.tokens, H, Hp, stream); e != cudaSuccess) {
+      return CudaStatus(e, "padding x");
+    }
+    x = ws.x_padded;
+    if (shared != nullptr) {
+      if (cudaError_t e = PadRows(ws.shared_padded, p.shared_out, p.tokens, H, Hp, stream);
+          e != cudaSuccess) {
+        return CudaStatus(e, "padding shared_out");
+      }
+      shared = ws.shared_padded;
+    }
+    out = ws.out_padded;
+  }
+
+  if (g.nvfp4()) {
+    Nvfp4MoeParams np{};
+    np.weights = Nvfp4MoeWeights{g.first_expert(),
+                                 E,
+                                 Hp,
+                                 g.padded_intermediate(),
+                                 g.gate_up_codes_,
+                                 g.gate_up_scales_,
+                                 g.gate_up_global_scale_,
+                                 g.down_codes_,
+                                 g.down_scales_,
+                                 g.down_global_scale_};
+    np.tokens = p.tokens;
+    np.top_k = p.top_k;
+    np.tile_tokens = tile;
+    np.plain_launches = false;
+    np.x = x;
+    np.topk_ids = p.topk_ids;
+    np.topk_weights = p.topk_weights;
+    np.shared_out = shared;
+    np.out = nullptr;
+    np.out_bf16 = out;
+    np.workspace = ws.core;
+    np.workspace_bytes = ws.core_bytes;
+    if (cudaError_t e = InvokeNvfp4Moe(np, stream); e != cudaSuccess) {
+      return CudaStatus(e, "NVFP4 experts");
+    }
+  } else {
+    // The NVFP4 sequence (nvfp4_moe.cu) with the BF16 GEMMs: dispatch plainly, then gate_up,
+    // down and combine programmatically in small decode batches.
+    const int Ip = g.padded_intermediate();
+    const bool pdl = tile == kMoeTileTokensSmall && rows <= kMoeProgrammaticMaxRows;
+    const Nvfp4MoeWorkspace w = CarveNvfp4MoeWorkspace(ws.core, p.tokens, p.top_k, E, Hp, Ip);
+    MoeDispatchParams d{};
+    d.tokens = p.tokens;
+    d.top_k = p.top_k;
+    d.first_expert = g.first_expert();
+    d.num_local_experts = E;
+    d.tile_tokens = tile;
+    d.topk_ids = p.topk_ids;
+    d.expert_counts = w.expert_counts;
+    d.expert_offsets = w.expert_offsets;
+    d.tile_offsets = w.tile_offsets;
+    d.sorted_assignment = w.sorted_assignment;
+    d.assignment_row = w.assignment_row;
+    if (cudaError_t e = InvokeMoeDispatch(d, stream); e != cudaSuccess) {
+      return CudaStatus(e, "dispatch");
+    }
+    Bf16MoeGemmParams gm{};
+    gm.tile_tokens = tile;
+    gm.programmatic = pdl;
+    gm.num_local_experts = E;
+    gm.max_tiles = static_cast<int>(max_tiles);
+    gm.expert_offsets = w.expert_offsets;
+    gm.tile_offsets = w.tile_offsets;
+    gm.sorted_assignment = w.sorted_assignment;
+    gm.top_k = p.top_k;
+    gm.topk_weights = p.topk_weights;
+    gm.h = w.h;
+    gm.y = w.y;
+    gm.n = 2 * Ip;
+    gm.k = Hp;
+    gm.a = x;
+    gm.w = static_cast<const __nv_bfloat16*>(g.bf16_gate_up_);
+    if (cudaError_t e = InvokeBf16MoeGateUp(gm, stream); e != cudaSuccess) {
+      return CudaStatus(e, "BF16 gate_up GEMM");
+    }
+    gm.n = Hp;
+    gm.k = Ip;
+    gm.a = w.h;
+    gm.w = static_cast<const __nv_bfloat16*>(g.bf16_down_);
+    if (cudaError_t e = InvokeBf16MoeDown(gm, stream); e != cudaSuccess) {
+      return CudaStatus(e, "BF16 down GEMM");
+    }
+    MoeCombineParams c{};
+    c.tokens = p.tokens;
+    c.hidden = Hp;
+    c.top_k = p.top_k;
+    c.assignment_row = w.assignment_row;
+    c.y = w.y;
+    c.shared_out = shared;
+    c.out = nullptr;
+    c.out_bf16 = out;
+    c.programmatic = pdl;
+    if (cudaError_t e = InvokeMoeCombine(c, stream); e != cudaSuccess) {
+      return CudaStatus(e, "combine");
+    }
+  }
+  if (padded) {
+    const size_t row = static_cast<size_t>(H) * 2;
+    if (cudaError_t e = cudaMemcpy2DAsync(p.out, row, ws.out_padded, static_cast<size_t>(Hp) * 2,
+                                          row, p.tokens, cudaMemcpyDeviceToDevice, stream);
+        e != cudaSuccess) {
+      return CudaStatus(e, "unpadding the output");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mlaserve

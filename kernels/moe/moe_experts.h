@@ -1,0 +1,111 @@
+// One GPU entry point for a layer's routed experts, whatever the checkpoint stores: BF16 experts
+// (bf16_moe_gemm.h) or NVFP4 experts (nvfp4_moe.h), at any hidden / intermediate size (padded at
+// load to the kernels' multiples of 128 with zero weights). The same function as MoeExpertsRef
+// (moe_ref.h), with the rounding of a BF16 PyTorch MoE: x bf16, fp32 accumulation,
+// h = silu(gate x) * (up x) rounded to bf16, down(h) in fp32 times the routing weight, the experts
+// summed in fp32 in slot order (+ shared_out), the output rounded to bf16 once.
+//
+// This header is included by C++20 host code: no cuda_bf16.h, bf16 tensors are void pointers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace mlaserve {
+
+// One layer's local routed experts as the checkpoint stores them (host memory, read once at
+// load). Expert-parallel ranks hold experts [first_expert, first_expert + num_local_experts);
+// tensor-parallel ranks hold a slice of every expert's intermediate dimension (a smaller
+// `intermediate`).
+struct MoeExpertsHostWeights {
+  int first_expert = 0, num_local_experts = 0, hidden = 0, intermediate = 0;
+  // Routed experts of the whole model (all ranks), for the tile-size heuristic only (expected
+  // rows per expert = tokens * top_k / num_routed_experts); 0: num_local_experts.
+  int num_routed_experts = 0;
+  bool nvfp4 = false;
+  struct Projection {                 // one expert's gate, up or down
+    const uint16_t* bf16 = nullptr;   // bf16 bits [rows, cols] (bf16 checkpoints)
+    const uint8_t* packed = nullptr;  // NVFP4: [rows, cols/2], low nibble first
+    const uint8_t* scale = nullptr;   // NVFP4: e4m3 [rows, cols/16]
+    float global_scale = 1.0f;        // NVFP4 weight_scale_2
+  };
+  // Per local expert: gate [intermediate, hidden], up [intermediate, hidden],
+  // down [hidden, intermediate]. NVFP4 needs hidden and intermediate multiples of 16.
+  std::vector<Projection> gate, up, down;
+};
+
+struct MoeExpertsRunParams;
+
+// The same experts on the device in the kernels' layouts (padded to multiples of 128), owning
+// its memory.
+class MoeExpertsGpu {
+ public:
+  // Synchronous with respect to the host buffers on return (the stream is synchronized).
+  static absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> Upload(const MoeExpertsHostWeights& w,
+                                                               cudaStream_t stream);
+  ~MoeExpertsGpu();  // frees device memory
+  MoeExpertsGpu(const MoeExpertsGpu&) = delete;
+  MoeExpertsGpu& operator=(const MoeExpertsGpu&) = delete;
+
+  size_t device_bytes() const { return device_bytes_; }
+  int first_expert() const { return first_expert_; }
+  int num_local_experts() const { return num_local_experts_; }
+  int hidden() const { return hidden_; }
+  int intermediate() const { return intermediate_; }
+  bool nvfp4() const { return nvfp4_; }
+  int padded_hidden() const { return padded_hidden_; }
+  int padded_intermediate() const { return padded_intermediate_; }
+  // Bytes of workspace for a call with `tokens` tokens of top_k assignments (0 with no local
+  // experts).
+  size_t WorkspaceBytes(int tokens, int top_k) const;
+
+ private:
+  friend absl::Status InvokeMoeExperts(const MoeExpertsGpu&, const MoeExpertsRunParams&,
+                                       cudaStream_t);
+  MoeExpertsGpu() = default;
+  void* Alloc(size_t bytes, cudaError_t* err);
+
+  int first_expert_ = 0, num_local_experts_ = 0, hidden_ = 0, intermediate_ = 0;
+  int num_routed_experts_ = 0;
+  int padded_hidden_ = 0, padded_intermediate_ = 0;
+  bool nvfp4_ = false;
+  size_t device_bytes_ = 0;
+  std::vector<void*> allocations_;
+  // BF16: gate_up [E][2Ip, Hp] and down [E][Hp, Ip] in the layout of bf16_moe_gemm.h.
+  void* bf16_gate_up_ = nullptr;
+  void* bf16_down_ = nullptr;
+  // NVFP4: the arrays of Nvfp4MoeWeights (nvfp4_moe.h).
+  uint8_t* gate_up_codes_ = nullptr;
+  uint8_t* gate_up_scales_ = nullptr;
+  float* gate_up_global_scale_ = nullptr;
+  uint8_t* down_codes_ = nullptr;
+  uint8_t* down_scales_ = nullptr;
+  float* down_global_scale_ = nullptr;
+};
+
+struct MoeExpertsRunParams {
+  int tokens = 0, top_k = 0;            // tokens <= 65535
+  const void* x = nullptr;              // bf16 [tokens, hidden] contiguous (device)
+  const int32_t* topk_ids = nullptr;    // [tokens, top_k] global expert ids (device)
+  const float* topk_weights = nullptr;  // [tokens, top_k] (device)
+  const void* shared_out = nullptr;     // bf16 [tokens, hidden] added to the result, or nullptr
+  // bf16 [tokens, hidden]: sum over local experts of weight * down(silu(gate x) * up x)
+  // (+ shared_out). Must not alias x or shared_out.
+  void* out = nullptr;
+  void* workspace = nullptr;  // WorkspaceBytes(tokens, top_k), 256-byte aligned
+  size_t workspace_bytes = 0;
+};
+
+// No host syncs, no allocations (graph-capturable). tokens == 0 is a no-op; a rank with no local
+// experts writes shared_out (or zeros). Assignments to experts of other ranks are ignored.
+absl::Status InvokeMoeExperts(const MoeExpertsGpu& experts, const MoeExpertsRunParams& p,
+                              cudaStream_t stream);
+
+}  // namespace mlaserve

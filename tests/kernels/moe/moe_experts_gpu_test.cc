@@ -1,0 +1,487 @@
+// InvokeMoeExperts (moe_experts.h) against MoeExpertsRef (moe_ref.h) for BF16 and NVFP4 experts at
+// hidden / intermediate sizes that need padding and at model-like sizes, expert-parallel subsets
+// and all experts, decode and prefill batches (every tile size), with and without shared_out;
+// plus ranks without local experts and argument errors. Skips when no GPU is present.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/moe/moe_experts.h"
+#include "kernels/moe/moe_ref.h"
+#include "kernels/moe/nvfp4_ref.h"
+
+namespace mlaserve {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define CUDA_OK(expr)                                                          \
+  do {                                                                         \
+    const cudaError_t err_ = (expr);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
+  } while (0)
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  explicit DeviceBuffer(size_t n) : count(n) {
+    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) !=
+        cudaSuccess) {
+      ptr = nullptr;
+    }
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  cudaError_t Upload(const std::vector<T>& v) {
+    return cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  std::vector<T> Download() const {
+    std::vector<T> v(count);
+    cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+  cudaError_t Poison() { return cudaMemset(ptr, 0xff, std::max<size_t>(count, 1) * sizeof(T)); }
+};
+
+// Runs f(begin, end) over [0, n) on all cores.
+template <class F>
+void ParallelFor(int n, F f) {
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  const int per = (n + threads - 1) / threads;
+  for (int i = 0; i < threads; ++i) {
+    const int b = i * per, e = std::min(n, b + per);
+    if (b < e) pool.emplace_back(f, b, e);
+  }
+  for (auto& t : pool) t.join();
+}
+
+std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng, float stddev) {
+  std::normal_distribution<float> nd(0.0f, stddev);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = FloatToBf16(nd(rng));
+  return v;
+}
+
+// One layer's local experts in checkpoint form, and fp32 copies (the bf16 values exactly, or the
+// dequantized NVFP4 values) for the error bound.
+struct Layer {
+  bool nvfp4;
+  int hidden, inter, local;
+  // [projection: gate, up, down][local expert]
+  std::vector<std::vector<uint16_t>> w_bf16[3];
+  std::vector<std::vector<uint8_t>> packed[3], scale[3];
+  std::vector<float> gs[3];
+  std::vector<std::vector<float>> f32[3];
+
+  int Rows(int k) const { return k < 2 ? inter : hidden; }
+  int Cols(int k) const { return k < 2 ? hidden : inter; }
+};
+
+Layer MakeLayer(bool nvfp4, int hidden, int inter, int local, uint64_t seed) {
+  Layer l;
+  l.nvfp4 = nvfp4;
+  l.hidden = hidden;
+  l.inter = inter;
+  l.local = local;
+  for (int k = 0; k < 3; ++k) {
+    l.w_bf16[k].resize(local);
+    l.packed[k].resize(local);
+    l.scale[k].resize(local);
+    l.gs[k].resize(local);
+    l.f32[k].resize(local);
+  }
+  ParallelFor(local, [&](int b, int e) {
+    for (int i = b; i < e; ++i) {
+      std::mt19937 rng(static_cast<uint32_t>(seed * 7919 + i));
+      for (int k = 0; k < 3; ++k) {
+        const int rows = l.Rows(k), cols = l.Cols(k);
+        const size_t n = static_cast<size_t>(rows) * cols;
+        // Scales so that every dot product is O(1): x ~ N(0, 1), h = O(1).
+        const float stddev = 1.0f / std::sqrt(static_cast<float>(cols));
+        std::vector<float>& f = l.f32[k][i];
+        f.resize(n);
+        if (!nvfp4) {
+          l.w_bf16[k][i] = RandomBf16(n, rng, stddev * (k == 1 ? 1.5f : 1.0f));
+          for (size_t q = 0; q < n; ++q) f[q] = Bf16ToFloat(l.w_bf16[k][i][q]);
+          continue;
+        }
+        // NVFP4: all 16 codes; scales mostly in [0.5, 4) (e4m3 0x30..0x4f), 1 block in 32 zero
+        // (a zero block, as checkpoints have), 1 in 64 anywhere in 0x01..0x7e (subnormals too).
+        // |e2m1 * scale| has rms about 4.4, so weight_scale_2 = 0.25 / sqrt(cols).
+        std::vector<uint8_t>& p = l.packed[k][i];
+        std::vector<uint8_t>& s = l.scale[k][i];
+        p.resize(n / 2);
+        s.resize(n / 16);
+        for (auto& byte : p) byte = static_cast<uint8_t>(rng());
+        for (auto& byte : s) {
+          const uint32_t r = rng();
+          byte = (r & 31) == 0   ? 0
+                 : (r & 63) == 1 ? static_cast<uint8_t>(1 + (r >> 8) % 0x7e)
+                                 : static_cast<uint8_t>(0x30 + (r >> 8) % 0x20);
+        }
+        l.gs[k][i] = 0.25f * stddev * (k == 1 ? 1.5f : 1.0f);
+        DequantizeNvfp4(p.data(), s.data(), l.gs[k][i], rows, cols, f.data());
+      }
+    }
+  });
+  return l;
+}
+
+MoeExpertsHostWeights HostWeights(const Layer& l, int first_expert, int num_routed) {
+  MoeExpertsHostWeights w;
+  w.first_expert = first_expert;
+  w.num_local_experts = l.local;
+  w.hidden = l.hidden;
+  w.intermediate = l.inter;
+  w.num_routed_experts = num_routed;
+  w.nvfp4 = l.nvfp4;
+  std::vector<MoeExpertsHostWeights::Projection>* dst[3] = {&w.gate, &w.up, &w.down};
+  for (int k = 0; k < 3; ++k) {
+    for (int i = 0; i < l.local; ++i) {
+      MoeExpertsHostWeights::Projection p;
+      if (l.nvfp4) {
+        p.packed = l.packed[k][i].data();
+        p.scale = l.scale[k][i].data();
+        p.global_scale = l.gs[k][i];
+      } else {
+        p.bf16 = l.w_bf16[k][i].data();
+      }
+      dst[k]->push_back(p);
+    }
+  }
+  return w;
+}
+
+// The oracle's view: fp32 copies of the bf16 weights, NVFP4 passed as is.
+std::vector<MoeExpertRef> RefExperts(const Layer& l) {
+  std::vector<MoeExpertRef> r(l.local);
+  for (int i = 0; i < l.local; ++i) {
+    MoeLinearRef* dst[3] = {&r[i].gate, &r[i].up, &r[i].down};
+    for (int k = 0; k < 3; ++k) {
+      if (l.nvfp4) {
+        dst[k]->nvfp4_packed = l.packed[k][i].data();
+        dst[k]->nvfp4_scale = l.scale[k][i].data();
+        dst[k]->nvfp4_global_scale = l.gs[k][i];
+      } else {
+        dst[k]->f32 = l.f32[k][i].data();
+      }
+    }
+  }
+  return r;
+}
+
+// Distinct random ids per token among num_experts (partial Fisher-Yates).
+std::vector<int32_t> RandomIds(int tokens, int top_k, int num_experts, std::mt19937& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(tokens) * top_k);
+  std::vector<int> perm(num_experts);
+  for (int t = 0; t < tokens; ++t) {
+    for (int e = 0; e < num_experts; ++e) perm[e] = e;
+    for (int j = 0; j < top_k; ++j) {
+      std::uniform_int_distribution<int> d(j, num_experts - 1);
+      std::swap(perm[j], perm[d(rng)]);
+      ids[static_cast<size_t>(t) * top_k + j] = perm[j];
+    }
+  }
+  return ids;
+}
+
+// bound[t][o] = sum over local slots j of w_j * sum_i |down[o][i]| * |h_i| (h in fp32): rounding
+// h to bf16 (relative error <= 2^-8 per element) moves out[t][o] by at most 2^-8 * bound[t][o].
+std::vector<float> HRoundingBound(const Layer& l, int first_expert, const std::vector<float>& xf,
+                                  const std::vector<int32_t>& ids, const std::vector<float>& w,
+                                  int tokens, int top_k) {
+  const int H = l.hidden, I = l.inter;
+  std::vector<float> bound(static_cast<size_t>(tokens) * H, 0.0f);
+  ParallelFor(tokens, [&](int b, int e) {
+    std::vector<float> h(I);
+    for (int t = b; t < e; ++t) {
+      const float* x = xf.data() + static_cast<size_t>(t) * H;
+      for (int j = 0; j < top_k; ++j) {
+        const int le = ids[static_cast<size_t>(t) * top_k + j] - first_expert;
+        if (le < 0 || le >= l.local) continue;
+        for (int i = 0; i < I; ++i) {
+          float g = 0, u = 0;
+          const float* gr = l.f32[0][le].data() + static_cast<size_t>(i) * H;
+          const float* ur = l.f32[1][le].data() + static_cast<size_t>(i) * H;
+          for (int c = 0; c < H; ++c) {
+            g += gr[c] * x[c];
+            u += ur[c] * x[c];
+          }
+          h[i] = std::fabs(g / (1.0f + std::exp(-g)) * u);
+        }
+        const float wt = w[static_cast<size_t>(t) * top_k + j];
+        for (int o = 0; o < H; ++o) {
+          const float* dr = l.f32[2][le].data() + static_cast<size_t>(o) * I;
+          float s = 0;
+          for (int i = 0; i < I; ++i) s += std::fabs(dr[i]) * h[i];
+          bound[static_cast<size_t>(t) * H + o] += wt * s;
+        }
+      }
+    }
+  });
+  return bound;
+}
+
+struct Case {
+  bool nvfp4;
+  int hidden, inter;
+  int num_experts, first_expert, local, top_k;
+};
+
+std::string Name(const Case& c) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%s H=%d I=%d experts=%d local=[%d,%d) top_k=%d",
+                c.nvfp4 ? "nvfp4" : "bf16", c.hidden, c.inter, c.num_experts, c.first_expert,
+                c.first_expert + c.local, c.top_k);
+  return buf;
+}
+
+void RunCase(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(Name(c));
+  const Layer layer = MakeLayer(c.nvfp4, c.hidden, c.inter, c.local, seed);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto uploaded = MoeExpertsGpu::Upload(HostWeights(layer, c.first_expert, c.num_experts), stream);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  const MoeExpertsGpu& experts = **uploaded;
+  EXPECT_EQ(experts.hidden(), c.hidden);
+  EXPECT_EQ(experts.intermediate(), c.inter);
+  const std::vector<MoeExpertRef> ref_experts = RefExperts(layer);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  const int H = c.hidden;
+  std::vector<int> token_counts = {1, 3, 16, 100, 257};
+  if (c.hidden >= 2048) token_counts = {1, 3, 16, 100};  // CPU reference time
+  for (int tokens : token_counts) {
+    const size_t n_out = static_cast<size_t>(tokens) * H;
+    const std::vector<uint16_t> x = RandomBf16(n_out, rng, 1.0f);
+    const std::vector<uint16_t> shared = RandomBf16(n_out, rng, 1.0f);
+    const std::vector<int32_t> ids = RandomIds(tokens, c.top_k, c.num_experts, rng);
+    std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+    std::vector<float> w(ids.size());
+    for (float& v : w) v = ud(rng);
+    std::vector<float> xf(n_out);
+    for (size_t i = 0; i < n_out; ++i) xf[i] = Bf16ToFloat(x[i]);
+
+    std::vector<float> ref(n_out);
+    ParallelFor(tokens, [&](int b, int e) {
+      MoeExpertsRefParams p{};
+      p.tokens = e - b;
+      p.hidden = H;
+      p.intermediate = c.inter;
+      p.top_k = c.top_k;
+      p.x = xf.data() + static_cast<size_t>(b) * H;
+      p.topk_ids = ids.data() + static_cast<size_t>(b) * c.top_k;
+      p.topk_weights = w.data() + static_cast<size_t>(b) * c.top_k;
+      p.first_expert = c.first_expert;
+      p.num_local_experts = c.local;
+      p.experts = ref_experts.data();
+      p.out = ref.data() + static_cast<size_t>(b) * H;
+      MoeExpertsRef(p);
+    });
+    const std::vector<float> bound =
+        HRoundingBound(layer, c.first_expert, xf, ids, w, tokens, c.top_k);
+
+    DeviceBuffer<uint16_t> d_x(n_out), d_shared(n_out), d_out(n_out);
+    DeviceBuffer<int32_t> d_ids(ids.size());
+    DeviceBuffer<float> d_w(w.size());
+    const size_t ws_bytes = experts.WorkspaceBytes(tokens, c.top_k);
+    DeviceBuffer<uint8_t> d_ws(ws_bytes);
+    ASSERT_TRUE(d_x.ptr && d_shared.ptr && d_out.ptr && d_ids.ptr && d_w.ptr && d_ws.ptr);
+    CUDA_OK(d_x.Upload(x));
+    CUDA_OK(d_shared.Upload(shared));
+    CUDA_OK(d_ids.Upload(ids));
+    CUDA_OK(d_w.Upload(w));
+    for (bool with_shared : {false, true}) {
+      CUDA_OK(d_out.Poison());  // 0xffff: bf16 NaN, so unwritten elements fail
+      CUDA_OK(d_ws.Poison());   // nothing may rely on a zeroed workspace
+      MoeExpertsRunParams p;
+      p.tokens = tokens;
+      p.top_k = c.top_k;
+      p.x = d_x.ptr;
+      p.topk_ids = d_ids.ptr;
+      p.topk_weights = d_w.ptr;
+      p.shared_out = with_shared ? d_shared.ptr : nullptr;
+      p.out = d_out.ptr;
+      p.workspace = d_ws.ptr;
+      p.workspace_bytes = ws_bytes;
+      const absl::Status st = InvokeMoeExperts(experts, p, stream);
+      ASSERT_TRUE(st.ok()) << st;
+      CUDA_OK(cudaStreamSynchronize(stream));
+      CUDA_OK(cudaGetLastError());
+      const std::vector<uint16_t> got = d_out.Download();
+      // Tolerance per element: the output's one bf16 rounding (2^-8 relative, round to nearest
+      // of an 8-bit significand: 2^-9, doubled for the fp32 sums' own differences), plus
+      // 2^-8 * bound for h's bf16 rounding, doubled to cover the fp32 dot products summed in
+      // another order (at most K * 2^-24 relative to the absolute sums in the worst case, in
+      // practice ~sqrt(K) * 2^-24, far below 2^-8). A wrong expert, row, weight or missing term
+      // moves an element by O(its value).
+      int bad = 0, non_finite = 0;
+      double max_err = 0, max_ratio = 0, d2 = 0, r2 = 0;
+      size_t worst = 0;
+      for (size_t i = 0; i < n_out; ++i) {
+        const float g = Bf16ToFloat(got[i]);
+        const double expect = ref[i] + (with_shared ? Bf16ToFloat(shared[i]) : 0.0f);
+        if (!std::isfinite(g)) {
+          ++non_finite;
+          continue;
+        }
+        const double err = std::fabs(g - expect);
+        const double tol =
+            std::ldexp(1.0, -8) * std::fabs(expect) + std::ldexp(1.0, -7) * bound[i] + 1e-6;
+        if (err > tol) ++bad;
+        if (err / tol > max_ratio) {
+          max_ratio = err / tol;
+          worst = i;
+        }
+        max_err = std::max(max_err, err);
+        d2 += err * err;
+        r2 += expect * expect;
+      }
+      const double rel_l2 = std::sqrt(d2 / std::max(r2, 1e-30));
+      std::printf(
+          "[moe_experts] %s tokens=%d shared=%d: max_abs_err=%.3g max_err/tol=%.3f rel_l2=%.3g "
+          "non_finite=%d bad=%d\n",
+          Name(c).c_str(), tokens, with_shared, max_err, max_ratio, rel_l2, non_finite, bad);
+      EXPECT_EQ(non_finite, 0) << "tokens " << tokens << " shared " << with_shared
+                               << ": unwritten or NaN outputs";
+      EXPECT_EQ(bad, 0) << "tokens " << tokens << " shared " << with_shared
+                        << ": worst element t=" << worst / H << " o=" << worst % H << " got "
+                        << Bf16ToFloat(got[worst]) << " ref " << ref[worst] << " (+shared "
+                        << (with_shared ? Bf16ToFloat(shared[worst]) : 0.0f) << ") bound "
+                        << bound[worst];
+      // Rounding errors of h and of the output are each ~2^-9 relative in rms.
+      EXPECT_LT(rel_l2, std::ldexp(1.0, -7)) << "tokens " << tokens << " shared " << with_shared;
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// Hidden / intermediate that need padding (64, 96, 90 hidden; 16..40 intermediate), a
+// DeepSeek-V2-Lite-like shape (2048, 1408: intermediate padded to 1408 = 11 * 128, hidden not
+// padded) and 256/128 (no padding). Expert-parallel local subsets (first_expert > 0) and all
+// experts; 8 experts with top_k 6 at 257 tokens give 193 rows per expert (128-row tiles).
+TEST(MoeExpertsGpuTest, Bf16MatchesReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Case cases[] = {
+      {false, 64, 24, 8, 0, 8, 6},       {false, 64, 24, 64, 16, 32, 8},
+      {false, 96, 32, 16, 4, 8, 2},      {false, 90, 40, 32, 0, 32, 4},
+      {false, 256, 128, 64, 0, 64, 8},   {false, 256, 128, 64, 40, 24, 8},
+      {false, 2048, 1408, 16, 0, 16, 4}, {false, 2048, 1408, 32, 8, 8, 8},
+  };
+  uint64_t seed = 100;
+  for (const Case& c : cases) RunCase(c, ++seed);
+}
+
+TEST(MoeExpertsGpuTest, Nvfp4MatchesReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Case cases[] = {
+      {true, 64, 16, 8, 0, 8, 6},      {true, 64, 32, 64, 16, 32, 8},
+      {true, 96, 32, 16, 4, 8, 2},     {true, 256, 128, 64, 0, 64, 8},
+      {true, 256, 128, 64, 40, 24, 8}, {true, 2048, 1408, 16, 0, 16, 4},
+      {true, 2048, 1408, 32, 8, 8, 8},
+  };
+  uint64_t seed = 200;
+  for (const Case& c : cases) RunCase(c, ++seed);
+}
+
+// A rank with no local experts writes shared_out (bit for bit) or zeros.
+TEST(MoeExpertsGpuTest, NoLocalExpertsWritesSharedOrZeros) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  MoeExpertsHostWeights w;
+  w.first_expert = 8;
+  w.hidden = 96;
+  w.intermediate = 32;
+  auto uploaded = MoeExpertsGpu::Upload(w, nullptr);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  EXPECT_EQ((*uploaded)->WorkspaceBytes(5, 4), 0u);
+  const int tokens = 5, top_k = 4, H = 96;
+  std::mt19937 rng(7);
+  const std::vector<uint16_t> shared = RandomBf16(static_cast<size_t>(tokens) * H, rng, 1.0f);
+  const std::vector<int32_t> ids = RandomIds(tokens, top_k, 16, rng);
+  DeviceBuffer<uint16_t> d_shared(shared.size()), d_out(shared.size());
+  DeviceBuffer<int32_t> d_ids(ids.size());
+  DeviceBuffer<float> d_w(ids.size());
+  CUDA_OK(d_shared.Upload(shared));
+  CUDA_OK(d_ids.Upload(ids));
+  for (bool with_shared : {false, true}) {
+    CUDA_OK(d_out.Poison());
+    MoeExpertsRunParams p;
+    p.tokens = tokens;
+    p.top_k = top_k;
+    p.x = d_shared.ptr;  // any bf16 [tokens, H]
+    p.topk_ids = d_ids.ptr;
+    p.topk_weights = d_w.ptr;
+    p.shared_out = with_shared ? d_shared.ptr : nullptr;
+    p.out = d_out.ptr;
+    const absl::Status st = InvokeMoeExperts(**uploaded, p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = d_out.Download();
+    EXPECT_EQ(got, with_shared ? shared : std::vector<uint16_t>(shared.size(), 0))
+        << "with_shared " << with_shared;
+  }
+}
+
+// Errors are values with actionable messages (no CUDA work needed for these).
+TEST(MoeExpertsGpuTest, RejectsInvalidArguments) {
+  MoeExpertsHostWeights w;
+  w.num_local_experts = 1;
+  w.hidden = 24;  // not a multiple of 16: impossible for NVFP4
+  w.intermediate = 32;
+  w.nvfp4 = true;
+  w.gate.resize(1);
+  w.up.resize(1);
+  w.down.resize(1);
+  auto r = MoeExpertsGpu::Upload(w, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  w.hidden = 64;
+  r = MoeExpertsGpu::Upload(w, nullptr);  // packed / scale missing
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("expert 0 gate"), std::string::npos) << r.status();
+  w.nvfp4 = false;
+  w.gate.resize(2);  // 2 gates for 1 expert
+  r = MoeExpertsGpu::Upload(w, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+}
+
+// A too-small or misaligned workspace is an error, not a silent overrun.
+TEST(MoeExpertsGpuTest, RejectsSmallWorkspace) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Layer layer = MakeLayer(false, 64, 24, 4, 9);
+  auto uploaded = MoeExpertsGpu::Upload(HostWeights(layer, 0, 4), nullptr);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  const size_t need = (*uploaded)->WorkspaceBytes(3, 2);
+  ASSERT_GT(need, 0u);
+  DeviceBuffer<uint8_t> ws(need + 256);
+  MoeExpertsRunParams p;
+  p.tokens = 3;
+  p.top_k = 2;
+  p.x = ws.ptr;
+  p.topk_ids = reinterpret_cast<const int32_t*>(ws.ptr);
+  p.topk_weights = reinterpret_cast<const float*>(ws.ptr);
+  p.out = ws.ptr;
+  p.workspace = ws.ptr;
+  p.workspace_bytes = need - 1;
+  EXPECT_EQ(InvokeMoeExperts(**uploaded, p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.workspace = ws.ptr + 16;
+  p.workspace_bytes = need;
+  EXPECT_EQ(InvokeMoeExperts(**uploaded, p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace mlaserve
