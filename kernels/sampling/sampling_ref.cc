@@ -5,15 +5,10 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/sampling/sampling_uniform.h"
+
 namespace mlaserve {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 float LogSoftmaxAt(const float* logits, int vocab, int token) {
   const float mx = *std::max_element(logits, logits + vocab);
@@ -24,10 +19,7 @@ float LogSoftmaxAt(const float* logits, int vocab, int token) {
 
 }  // namespace
 
-double SamplingUniform(uint64_t seed, uint64_t step) {
-  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ (step * 0xd1b54a32d192ed03ull));
-  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
-}
+double SamplingUniform(uint64_t seed, uint64_t step) { return SamplingUniformOf(seed, step); }
 
 int32_t SampleRef(const float* logits, int vocab, const SamplingRefParams& p, uint64_t step,
                   float* logprob) {
