@@ -14,7 +14,8 @@ namespace {
 void WeightRow(const LinearRefWeight& w, int row, float* dst) {
   const int in = w.in_features;
   if (w.f32 != nullptr) {
-    std::copy(w.f32 + static_cast<int64_t>(row) * in, w.f32 + static_cast<int64_t>(row + 1) * in, dst);
+    std::copy(w.f32 + static_cast<int64_t>(row) * in, w.f32 + static_cast<int64_t>(row + 1) * in,
+              dst);
   } else if (w.bf16 != nullptr) {
     const uint16_t* src = w.bf16 + static_cast<int64_t>(row) * in;
     for (int i = 0; i < in; ++i) dst[i] = Bf16ToFloat(src[i]);
@@ -55,6 +56,19 @@ void LinearRef(const float* x, int64_t tokens, const LinearRefWeight& w, float* 
     if (b < e) pool.emplace_back(Rows, x, tokens, std::cref(w), out, b, e);
   }
   for (auto& th : pool) th.join();
+}
+
+void DequantizeNvfp4ToBf16Unscaled(const uint8_t* packed, const uint8_t* scale_e4m3, int64_t rows,
+                                   int64_t cols, uint16_t* out_bf16) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* p = packed + r * (cols / 2);
+    const uint8_t* s = scale_e4m3 + r * (cols / kNvfp4BlockSize);
+    uint16_t* o = out_bf16 + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t code = (c % 2 == 0) ? (p[c / 2] & 0x0f) : (p[c / 2] >> 4);
+      o[c] = FloatToBf16(E2m1ToFloat(code) * E4m3ToFloat(s[c / kNvfp4BlockSize]));
+    }
+  }
 }
 
 }  // namespace mlaserve

@@ -1,0 +1,58 @@
+// Dense projections y = alpha * x W^T on the GPU: bf16 x and W, fp32 accumulation
+// (CUBLAS_COMPUTE_32F), bf16 or fp32 output, through cuBLASLt. Covers the model's bf16
+// projections, and its non-expert NVFP4 ones run as bf16 GEMMs on weights expanded by
+// DequantizeNvfp4ToBf16Unscaled (kernels/linear/linear_ref.h) with alpha = weight_scale_2.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+
+namespace mlaserve {
+
+// One per device and stream user: it owns a cuBLASLt handle, a device workspace and a cache of
+// algorithm choices by shape, none of them thread-safe. Create on the device it will run on.
+class LinearGemm {
+ public:
+  // workspace_bytes: device scratch for split-k and the like (allocated here, once).
+  static absl::StatusOr<std::unique_ptr<LinearGemm>> Create(size_t workspace_bytes = 32 << 20);
+  ~LinearGemm();
+  LinearGemm(const LinearGemm&) = delete;
+  LinearGemm& operator=(const LinearGemm&) = delete;
+
+  struct Args {
+    int64_t m = 0;                   // rows of x (tokens)
+    int64_t n = 0;                   // out_features
+    int64_t k = 0;                   // in_features
+    const void* x = nullptr;         // bf16 [m, k], row stride x_stride elements
+    int64_t x_stride = 0;            // >= k
+    const void* w = nullptr;         // bf16 [n, k] row-major (PyTorch Linear layout)
+    float alpha = 1.0f;              // e.g. NVFP4 weight_scale_2 when w holds e2m1 * block_scale
+    void* out = nullptr;             // out_dtype [m, n], row stride out_stride elements
+    DType out_dtype = DType::kBF16;  // kBF16 or kF32
+    int64_t out_stride = 0;          // >= n
+  };
+
+  // out = alpha * x W^T (out's columns n..out_stride are not touched). m = 0 is a no-op. The
+  // first call with a new (shape, strides, dtype, pointer alignments) asks cuBLASLt's heuristic
+  // for an algorithm and caches it, later ones only enqueue: no host sync, no allocation
+  // (graph-capturable, once each shape has been seen or also during capture, since the
+  // heuristic query does not touch the stream).
+  absl::Status Run(const Args& a, cudaStream_t stream);
+
+  // Number of distinct shapes planned so far (for tests: repeated shapes must not add plans).
+  size_t CachedPlans() const;
+
+ private:
+  struct Impl;
+  explicit LinearGemm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mlaserve

@@ -1,0 +1,718 @@
+// The model's small GPU ops and dense projections against their CPU references, on random data:
+//   InvokeGatherRows  (kernels/embedding/embedding.h)  vs the CpuOps::Embed semantics (exact)
+//   InvokeRmsNorm, InvokeAddRmsNorm (kernels/norm/rms_norm.h)  vs RmsNormRef
+//   InvokeRope        (kernels/rope/rope.h)            vs RopeRef
+//   InvokeSiluMul     (kernels/activation/silu_mul.h)  vs SiluMulRef
+//   LinearGemm        (kernels/linear/linear.h)        vs LinearRef
+// The references run in fp32 on the bf16 inputs widened exactly; GPU outputs are bf16 unless
+// said otherwise. A bf16 value has 8 significant bits, so rounding v to bf16 moves it by at most
+// half an ulp = 2^-8 |v| (relative 2^-9 of the value's binade top); the tolerances below are
+// that rounding plus the fp32 differences each op's comment derives. Every output buffer is
+// filled with 0xFF bytes (bf16/fp32 NaN) first, so an element left unwritten fails, and padding
+// columns between rows must still hold 0xFF afterwards.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/activation/silu_mul.h"
+#include "kernels/activation/silu_mul_ref.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/linear/linear.h"
+#include "kernels/linear/linear_ref.h"
+#include "kernels/norm/rms_norm.h"
+#include "kernels/norm/rms_norm_ref.h"
+#include "kernels/rope/rope.h"
+#include "kernels/rope/rope_ref.h"
+
+namespace mlaserve {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+#define STATUS_OK(expr)                                    \
+  do {                                                     \
+    const absl::Status status_ = (expr);                   \
+    ASSERT_TRUE(status_.ok()) << #expr << ": " << status_; \
+  } while (0)
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  explicit DeviceBuffer(size_t n) : count(n) {
+    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) !=
+        cudaSuccess) {
+      ptr = nullptr;
+    }
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  cudaError_t Upload(const std::vector<T>& v) {
+    if (ptr == nullptr || v.size() > count) return cudaErrorInvalidValue;
+    return cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  cudaError_t Poison() { return cudaMemset(ptr, 0xff, count * sizeof(T)); }
+  std::vector<T> Download() const {
+    std::vector<T> v(count);
+    if (cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) {
+      std::fill(v.begin(), v.end(), T{});
+    }
+    return v;
+  }
+};
+
+// Fast random values: a 64-bit generator cut into four 16-bit fields (the big GEMM weights have
+// 84M elements, too many for std::normal_distribution).
+struct FastRandom {
+  std::mt19937_64 gen;
+  uint64_t bits = 0;
+  int left = 0;
+  explicit FastRandom(uint64_t seed) : gen(seed) {}
+  // Uniform in [-scale, scale), rounded to bf16.
+  uint16_t Bf16(float scale) {
+    if (left == 0) {
+      bits = gen();
+      left = 4;
+    }
+    const float u = static_cast<float>(bits & 0xffff) / 32768.0f - 1.0f;
+    bits >>= 16;
+    --left;
+    return FloatToBf16(u * scale);
+  }
+};
+
+std::vector<uint16_t> RandomBf16(FastRandom& rng, size_t n, float scale) {
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = rng.Bf16(scale);
+  return v;
+}
+
+std::vector<float> Widen(const std::vector<uint16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = Bf16ToFloat(v[i]);
+  return f;
+}
+
+// Mismatch bookkeeping: counts failures and keeps the first few for the message.
+struct Mismatches {
+  std::string what;
+  int64_t count = 0;
+  std::ostringstream first;
+  explicit Mismatches(std::string w) : what(std::move(w)) {}
+  void Add(int64_t row, int64_t col, double got, double want, double tol) {
+    if (++count <= 8) {
+      first << "\n  [" << row << ", " << col << "] got " << got << " want " << want << " (|diff| "
+            << std::fabs(got - want) << " > tol " << tol << ")";
+    }
+  }
+  // NaN-safe: a NaN got (unwritten, poison) always fails.
+  void Check(int64_t row, int64_t col, double got, double want, double tol) {
+    if (!(std::fabs(got - want) <= tol)) Add(row, col, got, want, tol);
+  }
+  void Expect() const {
+    EXPECT_EQ(count, 0) << what << ": " << count << " mismatches" << first.str();
+  }
+};
+
+constexpr uint16_t kBf16Poison = 0xffff;
+constexpr double kBf16HalfUlp = 1.0 / 256;  // 2^-8 relative: the bound of one bf16 rounding
+
+// Checks that out's padding columns [cols, stride) of every row still hold the poison bytes.
+template <typename T>
+void ExpectPaddingUntouched(const std::vector<T>& out, int64_t rows, int64_t cols, int64_t stride,
+                            const std::string& what) {
+  int64_t touched = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = cols; c < stride; ++c) {
+      T poison;
+      std::memset(&poison, 0xff, sizeof(T));
+      if (std::memcmp(&out[r * stride + c], &poison, sizeof(T)) != 0) ++touched;
+    }
+  }
+  EXPECT_EQ(touched, 0) << what << ": " << touched << " padding elements written";
+}
+
+// ---------------------------------------------------------------------------------------------
+// GatherRows: exact. bf16 -> fp32 and bf16 -> bf16 are exact; fp32 -> bf16 must equal
+// FloatToBf16 (round to nearest even) bit for bit.
+struct GatherCase {
+  DType src, out;
+  int64_t src_rows;
+  int cols, src_pad, out_pad, count;
+  int64_t id_offset;
+};
+
+TEST(ElementwiseGpuTest, GatherRows) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const GatherCase cases[] = {
+      {DType::kBF16, DType::kF32, 1000, 7168, 0, 0, 257, 0},  // embedding, one rank
+      {DType::kBF16, DType::kF32, 500, 7168, 0, 0, 7, 1000},  // vocab-parallel rank 2
+      {DType::kBF16, DType::kF32, 300, 64, 8, 3, 1, 300},     // tiny hidden, one token
+      {DType::kBF16, DType::kBF16, 257, 7168, 0, 16, 7, 0},   // logits rows
+      {DType::kBF16, DType::kBF16, 33, 96, 5, 0, 64, 0},      // odd stride
+      {DType::kF32, DType::kBF16, 40, 512, 4, 2, 100, 10},
+      {DType::kF32, DType::kF32, 40, 16, 0, 1, 257, -5},
+  };
+  std::mt19937 gen(1);
+  FastRandom rng(2);
+  for (const GatherCase& c : cases) {
+    const int64_t src_stride = c.cols + c.src_pad, out_stride = c.cols + c.out_pad;
+    const size_t src_n = static_cast<size_t>(c.src_rows * src_stride);
+    const std::vector<uint16_t> src_bf16 = RandomBf16(rng, src_n, 4.0f);
+    std::vector<float> src_f32(src_n);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    for (auto& v : src_f32) v = normal(gen);  // not bf16-representable: exercises rounding
+    // Ids cover this rank's rows and a margin outside on both sides (other ranks' rows).
+    std::uniform_int_distribution<int64_t> id_dist(c.id_offset - 20, c.id_offset + c.src_rows + 19);
+    std::vector<int32_t> ids(c.count);
+    for (auto& id : ids) id = static_cast<int32_t>(id_dist(gen));
+    ids[0] = static_cast<int32_t>(c.id_offset + c.src_rows - 1);               // last valid row
+    if (c.count > 1) ids[1] = static_cast<int32_t>(c.id_offset + c.src_rows);  // first invalid
+
+    const size_t esize = c.src == DType::kF32 ? 4 : 2, osize = c.out == DType::kF32 ? 4 : 2;
+    DeviceBuffer<uint8_t> d_src(src_n * esize), d_out(c.count * out_stride * osize);
+    DeviceBuffer<int32_t> d_ids(ids.size());
+    ASSERT_NE(d_src.ptr, nullptr);
+    ASSERT_NE(d_out.ptr, nullptr);
+    ASSERT_NE(d_ids.ptr, nullptr);
+    CUDA_OK(cudaMemcpy(d_src.ptr,
+                       c.src == DType::kF32 ? static_cast<const void*>(src_f32.data())
+                                            : static_cast<const void*>(src_bf16.data()),
+                       src_n * esize, cudaMemcpyHostToDevice));
+    CUDA_OK(d_ids.Upload(ids));
+    CUDA_OK(d_out.Poison());
+    GatherRowsParams p;
+    p.src = d_src.ptr;
+    p.src_dtype = c.src;
+    p.src_rows = c.src_rows;
+    p.src_stride = src_stride;
+    p.cols = c.cols;
+    p.ids = d_ids.ptr;
+    p.count = c.count;
+    p.id_offset = c.id_offset;
+    p.out = d_out.ptr;
+    p.out_dtype = c.out;
+    p.out_stride = out_stride;
+    STATUS_OK(InvokeGatherRows(p, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> raw = d_out.Download();
+
+    Mismatches bad("GatherRows " + std::string(DTypeName(c.src)) + "->" +
+                   std::string(DTypeName(c.out)) + " cols " + std::to_string(c.cols) + " count " +
+                   std::to_string(c.count) + " id_offset " + std::to_string(c.id_offset));
+    for (int i = 0; i < c.count; ++i) {
+      const int64_t row = static_cast<int64_t>(ids[i]) - c.id_offset;
+      const bool valid = row >= 0 && row < c.src_rows;
+      for (int col = 0; col < c.cols; ++col) {
+        float want = 0.0f;
+        if (valid) {
+          const size_t s = static_cast<size_t>(row * src_stride + col);
+          want = c.src == DType::kF32 ? src_f32[s] : Bf16ToFloat(src_bf16[s]);
+        }
+        if (c.out == DType::kBF16) want = Bf16ToFloat(FloatToBf16(want));
+        const size_t o = static_cast<size_t>(i * out_stride + col);
+        float got;
+        if (c.out == DType::kF32) {
+          std::memcpy(&got, &raw[o * 4], 4);
+        } else {
+          uint16_t b;
+          std::memcpy(&b, &raw[o * 2], 2);
+          got = Bf16ToFloat(b);
+        }
+        bad.Check(i, col, got, want, 0.0);  // exact
+      }
+    }
+    bad.Expect();
+    // Padding: bytes [cols, stride) of every row.
+    int64_t touched = 0;
+    for (int i = 0; i < c.count; ++i) {
+      for (size_t b = (i * out_stride + c.cols) * osize; b < (i + 1) * out_stride * osize; ++b) {
+        if (raw[b] != 0xff) ++touched;
+      }
+    }
+    EXPECT_EQ(touched, 0) << bad.what << ": padding bytes written";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RmsNorm. The GPU's fp32 value differs from RmsNormRef's only in the sum of squares (fp32 tree
+// vs double: relative error <= log2(7168) * 2^-24 < 2^-20 on the sum, half that through the
+// sqrt) and the final bf16 rounding (2^-8 |y|): |got - y_ref| <= (2^-8 + 2^-19) |y_ref|, plus
+// 1e-30 for exact zeros.
+struct NormCase {
+  int64_t rows;
+  int dim, x_pad, out_pad;
+  DType x_dtype;
+};
+
+TEST(ElementwiseGpuTest, RmsNorm) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  std::vector<NormCase> cases;
+  for (const int64_t rows : {1, 7, 257}) {
+    for (const int dim : {16, 64, 96, 512, 1536, 7168}) {
+      cases.push_back({rows, dim, 0, 0, DType::kF32});
+      cases.push_back({rows, dim, dim % 3 == 0 ? 5 : 8, 3, DType::kBF16});
+      cases.push_back({rows, dim, 7, 0, DType::kF32});
+    }
+  }
+  FastRandom rng(3);
+  std::mt19937 gen(4);
+  for (const NormCase& c : cases) {
+    const int64_t x_stride = c.dim + c.x_pad, out_stride = c.dim + c.out_pad;
+    // Rows with different magnitudes so that the per-row scale matters.
+    std::vector<uint16_t> x_bf16 = RandomBf16(rng, c.rows * x_stride, 1.0f);
+    std::vector<float> x_f32(c.rows * x_stride);
+    std::uniform_real_distribution<float> mag(0.01f, 30.0f);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      const float m = mag(gen);
+      for (int64_t i = 0; i < x_stride; ++i) {
+        x_f32[r * x_stride + i] = Bf16ToFloat(x_bf16[r * x_stride + i]) * m * 1.001f;
+        x_bf16[r * x_stride + i] = FloatToBf16(x_f32[r * x_stride + i]);
+      }
+    }
+    const std::vector<float> weight = Widen(RandomBf16(rng, c.dim, 2.0f));
+    const float eps = 1e-6f;
+    // Reference on the contiguous fp32 inputs the GPU sees.
+    std::vector<float> xin(c.rows * c.dim), want(c.rows * c.dim);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      for (int i = 0; i < c.dim; ++i) {
+        xin[r * c.dim + i] = c.x_dtype == DType::kF32 ? x_f32[r * x_stride + i]
+                                                      : Bf16ToFloat(x_bf16[r * x_stride + i]);
+      }
+    }
+    RmsNormRef(xin.data(), weight.data(), c.rows, c.dim, eps, want.data());
+
+    DeviceBuffer<float> d_xf(x_f32.size()), d_w(weight.size());
+    DeviceBuffer<uint16_t> d_xb(x_bf16.size()), d_out(c.rows * out_stride);
+    CUDA_OK(d_xf.Upload(x_f32));
+    CUDA_OK(d_xb.Upload(x_bf16));
+    CUDA_OK(d_w.Upload(weight));
+    CUDA_OK(d_out.Poison());
+    RmsNormParams p;
+    p.rows = c.rows;
+    p.dim = c.dim;
+    p.eps = eps;
+    p.x = c.x_dtype == DType::kF32 ? static_cast<const void*>(d_xf.ptr) : d_xb.ptr;
+    p.x_dtype = c.x_dtype;
+    p.x_stride = x_stride;
+    p.weight = d_w.ptr;
+    p.out = d_out.ptr;
+    p.out_stride = out_stride;
+    STATUS_OK(InvokeRmsNorm(p, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> out = d_out.Download();
+    Mismatches bad("RmsNorm " + std::string(DTypeName(c.x_dtype)) + " rows " +
+                   std::to_string(c.rows) + " dim " + std::to_string(c.dim) + " x_stride " +
+                   std::to_string(x_stride) + " out_stride " + std::to_string(out_stride));
+    for (int64_t r = 0; r < c.rows; ++r) {
+      for (int i = 0; i < c.dim; ++i) {
+        const double w = want[r * c.dim + i];
+        bad.Check(r, i, Bf16ToFloat(out[r * out_stride + i]), w,
+                  (kBf16HalfUlp + std::ldexp(1.0, -19)) * std::fabs(w) + 1e-30);
+      }
+    }
+    bad.Expect();
+    ExpectPaddingUntouched(out, c.rows, c.dim, out_stride, bad.what);
+  }
+}
+
+// AddRmsNorm: the residual update is one fp32 addition, so it must match bit for bit; the norm
+// output has RmsNorm's tolerance.
+TEST(ElementwiseGpuTest, AddRmsNorm) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  FastRandom rng(5);
+  std::mt19937 gen(6);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const int64_t rows : {1, 7, 257}) {
+    for (const int dim : {16, 64, 96, 512, 7168}) {
+      std::vector<float> residual(rows * dim);
+      for (auto& v : residual) v = normal(gen);
+      const std::vector<uint16_t> delta = RandomBf16(rng, rows * dim, 3.0f);
+      const std::vector<float> weight = Widen(RandomBf16(rng, dim, 2.0f));
+      const float eps = 1e-5f;
+      std::vector<float> sum(rows * dim), want(rows * dim);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = residual[i] + Bf16ToFloat(delta[i]);
+      RmsNormRef(sum.data(), weight.data(), rows, dim, eps, want.data());
+
+      DeviceBuffer<float> d_res(residual.size()), d_w(weight.size());
+      DeviceBuffer<uint16_t> d_delta(delta.size()), d_out(rows * dim);
+      CUDA_OK(d_res.Upload(residual));
+      CUDA_OK(d_delta.Upload(delta));
+      CUDA_OK(d_w.Upload(weight));
+      CUDA_OK(d_out.Poison());
+      AddRmsNormParams p;
+      p.rows = rows;
+      p.dim = dim;
+      p.eps = eps;
+      p.residual = d_res.ptr;
+      p.delta = d_delta.ptr;
+      p.weight = d_w.ptr;
+      p.out = d_out.ptr;
+      STATUS_OK(InvokeAddRmsNorm(p, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> res_got = d_res.Download();
+      const std::vector<uint16_t> out = d_out.Download();
+      const std::string what =
+          "AddRmsNorm rows " + std::to_string(rows) + " dim " + std::to_string(dim);
+      Mismatches bad_res(what + " residual"), bad_out(what + " out");
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int i = 0; i < dim; ++i) {
+          const size_t k = r * dim + i;
+          bad_res.Check(r, i, res_got[k], sum[k], 0.0);
+          bad_out.Check(r, i, Bf16ToFloat(out[k]), want[k],
+                        (kBf16HalfUlp + std::ldexp(1.0, -19)) * std::fabs(want[k]) + 1e-30);
+        }
+      }
+      bad_res.Expect();
+      bad_out.Expect();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rope. The GPU repeats RopeRef's fp32 operations one by one (no FMA contraction), except that
+// CUDA's cosf/sinf (2 ulp) and glibc's (< 1 ulp) may differ by 3 ulp = 3 * 2^-24 relative (the
+// argument is the same fp32 number on both sides). So the fp32 results differ by at most about
+// 2^-21 * scaling * (|x0| + |x1|) and then round to bf16: |got - y_ref| <= 2^-8 |y_ref| +
+// 2^-20 * scaling * (|x0| + |x1|).
+struct RopeCase {
+  int64_t rows;
+  int per_row;
+  int dim;
+  int64_t first_col, vec_stride, row_pad;
+  bool interleaved;
+  float scaling;
+};
+
+TEST(ElementwiseGpuTest, Rope) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  std::vector<RopeCase> cases;
+  for (const int64_t rows : {1, 7, 257}) {
+    for (const bool il : {false, true}) {
+      cases.push_back({rows, 128, 64, 128, 192, 0, il, 1.0f});  // q heads: nope 128 + rope 64
+      cases.push_back({rows, 1, 64, 512, 64, 0, il, 1.2f});     // kv_a: latent 512 + rope 64
+      cases.push_back({rows, 16, 16, 8, 40, 5, il, 0.75f});     // tiny model, padded rows
+      cases.push_back({rows, 3, 128, 0, 130, 2, il, 1.0f});
+      cases.push_back({rows, 1, 512, 3, 512, 1, il, 1.0f});  // widest supported
+    }
+  }
+  FastRandom rng(7);
+  std::mt19937 gen(8);
+  for (const RopeCase& c : cases) {
+    const int64_t row_stride = c.first_col + (c.per_row - 1) * c.vec_stride + c.dim + c.row_pad;
+    const std::vector<uint16_t> x = RandomBf16(rng, c.rows * row_stride, 2.0f);
+    std::vector<int32_t> positions(c.rows);
+    std::uniform_int_distribution<int32_t> pos_dist(0, 163839);
+    for (auto& p : positions) p = pos_dist(gen);
+    positions[0] = 163839;  // the largest position the model serves
+    if (c.rows > 1) positions[1] = 0;
+    std::vector<float> inv_freq(c.dim / 2);
+    for (int i = 0; i < c.dim / 2; ++i) {
+      inv_freq[i] = 1.0f / std::pow(10000.0f, 2.0f * i / c.dim);
+    }
+    // Reference as CpuOps::Rope calls it: one row at a time, its per_row vectors sharing the
+    // row's position.
+    std::vector<float> want = Widen(x);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      RopeRef(want.data() + r * row_stride + c.first_col, c.per_row, c.vec_stride, c.per_row,
+              &positions[r], inv_freq.data(), c.dim, c.scaling, c.interleaved);
+    }
+    DeviceBuffer<uint16_t> d_x(x.size());
+    DeviceBuffer<int32_t> d_pos(positions.size());
+    DeviceBuffer<float> d_freq(inv_freq.size());
+    CUDA_OK(d_x.Upload(x));
+    CUDA_OK(d_pos.Upload(positions));
+    CUDA_OK(d_freq.Upload(inv_freq));
+    RopeParams p;
+    p.x = d_x.ptr;
+    p.rows = c.rows;
+    p.row_stride = row_stride;
+    p.first_col = c.first_col;
+    p.per_row = c.per_row;
+    p.vec_stride = c.vec_stride;
+    p.dim = c.dim;
+    p.positions = d_pos.ptr;
+    p.inv_freq = d_freq.ptr;
+    p.attention_scaling = c.scaling;
+    p.interleaved = c.interleaved;
+    STATUS_OK(InvokeRope(p, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = d_x.Download();
+    Mismatches bad("Rope rows " + std::to_string(c.rows) + " per_row " + std::to_string(c.per_row) +
+                   " dim " + std::to_string(c.dim) + " first_col " + std::to_string(c.first_col) +
+                   " vec_stride " + std::to_string(c.vec_stride) +
+                   (c.interleaved ? " interleaved" : " halves") + " scaling " +
+                   std::to_string(c.scaling));
+    const int half = c.dim / 2;
+    for (int64_t r = 0; r < c.rows; ++r) {
+      std::vector<bool> in_vec(row_stride, false);
+      for (int j = 0; j < c.per_row; ++j) {
+        const int64_t base = r * row_stride + c.first_col + j * c.vec_stride;
+        for (int i = 0; i < c.dim; ++i) in_vec[c.first_col + j * c.vec_stride + i] = true;
+        for (int i = 0; i < c.dim; ++i) {
+          const int pair = i % half;
+          const float x0 = Bf16ToFloat(x[base + (c.interleaved ? 2 * pair : pair)]);
+          const float x1 = Bf16ToFloat(x[base + (c.interleaved ? 2 * pair + 1 : pair + half)]);
+          const double w = want[base + i];
+          const double tol = kBf16HalfUlp * std::fabs(w) +
+                             std::ldexp(1.0, -20) * c.scaling * (std::fabs(x0) + std::fabs(x1));
+          bad.Check(r, base - r * row_stride + i, Bf16ToFloat(got[base + i]), w, tol);
+        }
+      }
+      // Everything outside the rotary vectors must be untouched (bit for bit).
+      for (int64_t col = 0; col < row_stride; ++col) {
+        if (!in_vec[col] && got[r * row_stride + col] != x[r * row_stride + col]) {
+          bad.Add(r, col, Bf16ToFloat(got[r * row_stride + col]),
+                  Bf16ToFloat(x[r * row_stride + col]), 0.0);
+        }
+      }
+    }
+    bad.Expect();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SiluMul. fp32 differences: expf 2 ulp (CUDA) vs < 1 ulp (glibc), then one add, one division,
+// one multiply, each correctly rounded on both sides: relative < 8 * 2^-24 = 2^-21 in all, then
+// the bf16 rounding: |got - y_ref| <= (2^-8 + 2^-20) |y_ref| + 1e-30.
+TEST(ElementwiseGpuTest, SiluMul) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  FastRandom rng(9);
+  for (const int64_t rows : {1, 7, 257}) {
+    for (const int cols : {16, 96, 1408, 2048, 18432}) {
+      if (rows == 257 && cols == 18432) continue;  // 4.7M elements: enough covered elsewhere
+      // gate and up are the two halves of one GEMM output row, padded: in_stride = 2 cols + 8.
+      const int64_t in_stride = 2 * cols + 8, out_stride = cols + (cols % 3 == 0 ? 1 : 0);
+      const std::vector<uint16_t> gate_up = RandomBf16(rng, rows * in_stride, 12.0f);
+      std::vector<float> g(rows * cols), u(rows * cols), want(rows * cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int c = 0; c < cols; ++c) {
+          g[r * cols + c] = Bf16ToFloat(gate_up[r * in_stride + c]);
+          u[r * cols + c] = Bf16ToFloat(gate_up[r * in_stride + cols + c]);
+        }
+      }
+      SiluMulRef(g.data(), u.data(), rows * cols, want.data());
+      DeviceBuffer<uint16_t> d_in(gate_up.size()), d_out(rows * out_stride);
+      CUDA_OK(d_in.Upload(gate_up));
+      CUDA_OK(d_out.Poison());
+      SiluMulParams p;
+      p.rows = rows;
+      p.cols = cols;
+      p.gate = d_in.ptr;
+      p.up = d_in.ptr + cols;
+      p.in_stride = in_stride;
+      p.out = d_out.ptr;
+      p.out_stride = out_stride;
+      STATUS_OK(InvokeSiluMul(p, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> out = d_out.Download();
+      Mismatches bad("SiluMul rows " + std::to_string(rows) + " cols " + std::to_string(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int c = 0; c < cols; ++c) {
+          const double w = want[r * cols + c];
+          bad.Check(r, c, Bf16ToFloat(out[r * out_stride + c]), w,
+                    (kBf16HalfUlp + std::ldexp(1.0, -20)) * std::fabs(w) + 1e-30);
+        }
+      }
+      bad.Expect();
+      ExpectPaddingUntouched(out, rows, cols, out_stride, bad.what);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// LinearGemm. Both sides multiply the same bf16 values exactly (a bf16 product is exact in fp32)
+// and sum k products in fp32 in different orders; any fp32 summation order of k terms is within
+// k * 2^-24 * S of the exact sum, where S = sum_i |x_i w_i| (recursive-summation bound), so
+// reference and GPU differ by at most e = 2 k 2^-24 alpha S (+ alpha's one rounding, 2^-24 |y|).
+// A bf16 output adds its rounding: |got - y_ref| <= 2^-8 (|y_ref| + e) + e. A wrong element (bad
+// index, stride, transpose, missing alpha) is off by O(|y|) ~ S / sqrt(k), far above e for
+// k <= 7168 (e / S <= 8.6e-4, 1 / sqrt(7168) = 1.2e-2).
+struct GemmCase {
+  int64_t m, n, k;
+  int x_pad, out_pad;
+  DType out_dtype;
+  float alpha;
+};
+
+TEST(ElementwiseGpuTest, LinearGemm) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<LinearGemm>> gemm = LinearGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const GemmCase cases[] = {
+      {1, 24, 96, 0, 0, DType::kBF16, 1.0f},      {1, 96, 24, 0, 0, DType::kF32, 0.37f},
+      {7, 24, 24, 3, 1, DType::kBF16, 1.0f},     // odd strides: 2-byte aligned rows
+      {7, 576, 7168, 0, 0, DType::kBF16, 1.0f},  // kv_a_proj_with_mqa shape
+      {64, 512, 576, 8, 8, DType::kF32, 1.0f},    {300, 96, 512, 0, 0, DType::kBF16, 0.0123f},
+      {257, 7168, 96, 0, 0, DType::kF32, 1.0f},   {300, 576, 96, 5, 3, DType::kBF16, 2.5f},
+      {1, 7168, 512, 0, 0, DType::kBF16, 1.0f},   {13, 512, 7168, 0, 2, DType::kF32, 0.5f},
+      {1, 7168, 7168, 0, 0, DType::kBF16, 0.37f}, {100, 24, 7168, 1, 0, DType::kBF16, 1.0f},
+      {1, 163840, 512, 0, 0, DType::kBF16, 1.0f},  // lm_head-like n, one token
+      {3, 163840, 96, 0, 8, DType::kF32, 1.0f},
+  };
+  FastRandom rng(10);
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  for (const GemmCase& c : cases) {
+    const int64_t x_stride = c.k + c.x_pad, out_stride = c.n + c.out_pad;
+    const std::vector<uint16_t> x = RandomBf16(rng, c.m * x_stride, 1.0f);
+    const std::vector<uint16_t> w = RandomBf16(rng, c.n * c.k, 1.0f / std::sqrt(c.k));
+    // Reference on contiguous fp32 x, and S from |x| |w|.
+    std::vector<float> xin(c.m * c.k), xabs(c.m * c.k);
+    for (int64_t r = 0; r < c.m; ++r) {
+      for (int64_t i = 0; i < c.k; ++i) {
+        xin[r * c.k + i] = Bf16ToFloat(x[r * x_stride + i]);
+        xabs[r * c.k + i] = std::fabs(xin[r * c.k + i]);
+      }
+    }
+    std::vector<uint16_t> wabs(w);
+    for (auto& b : wabs) b &= 0x7fff;
+    LinearRefWeight ref_w;
+    ref_w.out_features = static_cast<int>(c.n);
+    ref_w.in_features = static_cast<int>(c.k);
+    ref_w.bf16 = w.data();
+    std::vector<float> want(c.m * c.n), sabs(c.m * c.n);
+    LinearRef(xin.data(), c.m, ref_w, want.data(), threads);
+    ref_w.bf16 = wabs.data();
+    LinearRef(xabs.data(), c.m, ref_w, sabs.data(), threads);
+
+    const size_t osize = c.out_dtype == DType::kF32 ? 4 : 2;
+    DeviceBuffer<uint16_t> d_x(x.size()), d_w(w.size());
+    DeviceBuffer<uint8_t> d_out(c.m * out_stride * osize);
+    ASSERT_NE(d_w.ptr, nullptr);
+    CUDA_OK(d_x.Upload(x));
+    CUDA_OK(d_w.Upload(w));
+    LinearGemm::Args a;
+    a.m = c.m;
+    a.n = c.n;
+    a.k = c.k;
+    a.x = d_x.ptr;
+    a.x_stride = x_stride;
+    a.w = d_w.ptr;
+    a.alpha = c.alpha;
+    a.out = d_out.ptr;
+    a.out_dtype = c.out_dtype;
+    a.out_stride = out_stride;
+    const std::string what = "LinearGemm m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
+                             " k " + std::to_string(c.k) + " x_stride " + std::to_string(x_stride) +
+                             " out_stride " + std::to_string(out_stride) + " " +
+                             std::string(DTypeName(c.out_dtype)) + " alpha " +
+                             std::to_string(c.alpha);
+    // Twice: the second run must reuse the cached plan and give the same result.
+    for (int run = 0; run < 2; ++run) {
+      CUDA_OK(d_out.Poison());
+      const size_t plans_before = (*gemm)->CachedPlans();
+      STATUS_OK((*gemm)->Run(a, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      if (run == 1) EXPECT_EQ((*gemm)->CachedPlans(), plans_before) << what;
+      const std::vector<uint8_t> raw = d_out.Download();
+      Mismatches bad(what + " run " + std::to_string(run));
+      for (int64_t r = 0; r < c.m; ++r) {
+        for (int64_t j = 0; j < c.n; ++j) {
+          const double y = static_cast<double>(c.alpha) * want[r * c.n + j];
+          const double e = 2.0 * c.k * std::ldexp(1.0, -24) * c.alpha * sabs[r * c.n + j] +
+                           std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
+          const size_t o = static_cast<size_t>(r * out_stride + j);
+          double got;
+          double tol = e;
+          if (c.out_dtype == DType::kF32) {
+            float f;
+            std::memcpy(&f, &raw[o * 4], 4);
+            got = f;
+          } else {
+            uint16_t b;
+            std::memcpy(&b, &raw[o * 2], 2);
+            got = Bf16ToFloat(b);
+            tol = kBf16HalfUlp * (std::fabs(y) + e) + e;
+          }
+          bad.Check(r, j, got, y, tol);
+        }
+      }
+      bad.Expect();
+      int64_t touched = 0;
+      for (int64_t r = 0; r < c.m; ++r) {
+        for (size_t b = (r * out_stride + c.n) * osize; b < (r + 1) * out_stride * osize; ++b) {
+          if (raw[b] != 0xff) ++touched;
+        }
+      }
+      EXPECT_EQ(touched, 0) << what << ": padding bytes written";
+    }
+  }
+  // m = 0: a no-op that leaves the output alone.
+  DeviceBuffer<uint16_t> d_out(16);
+  CUDA_OK(d_out.Poison());
+  LinearGemm::Args a;
+  a.m = 0;
+  a.n = 16;
+  a.k = 16;
+  a.x = d_out.ptr;
+  a.x_stride = 16;
+  a.w = d_out.ptr;
+  a.out = d_out.ptr;
+  a.out_stride = 16;
+  STATUS_OK((*gemm)->Run(a, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  for (const uint16_t v : d_out.Download()) EXPECT_EQ(v, kBf16Poison);
+}
+
+// Bad arguments are errors, not launches.
+TEST(ElementwiseGpuTest, RejectsBadArguments) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceBuffer<uint16_t> buf(1024);
+  RopeParams rope;
+  rope.x = buf.ptr;
+  rope.rows = 2;
+  rope.row_stride = 64;
+  rope.dim = 64;
+  rope.per_row = 2;
+  rope.vec_stride = 32;  // overlapping vectors
+  rope.positions = reinterpret_cast<const int32_t*>(buf.ptr);
+  rope.inv_freq = reinterpret_cast<const float*>(buf.ptr);
+  EXPECT_FALSE(InvokeRope(rope, nullptr).ok());
+  rope.dim = 63;
+  EXPECT_FALSE(InvokeRope(rope, nullptr).ok());
+  RmsNormParams norm;
+  norm.rows = 1;
+  norm.dim = 64;
+  norm.x = buf.ptr;
+  norm.x_dtype = DType::kF16;
+  norm.x_stride = 64;
+  norm.weight = reinterpret_cast<const float*>(buf.ptr);
+  norm.out = buf.ptr;
+  norm.out_stride = 64;
+  EXPECT_FALSE(InvokeRmsNorm(norm, nullptr).ok());
+  SiluMulParams silu;
+  silu.rows = 1;
+  silu.cols = 64;
+  silu.gate = silu.up = silu.out = buf.ptr;
+  silu.in_stride = 32;  // < cols
+  silu.out_stride = 64;
+  EXPECT_FALSE(InvokeSiluMul(silu, nullptr).ok());
+  GatherRowsParams gather;
+  gather.src = buf.ptr;
+  gather.src_dtype = DType::kF8E4M3;
+  gather.src_rows = 1;
+  gather.src_stride = gather.out_stride = 16;
+  gather.cols = 16;
+  gather.ids = reinterpret_cast<const int32_t*>(buf.ptr);
+  gather.count = 1;
+  gather.out = buf.ptr;
+  EXPECT_FALSE(InvokeGatherRows(gather, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace mlaserve
