@@ -334,7 +334,7 @@ absl::Status MakeLayout(int rows, int vocab, Layout* l) {
   if (absl::Status s = CheckShape(rows, vocab); !s.ok()) return s;
   const size_t n = static_cast<size_t>(rows) * vocab;
   cub::DoubleBuffer<uint64_t> keys(nullptr, nullptr);
-  const int* offsets = nullptr;
+  int* offsets = nullptr;  // the same instantiation as InvokeSampling's sort
   if (absl::Status s = CudaStatus(cub::DeviceSegmentedRadixSort::SortKeysDescending(
                                       nullptr, l->temp_bytes, keys, static_cast<int>(n), rows,
                                       offsets, offsets, 0, 32 + IdBits(vocab)),
