@@ -23,7 +23,7 @@ constexpr int kGatherWarps = 8;  // 256 threads per block.
 __device__ __forceinline__ uint32_t E4m3x2ToBf16x2(uint16_t two, float scale) {
   const __half2_raw h =
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const float2 f = __half22float2(__half2(h));
   const __nv_bfloat16 lo = __float2bfloat16_rn(__fmul_rn(f.x, scale));
   const __nv_bfloat16 hi = __float2bfloat16_rn(__fmul_rn(f.y, scale));
   return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) |

@@ -316,7 +316,6 @@ TEST(MlaPrefillGpuTest, RejectsUnsupportedShapes) {
   g.format = KvCacheFormat::kF32;
   g.num_seqs = 1;
   g.total_kv = 1;
-  g.kv_pool = g.block_table = nullptr;
   int dummy[4];
   uint16_t rows[1024];
   g.kv_pool = rows;
