@@ -8,6 +8,7 @@
 #include "kernels/activation/silu_mul_ref.h"
 #include "kernels/linear/linear_ref.h"
 #include "kernels/mla/mla_decode_ref.h"
+#include "kernels/mla/mla_prefill_ref.h"
 #include "kernels/moe/moe_ref.h"
 #include "kernels/moe/moe_router_ref.h"
 #include "kernels/norm/rms_norm_ref.h"
@@ -44,22 +45,86 @@ MoeLinearRef MoeRef(const LinearWeight& w) {
 
 }  // namespace
 
-Tensor CpuOps::Activation(std::vector<int64_t> shape) {
-  return Tensor::Host(DType::kF32, std::move(shape));
+namespace {
+
+// A non-owning view of a layout array as a CPU tensor.
+template <class T>
+Tensor View(const std::vector<T>& v, DType dtype) {
+  return Tensor(dtype, {static_cast<int64_t>(v.size())}, nullptr,
+                const_cast<T*>(v.data()), Device::kCpu);
 }
 
-Tensor CpuOps::Upload(const Tensor& host) {
+}  // namespace
+
+absl::Status CpuOps::BeginStep(const StepLayout& layout, StepTensors* step) {
+  step->layout = &layout;
+  step->tokens = View(layout.tokens, DType::kI32);
+  step->positions = View(layout.positions, DType::kI32);
+  step->slots = View(layout.slots, DType::kI64);
+  step->logits_rows = View(layout.logits_rows, DType::kI32);
+  step->block_tables = View(layout.block_tables, DType::kI32);
+  step->seq_lens = View(layout.seq_lens, DType::kI32);
+  step->context_lens = View(layout.context_lens, DType::kI32);
+  step->prefill_q_begin = View(layout.prefill.q_begin, DType::kI32);
+  step->prefill_kv_begin = View(layout.prefill.kv_begin, DType::kI32);
+  return absl::OkStatus();
+}
+
+Tensor CpuOps::Activation(std::vector<int64_t> shape, DType dtype) {
+  return Tensor::Host(dtype, std::move(shape));
+}
+
+absl::StatusOr<Tensor> CpuOps::Allocate(DType dtype, std::vector<int64_t> shape) {
+  return Tensor::Host(dtype, std::move(shape));
+}
+
+absl::StatusOr<Tensor> CpuOps::Upload(const Tensor& host) {
   if (host.dtype() != DType::kBF16 && host.dtype() != DType::kF16) return host;
   Tensor out = Tensor::Host(DType::kF32, host.shape());
   DecodeFloats(host.dtype(), host.data<void>(), static_cast<size_t>(host.numel()), out.data<float>());
   return out;
 }
 
-void CpuOps::CopyToHost(const Tensor& src, void* dst) { std::memcpy(dst, src.data<void>(), src.nbytes()); }
+absl::StatusOr<LinearWeight> CpuOps::UploadLinear(const LinearWeight& host) {
+  LinearWeight w = host;
+  auto weight = Upload(host.weight);
+  if (!weight.ok()) return weight.status();
+  w.weight = *std::move(weight);
+  return w;
+}
 
-void CpuOps::Embed(const Tensor& table, int64_t vocab_begin, const std::vector<int32_t>& ids,
+absl::StatusOr<RoutedExperts> CpuOps::UploadExperts(int first_expert, int num_routed_experts,
+                                                    const std::vector<ExpertWeights>& host) {
+  (void)num_routed_experts;
+  RoutedExperts r;
+  r.first_expert = first_expert;
+  r.count = static_cast<int>(host.size());
+  if (!host.empty()) {
+    r.hidden = host[0].gate.in_features;
+    r.intermediate = host[0].gate.out_features;
+  }
+  for (const ExpertWeights& e : host) {
+    ExpertWeights d;
+    for (auto [dst, src] : {std::pair{&d.gate, &e.gate}, {&d.up, &e.up}, {&d.down, &e.down}}) {
+      auto w = UploadLinear(*src);
+      if (!w.ok()) return w.status();
+      *dst = *std::move(w);
+      r.bytes += dst->weight.nbytes() + dst->block_scale.nbytes();
+    }
+    r.weights.push_back(std::move(d));
+  }
+  return r;
+}
+
+absl::Status CpuOps::CopyToHost(const Tensor& src, void* dst) {
+  std::memcpy(dst, src.data<void>(), src.nbytes());
+  return absl::OkStatus();
+}
+
+void CpuOps::Embed(const Tensor& table, int64_t vocab_begin, const StepTensors& step,
                    Tensor& out) {
   const int64_t rows = table.dim(0), hidden = table.dim(1);
+  const std::vector<int32_t>& ids = step.layout->tokens;
   float* o = out.data<float>();
   for (size_t t = 0; t < ids.size(); ++t) {
     const int64_t r = ids[t] - vocab_begin;
@@ -76,18 +141,23 @@ void CpuOps::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& o
              static_cast<int>(weight.numel()), eps, out.data<float>());
 }
 
+void CpuOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& weight, float eps,
+                        Tensor& out) {
+  const float* a = delta.data<float>();
+  float* b = residual.data<float>();
+  for (int64_t i = 0; i < residual.numel(); ++i) b[i] += a[i];
+  RmsNorm(residual, weight, eps, out);
+}
+
 void CpuOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   LinearRef(x.data<float>(), x.numel() / w.in_features, RefWeight(w), out.data<float>(), threads_);
+  if (w.alpha != 1.0f) {
+    for (int64_t i = 0; i < out.numel(); ++i) out.data<float>()[i] *= w.alpha;
+  }
 }
 
 void CpuOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {
   SiluMulRef(gate.data<float>(), up.data<float>(), gate.numel(), out.data<float>());
-}
-
-void CpuOps::Add(const Tensor& x, Tensor& acc) {
-  const float* a = x.data<float>();
-  float* b = acc.data<float>();
-  for (int64_t i = 0; i < acc.numel(); ++i) b[i] += a[i];
 }
 
 void CpuOps::Columns(const Tensor& x, int64_t begin, Tensor& out) {
@@ -97,74 +167,92 @@ void CpuOps::Columns(const Tensor& x, int64_t begin, Tensor& out) {
   }
 }
 
+void CpuOps::LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) {
+  const int64_t cols = x.numel() / x.dim(0);
+  const std::vector<int32_t>& rows = step.layout->logits_rows;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(out.data<float>() + i * cols, x.data<float>() + rows[i] * cols,
+                cols * sizeof(float));
+  }
+}
+
 void CpuOps::Rope(Tensor& x, int64_t first_col, int per_row, int64_t stride, int dim,
-                  const std::vector<int32_t>& positions, const Tensor& inv_freq,
-                  float attention_scaling, bool interleaved) {
+                  const StepTensors& step, const Tensor& inv_freq, float attention_scaling,
+                  bool interleaved) {
   const int64_t rows = x.dim(0), cols = x.numel() / rows;
+  const std::vector<int32_t>& positions = step.layout->positions;
   for (int64_t r = 0; r < rows; ++r) {
     RopeRef(x.data<float>() + r * cols + first_col, per_row, stride, per_row, &positions[r],
             inv_freq.data<float>(), dim, attention_scaling, interleaved);
   }
 }
 
-void CpuOps::KvWrite(const Tensor& latent, const Tensor& k_rope, const std::vector<int64_t>& slots,
+void CpuOps::KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTensors& step,
                      KvCacheLayer& cache) {
+  const std::vector<int64_t>& slots = step.layout->slots;
   KvCacheWriteRef(cache.format, cache.fp8_scale, latent.data<float>(), k_rope.data<float>(),
                   slots.data(), static_cast<int>(slots.size()), cache.pool.data<uint8_t>());
 }
 
-void CpuOps::MlaNaive(const MlaShape& s, const Tensor& q, const Tensor& latent,
-                      const Tensor& k_rope, const LinearWeight& kv_b,
-                      const std::vector<SequenceSlice>& seqs, Tensor& out) {
-  const int64_t tokens = latent.dim(0);
+void CpuOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& latent,
+                        const Tensor& k_rope, const LinearWeight& kv_b, const KvCacheLayer& cache,
+                        const StepTensors& step, Tensor& out) {
+  const StepLayout& L = *step.layout;
+  const StepLayout::PrefillGroup& P = L.prefill;
+  if (P.num_seqs == 0) return;
   const int qk = s.qk_nope + s.qk_rope;
   const int kv_cols = s.qk_nope + s.v_dim;
-  // Keys' nope part and values for every new token: [T, heads, nope + v].
-  std::vector<float> kv(tokens * s.heads * kv_cols);
-  LinearRef(latent.data<float>(), tokens, RefWeight(kv_b), kv.data(), threads_);
-  const float* qd = q.data<float>();
-  const float* kr = k_rope.data<float>();
-  float* o = out.data<float>();
-  std::vector<float> scores;
-  for (const SequenceSlice& seq : seqs) {
-    for (int h = 0; h < s.heads; ++h) {
-      for (int i = 0; i < seq.num_tokens; ++i) {
-        const int64_t ti = seq.token_begin + i;
-        const float* qi = qd + (ti * s.heads + h) * qk;
-        scores.assign(i + 1, 0.0f);
-        float mx = -INFINITY;
-        for (int j = 0; j <= i; ++j) {
-          const int64_t tj = seq.token_begin + j;
-          const float* kj = kv.data() + (tj * s.heads + h) * kv_cols;
-          float dot = 0.0f;
-          for (int d = 0; d < s.qk_nope; ++d) dot += qi[d] * kj[d];
-          for (int d = 0; d < s.qk_rope; ++d) dot += qi[s.qk_nope + d] * kr[tj * s.qk_rope + d];
-          scores[j] = dot * s.softmax_scale;
-          mx = std::max(mx, scores[j]);
-        }
-        float sum = 0.0f;
-        for (float& v : scores) sum += (v = std::exp(v - mx));
-        float* oi = o + (ti * s.heads + h) * s.v_dim;
-        std::fill(oi, oi + s.v_dim, 0.0f);
-        for (int j = 0; j <= i; ++j) {
-          const float p = scores[j] / sum;
-          const float* vj = kv.data() + ((seq.token_begin + j) * s.heads + h) * kv_cols + s.qk_nope;
-          for (int d = 0; d < s.v_dim; ++d) oi[d] += p * vj[d];
-        }
-      }
+  const size_t row_bytes = KvCacheBytesPerToken(cache.format);
+  // Every sequence's keys: its cached prefix rows (dequantized as the decode kernels see them),
+  // then its new tokens' rows as computed in this step.
+  std::vector<float> keys(static_cast<size_t>(P.total_kv) * kMlaLatentDim);
+  std::vector<float> rope(static_cast<size_t>(P.total_kv) * kMlaRopeDim);
+  std::vector<float> row(kMlaQkDim);
+  for (int i = 0; i < P.num_seqs; ++i) {
+    const SequenceSlice& seq = L.seqs[P.seq_begin + i];
+    const int64_t base = P.kv_begin[i];
+    for (int j = 0; j < seq.context_len; ++j) {
+      const int64_t slot =
+          static_cast<int64_t>(seq.block_table[j / kKvBlockTokens]) * kKvBlockTokens +
+          j % kKvBlockTokens;
+      KvCacheDecodeRow(cache.format, cache.pool.data<uint8_t>() + slot * row_bytes,
+                       cache.fp8_scale, row.data());
+      std::copy(row.begin(), row.begin() + kMlaLatentDim, keys.begin() + (base + j) * kMlaLatentDim);
+      std::copy(row.begin() + kMlaLatentDim, row.end(), rope.begin() + (base + j) * kMlaRopeDim);
+    }
+    for (int j = 0; j < seq.num_tokens; ++j) {
+      const int64_t t = seq.token_begin + j, k = base + seq.context_len + j;
+      std::memcpy(keys.data() + k * kMlaLatentDim, latent.data<float>() + t * kMlaLatentDim,
+                  kMlaLatentDim * sizeof(float));
+      std::memcpy(rope.data() + k * kMlaRopeDim, k_rope.data<float>() + t * kMlaRopeDim,
+                  kMlaRopeDim * sizeof(float));
     }
   }
+  // Keys' nope part and values of every key: [total_kv, heads, nope + v].
+  std::vector<float> kv(static_cast<size_t>(P.total_kv) * s.heads * kv_cols);
+  LinearRef(keys.data(), P.total_kv, RefWeight(kv_b), kv.data(), threads_);
+  if (kv_b.alpha != 1.0f) {
+    for (float& v : kv) v *= kv_b.alpha;
+  }
+  MlaPrefillRef(P.num_seqs, s.heads, s.qk_nope, s.qk_rope, s.v_dim,
+                q.data<float>() + static_cast<int64_t>(P.row_begin) * s.heads * qk, kv.data(),
+                rope.data(), P.q_begin.data(), P.kv_begin.data(),
+                L.context_lens.data() + P.seq_begin, s.softmax_scale,
+                out.data<float>() + static_cast<int64_t>(P.row_begin) * s.heads * s.v_dim);
 }
 
-void CpuOps::MlaAbsorbed(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
-                         const Tensor& w_vb, const KvCacheLayer& cache,
-                         const std::vector<SequenceSlice>& seqs, Tensor& out) {
+void CpuOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
+                       const Tensor& w_vb, const KvCacheLayer& cache, const StepTensors& step,
+                       int group, Tensor& out) {
+  const StepLayout& L = *step.layout;
+  const StepLayout::DecodeGroup& g = L.decode[group];
   const int qk = s.qk_nope + s.qk_rope;
   const float* qd = q.data<float>();
   const float* kb = w_kb.data<float>();
   const float* vb = w_vb.data<float>();
   float* o = out.data<float>();
-  for (const SequenceSlice& seq : seqs) {
+  for (int c = g.seq_begin; c < g.seq_begin + g.num_seqs; ++c) {
+    const SequenceSlice& seq = L.seqs[c];
     const int n = seq.num_tokens;
     // q_abs [n, heads, 576]: latent part = q_nope · W_kb[h] (nope x 512), then the rope part.
     std::vector<float> q_abs(static_cast<size_t>(n) * s.heads * kMlaQkDim, 0.0f);
@@ -174,7 +262,7 @@ void CpuOps::MlaAbsorbed(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
         float* dst = q_abs.data() + (static_cast<size_t>(i) * s.heads + h) * kMlaQkDim;
         for (int d = 0; d < s.qk_nope; ++d) {
           const float* row = kb + (static_cast<size_t>(h) * s.qk_nope + d) * kMlaLatentDim;
-          for (int c = 0; c < kMlaLatentDim; ++c) dst[c] += qi[d] * row[c];
+          for (int c2 = 0; c2 < kMlaLatentDim; ++c2) dst[c2] += qi[d] * row[c2];
         }
         std::copy(qi + s.qk_nope, qi + qk, dst + kMlaLatentDim);
       }
@@ -203,7 +291,7 @@ void CpuOps::MlaAbsorbed(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
         for (int d = 0; d < s.v_dim; ++d) {
           const float* row = vb + (static_cast<size_t>(h) * s.v_dim + d) * kMlaLatentDim;
           float acc = 0.0f;
-          for (int c = 0; c < kMlaLatentDim; ++c) acc += li[c] * row[c];
+          for (int c2 = 0; c2 < kMlaLatentDim; ++c2) acc += li[c2] * row[c2];
           oi[d] = acc;
         }
       }
@@ -220,23 +308,40 @@ void CpuOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& b
 }
 
 void CpuOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                        int first_expert, const std::vector<ExpertWeights>& experts, Tensor& out) {
+                        const RoutedExperts& experts, const Tensor& shared, Tensor& out) {
   std::vector<MoeExpertRef> refs;
-  refs.reserve(experts.size());
-  for (const auto& e : experts) refs.push_back({MoeRef(e.gate), MoeRef(e.up), MoeRef(e.down)});
+  refs.reserve(experts.weights.size());
+  for (const auto& e : experts.weights) refs.push_back({MoeRef(e.gate), MoeRef(e.up), MoeRef(e.down)});
   MoeExpertsRefParams p{};
   p.tokens = static_cast<int>(x.dim(0));
   p.hidden = static_cast<int>(x.dim(1));
-  p.intermediate = experts.empty() ? 0 : experts[0].gate.out_features;
+  p.intermediate = experts.weights.empty() ? 0 : experts.weights[0].gate.out_features;
   p.top_k = static_cast<int>(ids.dim(1));
   p.x = x.data<float>();
   p.topk_ids = ids.data<int32_t>();
   p.topk_weights = weights.data<float>();
-  p.first_expert = first_expert;
-  p.num_local_experts = static_cast<int>(experts.size());
+  p.first_expert = experts.first_expert;
+  p.num_local_experts = static_cast<int>(experts.weights.size());
   p.experts = refs.data();
   p.out = out.data<float>();
   MoeExpertsRef(p);
+  if (!shared.empty()) {
+    const float* a = shared.data<float>();
+    float* b = out.data<float>();
+    for (int64_t i = 0; i < out.numel(); ++i) b[i] += a[i];
+  }
+}
+
+absl::Status CpuOps::Sample(const Tensor& logits, const SamplingBatch& batch,
+                            std::vector<SampledOutput>* out) {
+  const int vocab = static_cast<int>(logits.dim(1));
+  out->clear();
+  for (size_t r = 0; r < batch.rows.size(); ++r) {
+    const SamplingBatch::Row& row = batch.rows[r];
+    out->push_back(SampleToken(logits.data<float>() + r * vocab, vocab, *row.params, *row.history,
+                               row.prompt_len, row.generated));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace mlaserve

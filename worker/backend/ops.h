@@ -1,20 +1,30 @@
 // The operations the DeepSeek-V3 model is written against (DESIGN.md "One model, two backends").
-// The CPU backend implements them with the reference kernels of kernels/; the CUDA backend with
-// the GPU kernels. Activations are fp32 [tokens, features] on the backend's device; weights are
-// in their checkpoint formats (bf16, fp32, NVFP4).
+// The CPU backend implements them with the reference kernels of kernels/ (fp32 activations);
+// the CUDA backend with the GPU kernels (bf16 activations, fp32 residual stream and router
+// logits, fp32 accumulation inside every kernel). Ops take tensors on the backend's device only:
+// the per-step metadata (token ids, positions, cache slots, block tables, sequence offsets) is
+// uploaded once per step by BeginStep into a StepTensors that every layer's ops read.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/mla/kv_cache_format.h"
+#include "worker/backend/step_layout.h"
 #include "worker/backend/tensor.h"
+#include "worker/model/sampler.h"
 
 namespace mlaserve {
 
 // y = x W^T. Dense: weight bf16/fp32 [out, in]. NVFP4 (ModelOpt): weight U8 [out, in/2] (two
 // e2m1 codes per byte, low nibble first), block_scale F8_E4M3 [out, in/16], global_scale =
-// weight_scale_2, input_scale kept for kernels that quantize activations.
+// weight_scale_2, input_scale kept for kernels that quantize activations. A backend may hold an
+// NVFP4 weight in another exact form (the CUDA backend: bf16 e2m1 * block_scale, and
+// global_scale applied to the GEMM's output); `nvfp4()` then stays false and `alpha` carries
+// the global scale.
 struct LinearWeight {
   int out_features = 0;
   int in_features = 0;
@@ -22,6 +32,7 @@ struct LinearWeight {
   Tensor block_scale;
   float global_scale = 1.0f;
   float input_scale = 0.0f;
+  float alpha = 1.0f;  // output multiplier of a dense weight (see above)
   bool nvfp4() const { return !block_scale.empty(); }
 };
 
@@ -31,6 +42,17 @@ struct ExpertWeights {
   LinearWeight down;  // [hidden, intermediate]
 };
 
+// One layer's local routed experts as the backend holds them.
+struct RoutedExperts {
+  int first_expert = 0;
+  int count = 0;
+  int hidden = 0;
+  int intermediate = 0;
+  std::vector<ExpertWeights> weights;  // CPU backend: the weights, as LinearWeights
+  std::shared_ptr<void> device;        // CUDA backend: its own layout
+  size_t bytes = 0;                    // device bytes held
+};
+
 // One layer's paged MLA cache: bytes [num_blocks, 64, KvCacheBytesPerToken(format)].
 struct KvCacheLayer {
   Tensor pool;
@@ -38,13 +60,18 @@ struct KvCacheLayer {
   float fp8_scale = 1.0f;
 };
 
-// A sequence's part of a step: rows [token_begin, token_begin + num_tokens) of the step's
-// activations are its new tokens, at positions context_len .. context_len + num_tokens - 1.
-struct SequenceSlice {
-  int token_begin = 0;
-  int num_tokens = 0;
-  int context_len = 0;  // tokens already in the cache before this step
-  std::vector<int32_t> block_table;
+// The step's metadata on the backend's device. Shapes as in StepLayout (canonical order).
+struct StepTensors {
+  const StepLayout* layout = nullptr;  // the host copy
+  Tensor tokens;        // I32 [T]
+  Tensor positions;     // I32 [T]
+  Tensor slots;         // I64 [T]
+  Tensor logits_rows;   // I32 [R]
+  Tensor block_tables;  // I32 [S, max_blocks]
+  Tensor seq_lens;      // I32 [S]
+  Tensor context_lens;  // I32 [S]
+  Tensor prefill_q_begin;   // I32 [P + 1]
+  Tensor prefill_kv_begin;  // I32 [P + 1]
 };
 
 struct MlaShape {
@@ -66,60 +93,103 @@ struct MoeRouting {
   float routed_scaling_factor = 1.0f;
 };
 
+// The sampling of one step: one entry per logits row.
+struct SamplingBatch {
+  struct Row {
+    const SequenceSampling* params = nullptr;
+    const std::vector<int32_t>* history = nullptr;  // prompt then output tokens so far
+    int prompt_len = 0;
+    int generated = 0;  // output tokens so far (the step index of the random draw)
+  };
+  std::vector<Row> rows;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
   virtual Device device() const = 0;
+  // The dtype of activations between ops (F32 on the CPU, BF16 on the GPU).
+  virtual DType activation_dtype() const = 0;
 
-  // Zero-filled fp32 activation.
-  virtual Tensor Activation(std::vector<int64_t> shape) = 0;
-  // A device copy of a host tensor (weights, tables); the CPU backend shares it.
-  virtual Tensor Upload(const Tensor& host) = 0;
-  virtual void CopyToHost(const Tensor& src, void* dst) = 0;
+  // Starts a step: per-step scratch from earlier steps is released, and the layout's arrays
+  // are uploaded (one copy) into `step`. Valid until the next BeginStep.
+  virtual absl::Status BeginStep(const StepLayout& layout, StepTensors* step) = 0;
+  // Step scratch (contents undefined on the GPU, zero on the CPU); freed at the next BeginStep.
+  virtual Tensor Activation(std::vector<int64_t> shape, DType dtype) = 0;
+  Tensor Activation(std::vector<int64_t> shape) {
+    return Activation(std::move(shape), activation_dtype());
+  }
+  // Zero-filled memory held as long as the tensor (KV pools).
+  virtual absl::StatusOr<Tensor> Allocate(DType dtype, std::vector<int64_t> shape) = 0;
+  // A device copy of a host tensor (weights, tables). The CPU backend widens BF16/F16 to F32
+  // and shares everything else; the CUDA backend keeps the dtype.
+  virtual absl::StatusOr<Tensor> Upload(const Tensor& host) = 0;
+  // A linear weight from host tensors in the checkpoint's format.
+  virtual absl::StatusOr<LinearWeight> UploadLinear(const LinearWeight& host) = 0;
+  // One layer's local experts from host tensors in the checkpoint's format (first_expert is the
+  // global id of experts[0]).
+  virtual absl::StatusOr<RoutedExperts> UploadExperts(int first_expert, int num_routed_experts,
+                                                      const std::vector<ExpertWeights>& host) = 0;
+  // Waits for the step's work and copies src into host memory (src.nbytes() bytes).
+  virtual absl::Status CopyToHost(const Tensor& src, void* dst) = 0;
+  // Waits for the device's work; the first error of an asynchronous op surfaces here.
+  virtual absl::Status Synchronize() = 0;
 
-  // out[t] = table[ids[t] - vocab_begin] for ids inside this rank's rows of the table, else 0.
-  virtual void Embed(const Tensor& table, int64_t vocab_begin, const std::vector<int32_t>& ids,
+  // out[t] (fp32 residual [T, hidden]) = table[tokens[t] - vocab_begin] for ids inside this
+  // rank's rows of the table, else 0.
+  virtual void Embed(const Tensor& table, int64_t vocab_begin, const StepTensors& step,
                      Tensor& out) = 0;
-  // Rows of x: [rows, dim] with dim = weight.numel().
+  // out (activation dtype) = rmsnorm(x) * weight, rows of x: [rows, dim] with dim = weight.numel();
+  // x is an activation or the fp32 residual.
   virtual void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  // residual (fp32) += delta; out = rmsnorm(residual) * weight.
+  virtual void AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& weight, float eps,
+                          Tensor& out) = 0;
+  // out = x W^T (out's dtype: activation or F32, e.g. router logits, lm_head).
   virtual void Linear(const Tensor& x, const LinearWeight& w, Tensor& out) = 0;
   // out = silu(gate) * up, elementwise.
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
-  // acc += x.
-  virtual void Add(const Tensor& x, Tensor& acc) = 0;
   // out[:, :] = x[:, begin : begin + out.dim(1)].
   virtual void Columns(const Tensor& x, int64_t begin, Tensor& out) = 0;
+  // out[i] = x[step.logits_rows[i]] (the rows whose logits are wanted).
+  virtual void LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) = 0;
   // Rotates `per_row` vectors of `dim` values in each row of x, the j-th starting at column
-  // first_col + j * stride; row r is at positions[r] (transformers' convention, see rope_ref.h).
+  // first_col + j * stride; row r is at step.positions[r] (transformers' convention, rope_ref.h).
   virtual void Rope(Tensor& x, int64_t first_col, int per_row, int64_t stride, int dim,
-                    const std::vector<int32_t>& positions, const Tensor& inv_freq,
-                    float attention_scaling, bool interleaved) = 0;
+                    const StepTensors& step, const Tensor& inv_freq, float attention_scaling,
+                    bool interleaved) = 0;
 
-  // Stores the new tokens' rows (latent [T, 512], rotated k_rope [T, 64]) at cache slots.
-  virtual void KvWrite(const Tensor& latent, const Tensor& k_rope,
-                       const std::vector<int64_t>& slots, KvCacheLayer& cache) = 0;
-  // Naive MLA (prefill of sequences with an empty cache): keys and values decompressed through
-  // kv_b (local heads), causal softmax attention in fp32. q: [T, heads, nope + rope] (rope part
-  // rotated), latent: [T, 512] (normalised), k_rope: [T, 64] (rotated); out: [T, heads, v].
-  virtual void MlaNaive(const MlaShape& shape, const Tensor& q, const Tensor& latent,
-                        const Tensor& k_rope, const LinearWeight& kv_b,
-                        const std::vector<SequenceSlice>& seqs, Tensor& out) = 0;
-  // Absorbed MLA over the paged cache (the new tokens must already be written): q_nope is
-  // folded through kv_b's key half into the 512-dim latent space, attention runs against the
-  // cached rows with causal masking inside the new tokens, and the output is expanded through
-  // kv_b's value half. w_kb: [heads, nope, 512], w_vb: [heads, v, 512] fp32.
-  virtual void MlaAbsorbed(const MlaShape& shape, const Tensor& q, const Tensor& w_kb,
-                           const Tensor& w_vb, const KvCacheLayer& cache,
-                           const std::vector<SequenceSlice>& seqs, Tensor& out) = 0;
+  // Stores the new tokens' rows (latent [T, 512], rotated k_rope [T, 64]) at step.slots.
+  virtual void KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTensors& step,
+                       KvCacheLayer& cache) = 0;
+  // The prefill group's attention (step.layout->prefill), naive form: each sequence's keys and
+  // values are its cached prefix (read back from `cache`) followed by its new tokens (latent,
+  // k_rope rows of this step), decompressed through kv_b (local heads); causal softmax
+  // attention. q: [T, heads, nope + rope] (rope part rotated), latent: [T, 512] (normalised),
+  // k_rope: [T, 64] (rotated); writes the group's rows of out: [T, heads, v].
+  virtual void MlaPrefill(const MlaShape& shape, const Tensor& q, const Tensor& latent,
+                          const Tensor& k_rope, const LinearWeight& kv_b,
+                          const KvCacheLayer& cache, const StepTensors& step, Tensor& out) = 0;
+  // Decode group `group` of step.layout->decode, absorbed form over the paged cache (the new
+  // tokens already written): q_nope folded through kv_b's key half into the 512-dim latent
+  // space, attention against the cached rows (causal inside the new tokens), output expanded
+  // through kv_b's value half. w_kb: [heads, nope, 512], w_vb: [heads, v, 512]. Writes the
+  // group's rows of out.
+  virtual void MlaDecode(const MlaShape& shape, const Tensor& q, const Tensor& w_kb,
+                         const Tensor& w_vb, const KvCacheLayer& cache, const StepTensors& step,
+                         int group, Tensor& out) = 0;
 
   // Router: logits [T, E] fp32, bias [E] or empty -> ids [T, k] (I32), weights [T, k] (F32).
   virtual void MoeRoute(const MoeRouting& routing, const Tensor& logits, const Tensor& bias,
                         Tensor& ids, Tensor& weights) = 0;
-  // out = sum over each token's chosen experts that are local ([first_expert, first_expert +
-  // experts.size())) of weight * down(silu(gate x) * up x).
+  // out = sum over each token's chosen experts that are local of weight * down(silu(gate x) *
+  // up x), plus `shared` (the shared experts' output) when it is not empty.
   virtual void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                          int first_expert, const std::vector<ExpertWeights>& experts,
-                          Tensor& out) = 0;
+                          const RoutedExperts& experts, const Tensor& shared, Tensor& out) = 0;
+
+  // Samples one token per row of logits ([R, vocab] fp32); only ids and logprobs reach the host.
+  virtual absl::Status Sample(const Tensor& logits, const SamplingBatch& batch,
+                              std::vector<SampledOutput>* out) = 0;
 };
 
 }  // namespace mlaserve

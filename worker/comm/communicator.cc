@@ -13,6 +13,23 @@ absl::Status TimedCommunicator::AllReduceSum(float* data, size_t count) {
   return s;
 }
 
+absl::Status Communicator::AllReduceSum(Tensor& t) {
+  if (t.device() != Device::kCpu || t.dtype() != DType::kF32) {
+    return absl::UnimplementedError(
+        "all-reduce of device tensors needs a GPU communicator (NCCL); this one reduces fp32 host "
+        "memory");
+  }
+  return AllReduceSum(t.data<float>(), static_cast<size_t>(t.numel()));
+}
+
+absl::Status TimedCommunicator::AllReduceSum(Tensor& t) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = inner_.AllReduceSum(t);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++calls_;
+  return s;
+}
+
 absl::Status TimedCommunicator::AllGather(const float* send, size_t count, float* recv) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s = inner_.AllGather(send, count, recv);

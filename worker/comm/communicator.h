@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "worker/backend/tensor.h"
 
 namespace mlaserve {
 
@@ -16,6 +17,9 @@ class Communicator {
   virtual int size() const = 0;
   // Sum over ranks, in place: data[count] fp32.
   virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
+  // Sum over ranks, in place, of a tensor on the backend's device. This base version takes fp32
+  // host tensors (the CPU backend); a GPU communicator takes device buffers on its stream.
+  virtual absl::Status AllReduceSum(Tensor& t);
   // Every rank contributes send[count]; recv[size() * count] gets them in rank order.
   virtual absl::Status AllGather(const float* send, size_t count, float* recv) = 0;
 };
@@ -28,6 +32,7 @@ class TimedCommunicator : public Communicator {
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   absl::Status AllReduceSum(float* data, size_t count) override;
+  absl::Status AllReduceSum(Tensor& t) override;
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
   double seconds() const { return seconds_; }
   uint64_t calls() const { return calls_; }
@@ -44,6 +49,7 @@ class SingleRankCommunicator : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   absl::Status AllReduceSum(float*, size_t) override { return absl::OkStatus(); }
+  absl::Status AllReduceSum(Tensor&) override { return absl::OkStatus(); }
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
 };
 

@@ -12,6 +12,7 @@ class MpiCommunicator : public Communicator {
   explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  using Communicator::AllReduceSum;
   absl::Status AllReduceSum(float* data, size_t count) override;
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
 

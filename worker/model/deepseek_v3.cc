@@ -27,8 +27,7 @@ struct DeepseekV3Model::Layer {
   LinearWeight gate, up, down;
   LinearWeight router;
   Tensor router_bias;
-  int first_expert = 0;
-  std::vector<ExpertWeights> experts;
+  RoutedExperts experts;
   KvCacheLayer kv;
 };
 
@@ -63,6 +62,16 @@ Tensor ToF32(const Tensor& host) {
   return out;
 }
 
+// A host fp32 tensor in the backend's activation dtype (bf16 on the GPU), then uploaded.
+absl::StatusOr<Tensor> UploadAs(Ops& ops, const Tensor& host_f32) {
+  if (ops.activation_dtype() == DType::kF32) return ops.Upload(host_f32);
+  Tensor t = Tensor::Host(DType::kBF16, host_f32.shape());
+  for (int64_t i = 0; i < host_f32.numel(); ++i) {
+    t.data<uint16_t>()[i] = FloatToBf16(host_f32.data<float>()[i]);
+  }
+  return ops.Upload(t);
+}
+
 float ScalarF32(const TensorRef& ref) {
   float v;
   std::memcpy(&v, ref.bytes.data(), 4);
@@ -92,14 +101,29 @@ class WeightReader {
   absl::StatusOr<Tensor> Vector(const std::string& n, int64_t dim) {
     auto ref = Dense(n, {dim});
     if (!ref.ok()) return ref.status();
-    Tensor t = ops_.Upload(ToF32(ReadSlice(*ref, 0, dim, 0, 1)));
-    bytes_ += t.nbytes();
+    auto t = ops_.Upload(ToF32(ReadSlice(*ref, 0, dim, 0, 1)));
+    if (!t.ok()) return t.status();
+    bytes_ += t->nbytes();
     return t;
   }
 
-  // Rows [rows.begin, +count) and columns [cols.begin, +count) of module.weight: dense, or NVFP4
-  // when the checkpoint has module.weight_scale (ModelOpt layout).
+  // Rows [rows.begin, +count) and columns [cols.begin, +count) of module.weight on the backend.
   absl::StatusOr<LinearWeight> Linear(const std::string& module, int64_t out, int64_t in,
+                                      ShardRange rows, ShardRange cols) {
+    auto host = HostLinear(module, out, in, rows, cols);
+    if (!host.ok()) return host.status();
+    auto w = ops_.UploadLinear(*host);
+    if (!w.ok()) {
+      return absl::Status(w.status().code(), absl::StrCat("tensor ", Name(module + ".weight"), ": ",
+                                                          w.status().message()));
+    }
+    bytes_ += w->weight.nbytes() + w->block_scale.nbytes();
+    return w;
+  }
+
+  // The same in host memory, in the checkpoint's format: dense, or NVFP4 when the checkpoint
+  // has module.weight_scale (ModelOpt layout).
+  absl::StatusOr<LinearWeight> HostLinear(const std::string& module, int64_t out, int64_t in,
                                       ShardRange rows, ShardRange cols) {
     LinearWeight w;
     w.out_features = rows.count;
@@ -137,15 +161,13 @@ class WeightReader {
         }
         w.input_scale = ScalarF32(*in_scale);
       }
-      w.weight = ops_.Upload(ReadSlice(*packed, rows.begin, rows.count, cols.begin / 2, cols.count / 2));
-      w.block_scale = ops_.Upload(ReadSlice(*scale, rows.begin, rows.count, cols.begin / 16, cols.count / 16));
-      bytes_ += w.weight.nbytes() + w.block_scale.nbytes();
+      w.weight = ReadSlice(*packed, rows.begin, rows.count, cols.begin / 2, cols.count / 2);
+      w.block_scale = ReadSlice(*scale, rows.begin, rows.count, cols.begin / 16, cols.count / 16);
       return w;
     }
     auto ref = Dense(wn, {out, in});
     if (!ref.ok()) return ref.status();
-    w.weight = ops_.Upload(ReadSlice(*ref, rows.begin, rows.count, cols.begin, cols.count));
-    bytes_ += w.weight.nbytes();
+    w.weight = ReadSlice(*ref, rows.begin, rows.count, cols.begin, cols.count);
     return w;
   }
 
@@ -154,15 +176,12 @@ class WeightReader {
                                  int nope, int v, int kv_lora) {
     const int64_t per = nope + v;
     if (Has(module + ".weight_scale")) {
-      auto lw = Linear(module, all_heads * per, kv_lora, {heads.begin * static_cast<int>(per), heads.count * static_cast<int>(per)},
-                       {0, kv_lora});
+      auto lw = HostLinear(module, all_heads * per, kv_lora,
+                           {heads.begin * static_cast<int>(per), heads.count * static_cast<int>(per)},
+                           {0, kv_lora});
       if (!lw.ok()) return lw.status();
-      // Linear() may have uploaded to a device: read the packed bytes again from the file.
-      auto packed = ckpt_.Get(Name(module + ".weight"));
-      auto scale = ckpt_.Get(Name(module + ".weight_scale"));
       Tensor out = Tensor::Host(DType::kF32, {heads.count, per, kv_lora});
-      DequantizeNvfp4(packed->bytes.data() + heads.begin * per * (kv_lora / 2),
-                      scale->bytes.data() + heads.begin * per * (kv_lora / 16), lw->global_scale,
+      DequantizeNvfp4(lw->weight.data<uint8_t>(), lw->block_scale.data<uint8_t>(), lw->global_scale,
                       static_cast<int>(heads.count * per), kv_lora, out.data<float>());
       return out;
     }
@@ -236,7 +255,9 @@ absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
     std::vector<float> inv = c.RopeInvFreq();
     Tensor t = Tensor::Host(DType::kF32, {static_cast<int64_t>(inv.size())});
     std::copy(inv.begin(), inv.end(), t.data<float>());
-    inv_freq_ = ops_.Upload(t);
+    auto dev = ops_.Upload(t);
+    if (!dev.ok()) return dev.status();
+    inv_freq_ = *dev;
     rope_scaling_ = static_cast<float>(c.RopeAttentionScaling());
   }
 
@@ -246,7 +267,9 @@ absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
   {
     auto emb = r.Dense("model.embed_tokens.weight", {c.vocab_size, H});
     if (!emb.ok()) return emb.status();
-    embed_ = ops_.Upload(ReadSlice(*emb, vocab_.begin, vocab_.count, 0, H));
+    auto dev = ops_.Upload(ReadSlice(*emb, vocab_.begin, vocab_.count, 0, H));
+    if (!dev.ok()) return dev.status();
+    embed_ = *dev;
     weight_bytes_ += embed_.nbytes();
   }
   auto norm = r.Vector("model.norm.weight", H);
@@ -315,9 +338,13 @@ absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
         std::copy(src + c.qk_nope_head_dim * c.kv_lora_rank, src + per * c.kv_lora_rank,
                   vb.data<float>() + static_cast<int64_t>(h) * c.v_head_dim * c.kv_lora_rank);
       }
-      layer->w_kb = ops_.Upload(kb);
-      layer->w_vb = ops_.Upload(vb);
-      weight_bytes_ += kb.nbytes() + vb.nbytes();
+      auto dkb = UploadAs(ops_, kb);
+      if (!dkb.ok()) return dkb.status();
+      auto dvb = UploadAs(ops_, vb);
+      if (!dvb.ok()) return dvb.status();
+      layer->w_kb = *dkb;
+      layer->w_vb = *dvb;
+      weight_bytes_ += layer->w_kb.nbytes() + layer->w_vb.nbytes();
     }
     MLASERVE_TRY(set_lin(layer->o_proj, a + "o_proj", H, int64_t{c.num_attention_heads} * c.v_head_dim,
                          all_h, {heads_.begin * c.v_head_dim, heads_.count * c.v_head_dim}));
@@ -344,16 +371,30 @@ absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
       if (c.has_score_correction_bias) {
         MLASERVE_TRY(set_vec(layer->router_bias, mlp + "gate.e_score_correction_bias", c.n_routed_experts));
       }
-      layer->first_expert = experts_.begin;
       const int I = c.moe_intermediate_size;
+      std::vector<ExpertWeights> host;  // the layer's local experts, read from the checkpoint
+      auto host_lin = [&](LinearWeight& dst, const std::string& n, int64_t out, int64_t in,
+                          ShardRange rows, ShardRange cols) -> absl::Status {
+        auto w = r.HostLinear(n, out, in, rows, cols);
+        if (!w.ok()) return w.status();
+        dst = *std::move(w);
+        return absl::OkStatus();
+      };
       for (int e = experts_.begin; e < experts_.begin + experts_.count; ++e) {
         const std::string ex = absl::StrCat(mlp, "experts.", e, ".");
         ExpertWeights w;
-        MLASERVE_TRY(set_lin(w.gate, ex + "gate_proj", I, H, expert_inter_, all_h));
-        MLASERVE_TRY(set_lin(w.up, ex + "up_proj", I, H, expert_inter_, all_h));
-        MLASERVE_TRY(set_lin(w.down, ex + "down_proj", H, I, all_h, expert_inter_));
-        layer->experts.push_back(std::move(w));
+        MLASERVE_TRY(host_lin(w.gate, ex + "gate_proj", I, H, expert_inter_, all_h));
+        MLASERVE_TRY(host_lin(w.up, ex + "up_proj", I, H, expert_inter_, all_h));
+        MLASERVE_TRY(host_lin(w.down, ex + "down_proj", H, I, all_h, expert_inter_));
+        host.push_back(std::move(w));
       }
+      auto experts = ops_.UploadExperts(experts_.begin, c.n_routed_experts, host);
+      if (!experts.ok()) {
+        return absl::Status(experts.status().code(),
+                            absl::StrCat("layer ", i, " routed experts: ", experts.status().message()));
+      }
+      layer->experts = *std::move(experts);
+      weight_bytes_ += layer->experts.bytes;
     }
 #undef MLASERVE_TRY
     // The paged latent cache of this layer (held whole on every rank).
@@ -378,9 +419,12 @@ absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
         break;
       }
     }
-    Tensor pool = Tensor::Host(DType::kU8, {options_.num_kv_blocks, kKvBlockTokens,
-                                            static_cast<int64_t>(KvCacheBytesPerToken(options_.kv_format))});
-    layer->kv.pool = ops_.Upload(pool);
+    auto pool = ops_.Allocate(DType::kU8, {options_.num_kv_blocks, kKvBlockTokens,
+                                           static_cast<int64_t>(KvCacheBytesPerToken(options_.kv_format))});
+    if (!pool.ok()) {
+      return absl::Status(pool.status().code(), absl::StrCat("layer ", i, " KV cache: ", pool.status().message()));
+    }
+    layer->kv.pool = *std::move(pool);
     layers_.push_back(std::move(layer));
   }
   return absl::OkStatus();
@@ -396,13 +440,13 @@ size_t DeepseekV3Model::kv_cache_bytes() const {
 
 absl::Status DeepseekV3Model::AllReduce(Tensor& t) {
   if (comm_.size() == 1) return absl::OkStatus();
-  return comm_.AllReduceSum(t.data<float>(), static_cast<size_t>(t.numel()));
+  return comm_.AllReduceSum(t);
 }
 
-absl::Status DeepseekV3Model::Attention(Layer& L, const StepBatch& batch, const Tensor& h,
+absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const Tensor& h,
                                         Tensor& out) {
   const ModelConfig& c = config_;
-  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  const int64_t T = h.dim(0);
   const int qk = c.qk_head_dim();
   Tensor q = ops_.Activation({T, static_cast<int64_t>(heads_.count) * qk});
   if (c.q_lora_rank > 0) {
@@ -420,19 +464,19 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepBatch& batch, const 
   ops_.RmsNorm(latent, L.kv_a_norm, c.rms_norm_eps, latent);
   Tensor k_rope = ops_.Activation({T, c.qk_rope_head_dim});
   ops_.Columns(kv, c.kv_lora_rank, k_rope);
-  ops_.Rope(k_rope, 0, 1, c.qk_rope_head_dim, c.qk_rope_head_dim, batch.positions, inv_freq_,
+  ops_.Rope(k_rope, 0, 1, c.qk_rope_head_dim, c.qk_rope_head_dim, step, inv_freq_, rope_scaling_,
+            c.rope.interleaved);
+  ops_.Rope(q, c.qk_nope_head_dim, heads_.count, qk, c.qk_rope_head_dim, step, inv_freq_,
             rope_scaling_, c.rope.interleaved);
-  ops_.Rope(q, c.qk_nope_head_dim, heads_.count, qk, c.qk_rope_head_dim, batch.positions,
-            inv_freq_, rope_scaling_, c.rope.interleaved);
-  ops_.KvWrite(latent, k_rope, batch.slots, L.kv);
+  ops_.KvWrite(latent, k_rope, step, L.kv);
 
-  std::vector<SequenceSlice> naive, absorbed;
-  for (const SequenceSlice& s : batch.seqs) {
-    (s.context_len == 0 && !options_.force_absorbed ? naive : absorbed).push_back(s);
-  }
   Tensor attn = ops_.Activation({T, static_cast<int64_t>(heads_.count) * c.v_head_dim});
-  if (!naive.empty()) ops_.MlaNaive(mla_, q, latent, k_rope, L.kv_b, naive, attn);
-  if (!absorbed.empty()) ops_.MlaAbsorbed(mla_, q, L.w_kb, L.w_vb, L.kv, absorbed, attn);
+  if (step.layout->prefill.num_seqs > 0) {
+    ops_.MlaPrefill(mla_, q, latent, k_rope, L.kv_b, L.kv, step, attn);
+  }
+  for (size_t g = 0; g < step.layout->decode.size(); ++g) {
+    ops_.MlaDecode(mla_, q, L.w_kb, L.w_vb, L.kv, step, static_cast<int>(g), attn);
+  }
   ops_.Linear(attn, L.o_proj, out);
   return AllReduce(out);
 }
@@ -440,18 +484,8 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepBatch& batch, const 
 absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
   const ModelConfig& c = config_;
   const int64_t T = h.dim(0);
-  if (L.moe) {
-    Tensor logits = ops_.Activation({T, c.n_routed_experts});
-    ops_.Linear(h, L.router, logits);
-    Tensor ids = Tensor::Host(DType::kI32, {T, c.num_experts_per_tok});
-    Tensor weights = Tensor::Host(DType::kF32, {T, c.num_experts_per_tok});
-    if (ops_.device() != Device::kCpu) {
-      ids = ops_.Upload(ids);
-      weights = ops_.Upload(weights);
-    }
-    ops_.MoeRoute(routing_, logits, L.router_bias, ids, weights);
-    ops_.MoeExperts(h, ids, weights, L.first_expert, L.experts, out);
-  }
+  // Dense MLP, or the shared experts (into `shared`, added to the routed experts' sum).
+  Tensor shared;
   if (L.has_mlp) {
     const int64_t I = L.gate.out_features;
     Tensor g = ops_.Activation({T, I});
@@ -460,84 +494,91 @@ absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
     ops_.Linear(h, L.up, u);
     ops_.SiluMul(g, u, g);
     if (L.moe) {
-      Tensor shared = ops_.Activation({T, c.hidden_size});
+      shared = ops_.Activation({T, c.hidden_size});
       ops_.Linear(g, L.down, shared);
-      ops_.Add(shared, out);
     } else {
       ops_.Linear(g, L.down, out);
     }
   }
+  if (L.moe) {
+    Tensor logits = ops_.Activation({T, c.n_routed_experts}, DType::kF32);
+    ops_.Linear(h, L.router, logits);
+    Tensor ids = ops_.Activation({T, c.num_experts_per_tok}, DType::kI32);
+    Tensor weights = ops_.Activation({T, c.num_experts_per_tok}, DType::kF32);
+    ops_.MoeRoute(routing_, logits, L.router_bias, ids, weights);
+    ops_.MoeExperts(h, ids, weights, L.experts, shared, out);
+  }
   return AllReduce(out);
 }
 
-absl::Status DeepseekV3Model::Forward(const StepBatch& batch, std::vector<float>* logits) {
+absl::StatusOr<Tensor> DeepseekV3Model::Forward(const StepBatch& batch) {
   const ModelConfig& c = config_;
-  const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  if (batch.positions.size() != batch.tokens.size() || batch.slots.size() != batch.tokens.size()) {
-    return absl::InvalidArgumentError("step batch: tokens, positions and slots differ in length");
-  }
-  for (int32_t id : batch.tokens) {
-    if (id < 0 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary of ", c.vocab_size));
-    }
-  }
-  const int64_t max_slot = static_cast<int64_t>(options_.num_kv_blocks) * kKvBlockTokens;
-  for (int64_t s : batch.slots) {
-    if (s < 0 || s >= max_slot) return absl::InvalidArgumentError(absl::StrCat("cache slot ", s, " is outside the pool"));
-  }
-  Tensor x = ops_.Activation({T, c.hidden_size});
-  ops_.Embed(embed_, vocab_.begin, batch.tokens, x);
+  StepLayoutOptions lo;
+  lo.vocab_size = c.vocab_size;
+  lo.num_blocks = options_.num_kv_blocks;
+  lo.num_slots = static_cast<int64_t>(options_.num_kv_blocks) * kKvBlockTokens;
+  lo.force_absorbed = options_.force_absorbed;
+  auto layout = BuildStepLayout(batch, lo);
+  if (!layout.ok()) return layout.status();
+  layout_ = *std::move(layout);
+  StepTensors step;
+  if (auto s = ops_.BeginStep(layout_, &step); !s.ok()) return s;
+  const int64_t T = layout_.num_tokens;
+  const int64_t R = static_cast<int64_t>(layout_.logits_rows.size());
+  if (T == 0) return ops_.Activation({0, c.vocab_size}, DType::kF32);
+  // The residual stream is fp32 on every backend; h (normalised) is in the activation dtype.
+  Tensor x = ops_.Activation({T, c.hidden_size}, DType::kF32);
+  ops_.Embed(embed_, vocab_.begin, step, x);
   if (auto s = AllReduce(x); !s.ok()) return s;
   Tensor h = ops_.Activation({T, c.hidden_size});
   Tensor y = ops_.Activation({T, c.hidden_size});
-  for (auto& layer : layers_) {
-    ops_.RmsNorm(x, layer->input_norm, c.rms_norm_eps, h);
-    if (auto s = Attention(*layer, batch, h, y); !s.ok()) return s;
-    ops_.Add(y, x);
-    ops_.RmsNorm(x, layer->post_norm, c.rms_norm_eps, h);
-    if (auto s = Mlp(*layer, h, y); !s.ok()) return s;
-    ops_.Add(y, x);
+  ops_.RmsNorm(x, layers_[0]->input_norm, c.rms_norm_eps, h);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& layer = *layers_[i];
+    if (auto s = Attention(layer, step, h, y); !s.ok()) return s;
+    ops_.AddRmsNorm(y, x, layer.post_norm, c.rms_norm_eps, h);
+    if (auto s = Mlp(layer, h, y); !s.ok()) return s;
+    // The next layer's input norm, or the final norm after the last layer.
+    const Tensor& next = i + 1 < layers_.size() ? layers_[i + 1]->input_norm : final_norm_;
+    ops_.AddRmsNorm(y, x, next, c.rms_norm_eps, h);
   }
-  // Final norm and lm_head on the rows that need logits.
-  const int64_t R = static_cast<int64_t>(batch.logits_rows.size());
-  logits->assign(R * c.vocab_size, 0.0f);
-  if (R == 0) return absl::OkStatus();
-  std::vector<float> host_x(T * c.hidden_size);
-  ops_.CopyToHost(x, host_x.data());
-  Tensor rows = Tensor::Host(DType::kF32, {R, c.hidden_size});
-  for (int64_t i = 0; i < R; ++i) {
-    const int32_t row = batch.logits_rows[i];
-    if (row < 0 || row >= T) return absl::InvalidArgumentError("logits row outside the step");
-    std::copy(host_x.begin() + row * c.hidden_size, host_x.begin() + (row + 1) * c.hidden_size,
-              rows.data<float>() + i * c.hidden_size);
-  }
-  Tensor dev_rows = ops_.Upload(rows);
-  ops_.RmsNorm(dev_rows, final_norm_, c.rms_norm_eps, dev_rows);
-  Tensor local = ops_.Activation({R, vocab_.count});
-  ops_.Linear(dev_rows, lm_head_, local);
-  std::vector<float> local_host(R * vocab_.count);
-  ops_.CopyToHost(local, local_host.data());
+  // lm_head on the rows that need logits.
+  Tensor rows = ops_.Activation({R, c.hidden_size});
+  ops_.LogitsRows(h, step, rows);
+  Tensor local = ops_.Activation({R, vocab_.count}, DType::kF32);
+  ops_.Linear(rows, lm_head_, local);
   const int world = comm_.size();
-  if (world == 1) {
-    *logits = std::move(local_host);
-    return absl::OkStatus();
-  }
+  if (world == 1) return local;
   // Vocab-parallel gather: every rank sends [R, padded] (shards differ by at most one row).
+  if (ops_.device() != Device::kCpu) {
+    return absl::UnimplementedError(
+        "the vocab-parallel logits gather on GPUs needs the NCCL communicator (not built yet): "
+        "run the CUDA backend with one rank");
+  }
   const int64_t padded = (c.vocab_size + world - 1) / world;
   std::vector<float> send(R * padded, 0.0f), recv(static_cast<size_t>(world) * R * padded);
   for (int64_t i = 0; i < R; ++i) {
-    std::copy(local_host.begin() + i * vocab_.count, local_host.begin() + (i + 1) * vocab_.count,
+    std::copy(local.data<float>() + i * vocab_.count, local.data<float>() + (i + 1) * vocab_.count,
               send.begin() + i * padded);
   }
   if (auto s = comm_.AllGather(send.data(), send.size(), recv.data()); !s.ok()) return s;
+  Tensor logits = ops_.Activation({R, c.vocab_size}, DType::kF32);
   for (int r = 0; r < world; ++r) {
     const ShardRange v = ShardRange::Of(c.vocab_size, r, world);
     for (int64_t i = 0; i < R; ++i) {
       const float* src = recv.data() + (static_cast<int64_t>(r) * R + i) * padded;
-      std::copy(src, src + v.count, logits->begin() + i * c.vocab_size + v.begin);
+      std::copy(src, src + v.count, logits.data<float>() + i * c.vocab_size + v.begin);
     }
   }
-  return absl::OkStatus();
+  return logits;
+}
+
+absl::Status DeepseekV3Model::Forward(const StepBatch& batch, std::vector<float>* logits) {
+  auto dev = Forward(batch);
+  if (!dev.ok()) return dev.status();
+  logits->assign(static_cast<size_t>(dev->numel()), 0.0f);
+  if (dev->numel() == 0) return ops_.Synchronize();
+  return ops_.CopyToHost(*dev, logits->data());
 }
 
 }  // namespace mlaserve

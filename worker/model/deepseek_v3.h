@@ -38,15 +38,6 @@ struct ShardRange {
   static ShardRange Of(int total, int rank, int world);
 };
 
-// One forward step over a batch of sequences.
-struct StepBatch {
-  std::vector<int32_t> tokens;     // [T]
-  std::vector<int32_t> positions;  // [T]
-  std::vector<int64_t> slots;      // [T]: cache slot (block * 64 + offset) of each new token
-  std::vector<SequenceSlice> seqs;
-  std::vector<int32_t> logits_rows;  // rows of T whose logits are wanted
-};
-
 class DeepseekV3Model {
  public:
   static absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Load(const std::string& folder,
@@ -57,8 +48,13 @@ class DeepseekV3Model {
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
 
-  // Runs the step; `logits` gets [logits_rows.size(), vocab_size] fp32 on every rank.
+  // Runs the step; returns the logits [logits_rows.size(), vocab_size] fp32 on the backend's
+  // device, on every rank, valid until the next Forward.
+  absl::StatusOr<Tensor> Forward(const StepBatch& batch);
+  // The same, with the logits copied to the host (tests, tools).
   absl::Status Forward(const StepBatch& batch, std::vector<float>* logits);
+
+  Ops& ops() { return ops_; }
 
   // Bytes of weights and KV cache this rank holds.
   size_t weight_bytes() const { return weight_bytes_; }
@@ -70,7 +66,7 @@ class DeepseekV3Model {
   struct Layer;
   DeepseekV3Model(Ops& ops, Communicator& comm);
   absl::Status LoadWeights(const Checkpoint& ckpt);
-  absl::Status Attention(Layer& layer, const StepBatch& batch, const Tensor& h, Tensor& out);
+  absl::Status Attention(Layer& layer, const StepTensors& step, const Tensor& h, Tensor& out);
   absl::Status Mlp(Layer& layer, const Tensor& h, Tensor& out);
   absl::Status AllReduce(Tensor& t);
 
@@ -93,6 +89,7 @@ class DeepseekV3Model {
   float rope_scaling_ = 1.0f;
   std::vector<std::unique_ptr<Layer>> layers_;
   size_t weight_bytes_ = 0;
+  StepLayout layout_;  // the running step's layout (the backend's StepTensors point into it)
 };
 
 }  // namespace mlaserve

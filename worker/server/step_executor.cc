@@ -96,21 +96,35 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
     batch.seqs.push_back(std::move(slice));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits;
-  if (auto st = model_.Forward(batch, &logits); !st.ok()) return st;
-  const auto t1 = std::chrono::steady_clock::now();
-  result.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
+  auto logits = model_.Forward(batch);
+  if (!logits.ok()) return logits.status();
   result.tokens_fed = static_cast<int64_t>(batch.tokens.size());
-  if (!sample_here_) return result;
+  if (!sample_here_) {
+    // The other ranks wait for their step's device work too (its errors surface here).
+    if (auto st = model_.ops().Synchronize(); !st.ok()) return st;
+    result.forward_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return result;
+  }
+  // Sampling runs on the logits' device; only ids and logprobs come back. The forward time
+  // includes the device work queued before sampling (the GPU runs asynchronously).
+  SamplingBatch sb;
   for (size_t r = 0; r < sample_seq.size(); ++r) {
     const wire::StepSequence::Reader s = seqs[sample_seq[r]];
-    const SequenceSampling& ss = sampling_.at(s.getSeqId());
-    const auto& hist = history_[s.getSeqId()];
+    sb.rows.push_back({&sampling_.at(s.getSeqId()), &history_[s.getSeqId()],
+                       static_cast<int>(s.getPromptLen()), static_cast<int>(s.getGenerated())});
+  }
+  if (auto st = model_.ops().Synchronize(); !st.ok()) return st;
+  const auto t1 = std::chrono::steady_clock::now();
+  result.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
+  std::vector<SampledOutput> sampled;
+  if (auto st = model_.ops().Sample(*logits, sb, &sampled); !st.ok()) return st;
+  for (size_t r = 0; r < sample_seq.size(); ++r) {
+    const wire::StepSequence::Reader s = seqs[sample_seq[r]];
     ExecutedStep::Token tok;
     tok.seq_id = s.getSeqId();
-    tok.want_logprobs = ss.want_logprobs;
-    tok.out = SampleToken(logits.data() + r * vocab, vocab, ss, hist,
-                          static_cast<int>(s.getPromptLen()), static_cast<int>(s.getGenerated()));
+    tok.want_logprobs = sampling_.at(s.getSeqId()).want_logprobs;
+    tok.out = std::move(sampled[r]);
     result.tokens.push_back(std::move(tok));
   }
   result.sample_seconds =

@@ -1,0 +1,818 @@
+#include "worker/backend/cuda_ops.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/dtype.h"
+#include "kernels/activation/silu_mul.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/linear/linear.h"
+#include "kernels/linear/linear_ref.h"
+#include "kernels/mla/mla_decode.h"
+#include "kernels/mla/mla_prefill.h"
+#include "kernels/moe/moe_experts.h"
+#include "kernels/moe/moe_router.h"
+#include "kernels/norm/rms_norm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/sampling/sampling.h"
+
+namespace mlaserve {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::string Shape(const Tensor& t) {
+  return absl::StrCat(std::string(DTypeName(t.dtype())), "[", absl::StrJoin(t.shape(), ", "), "]");
+}
+
+absl::Status CudaStatus(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (",
+                                          cudaGetErrorString(e), ")"));
+}
+
+// Device memory freed with the last tensor that shares it.
+std::shared_ptr<void> DeviceStorage(size_t bytes, cudaError_t* err) {
+  void* p = nullptr;
+  *err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (*err != cudaSuccess) return nullptr;
+  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+}
+
+// A host copy of a float tensor as bf16 (checkpoints in fp32 or fp16 are rounded once).
+Tensor HostBf16(const Tensor& host) {
+  if (host.dtype() == DType::kBF16) return host;
+  Tensor f = Tensor::Host(DType::kF32, host.shape());
+  DecodeFloats(host.dtype(), host.data<void>(), static_cast<size_t>(host.numel()), f.data<float>());
+  Tensor out = Tensor::Host(DType::kBF16, host.shape());
+  for (int64_t i = 0; i < host.numel(); ++i) out.data<uint16_t>()[i] = FloatToBf16(f.data<float>()[i]);
+  return out;
+}
+
+}  // namespace
+
+absl::Status CudaMemoryInfo(size_t* free_bytes, size_t* total_bytes) {
+  return CudaStatus(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
+
+struct CudaOps::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  std::unique_ptr<LinearGemm> gemm;
+  absl::Status error;  // the first failure since the last check
+  size_t persistent = 0;
+
+  // Step arena: chunks of device memory; BeginStep merges them into one of their total size,
+  // so the arena converges to the largest step's need and then never allocates again.
+  struct Chunk {
+    void* base = nullptr;
+    size_t size = 0, used = 0;
+  };
+  std::vector<Chunk> chunks;
+  size_t arena_total = 0;
+
+  // Step metadata: pinned host staging and its device twin, one copy per step.
+  void* step_host = nullptr;
+  void* step_dev = nullptr;
+  size_t step_capacity = 0;
+  // Sampling staging (rows, penalties, masks in; ids, logprobs out).
+  void* sample_host = nullptr;
+  size_t sample_capacity = 0;
+
+  bool failed() const { return !error.ok(); }
+  void Fail(absl::Status s) {
+    if (error.ok() && !s.ok()) error = std::move(s);
+  }
+  void Check(cudaError_t e, const std::string& what) {
+    if (e != cudaSuccess) Fail(CudaStatus(e, what));
+  }
+  void Check(const absl::Status& s, const std::string& what) {
+    if (!s.ok()) Fail(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
+  }
+
+  void* ArenaAlloc(size_t bytes) {
+    bytes = AlignUp(std::max<size_t>(bytes, 1));
+    if (!chunks.empty() && chunks.back().used + bytes <= chunks.back().size) {
+      Chunk& c = chunks.back();
+      void* p = static_cast<char*>(c.base) + c.used;
+      c.used += bytes;
+      return p;
+    }
+    // A new chunk: at least the request, at least double the arena so far (few chunks).
+    Chunk c;
+    c.size = std::max(bytes, std::max<size_t>(arena_total, 64 << 20));
+    if (cudaMalloc(&c.base, c.size) != cudaSuccess) {
+      cudaGetLastError();
+      Fail(absl::ResourceExhaustedError(absl::StrCat(
+          "out of GPU memory for step scratch: ", c.size, " more bytes needed beyond the ",
+          arena_total, " the arena holds; lower --kv-blocks or --gpu-memory-fraction, or the "
+          "scheduler's tokens per step")));
+      return nullptr;
+    }
+    c.used = bytes;
+    arena_total += c.size;
+    chunks.push_back(c);
+    return c.base;
+  }
+
+  absl::Status ResetArena() {
+    if (chunks.size() > 1) {
+      // The work of the last step may still read the chunks.
+      if (auto s = CudaStatus(cudaStreamSynchronize(stream), "step arena"); !s.ok()) return s;
+      size_t total = 0;
+      for (Chunk& c : chunks) {
+        total += c.size;
+        cudaFree(c.base);
+      }
+      chunks.clear();
+      arena_total = 0;
+      Chunk c;
+      if (auto s = CudaStatus(cudaMalloc(&c.base, total), "step arena"); !s.ok()) return s;
+      c.size = total;
+      arena_total = total;
+      chunks.push_back(c);
+    }
+    for (Chunk& c : chunks) c.used = 0;
+    return absl::OkStatus();
+  }
+
+  ~Impl() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    for (Chunk& c : chunks) cudaFree(c.base);
+    cudaFree(step_dev);
+    cudaFreeHost(step_host);
+    cudaFreeHost(sample_host);
+    if (cublas != nullptr) cublasDestroy(cublas);
+    gemm.reset();
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create() {
+  auto impl = std::make_unique<Impl>();
+  int count = 0;
+  if (auto s = CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"); !s.ok()) return s;
+  if (count == 0) return absl::FailedPreconditionError("no CUDA device is visible");
+  if (auto s = CudaStatus(cudaGetDevice(&impl->device), "cudaGetDevice"); !s.ok()) return s;
+  if (auto s = CudaStatus(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking),
+                          "cudaStreamCreate");
+      !s.ok()) {
+    return s;
+  }
+  if (cublasCreate(&impl->cublas) != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError("cublasCreate failed");
+  }
+  cublasSetStream(impl->cublas, impl->stream);
+  auto gemm = LinearGemm::Create();
+  if (!gemm.ok()) return gemm.status();
+  impl->gemm = *std::move(gemm);
+  return std::unique_ptr<CudaOps>(new CudaOps(std::move(impl)));
+}
+
+CudaOps::CudaOps(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaOps::~CudaOps() = default;
+
+cudaStream_t CudaOps::stream() const { return impl_->stream; }
+size_t CudaOps::persistent_bytes() const { return impl_->persistent; }
+size_t CudaOps::arena_bytes() const { return impl_->arena_total; }
+
+absl::Status CudaOps::Synchronize() {
+  impl_->Check(cudaStreamSynchronize(impl_->stream), "device step");
+  absl::Status s = impl_->error;
+  return s;
+}
+
+absl::Status CudaOps::BeginStep(const StepLayout& L, StepTensors* step) {
+  if (impl_->failed()) return impl_->error;
+  if (auto s = impl_->ResetArena(); !s.ok()) return s;
+  // Pack the arrays, each 256-B aligned, into one host buffer; one copy to the device.
+  struct Part {
+    const void* data;
+    size_t bytes;
+    Tensor* dst;
+    DType dtype;
+    int64_t count;
+  };
+  const int64_t P = L.prefill.num_seqs > 0 ? L.prefill.num_seqs + 1 : 0;
+  std::vector<Part> parts = {
+      {L.tokens.data(), L.tokens.size() * 4, &step->tokens, DType::kI32, L.num_tokens},
+      {L.positions.data(), L.positions.size() * 4, &step->positions, DType::kI32, L.num_tokens},
+      {L.slots.data(), L.slots.size() * 8, &step->slots, DType::kI64, L.num_tokens},
+      {L.logits_rows.data(), L.logits_rows.size() * 4, &step->logits_rows, DType::kI32,
+       static_cast<int64_t>(L.logits_rows.size())},
+      {L.block_tables.data(), L.block_tables.size() * 4, &step->block_tables, DType::kI32,
+       static_cast<int64_t>(L.block_tables.size())},
+      {L.seq_lens.data(), L.seq_lens.size() * 4, &step->seq_lens, DType::kI32, L.num_seqs},
+      {L.context_lens.data(), L.context_lens.size() * 4, &step->context_lens, DType::kI32,
+       L.num_seqs},
+      {L.prefill.q_begin.data(), L.prefill.q_begin.size() * 4, &step->prefill_q_begin,
+       DType::kI32, P},
+      {L.prefill.kv_begin.data(), L.prefill.kv_begin.size() * 4, &step->prefill_kv_begin,
+       DType::kI32, P},
+  };
+  size_t total = 0;
+  for (const Part& p : parts) total += AlignUp(p.bytes);
+  if (total > impl_->step_capacity) {
+    // Grows to twice the need (the step buffers' address changes only while the batch grows).
+    if (impl_->step_capacity > 0) {
+      if (auto s = CudaStatus(cudaStreamSynchronize(impl_->stream), "step buffers"); !s.ok()) return s;
+    }
+    cudaFree(impl_->step_dev);
+    cudaFreeHost(impl_->step_host);
+    impl_->step_dev = impl_->step_host = nullptr;
+    impl_->step_capacity = 0;
+    const size_t cap = std::max<size_t>(2 * total, 1 << 20);
+    if (auto s = CudaStatus(cudaMalloc(&impl_->step_dev, cap), "step buffers"); !s.ok()) return s;
+    if (auto s = CudaStatus(cudaMallocHost(&impl_->step_host, cap), "step buffers"); !s.ok()) return s;
+    impl_->step_capacity = cap;
+  } else {
+    // The previous step's upload must have left the staging buffer before it is rewritten.
+    if (auto s = CudaStatus(cudaStreamSynchronize(impl_->stream), "step buffers"); !s.ok()) return s;
+  }
+  size_t off = 0;
+  char* host = static_cast<char*>(impl_->step_host);
+  char* dev = static_cast<char*>(impl_->step_dev);
+  for (const Part& p : parts) {
+    if (p.bytes > 0) std::memcpy(host + off, p.data, p.bytes);
+    *p.dst = Tensor(p.dtype, {p.count}, nullptr, dev + off, Device::kCuda);
+    off += AlignUp(p.bytes);
+  }
+  step->layout = &L;
+  step->block_tables = step->block_tables.Reshaped({L.num_seqs, L.max_blocks});
+  if (off > 0) {
+    if (auto s = CudaStatus(cudaMemcpyAsync(dev, host, off, cudaMemcpyHostToDevice, impl_->stream),
+                            "step upload");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+Tensor CudaOps::Activation(std::vector<int64_t> shape, DType dtype) {
+  Tensor t(dtype, std::move(shape), nullptr, nullptr, Device::kCuda);
+  void* p = impl_->ArenaAlloc(t.nbytes());
+  return Tensor(dtype, t.shape(), nullptr, p, Device::kCuda);
+}
+
+absl::StatusOr<Tensor> CudaOps::Allocate(DType dtype, std::vector<int64_t> shape) {
+  Tensor t(dtype, std::move(shape), nullptr, nullptr, Device::kCuda);
+  cudaError_t e;
+  auto storage = DeviceStorage(t.nbytes(), &e);
+  if (!storage) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("out of GPU memory allocating ", t.nbytes(),
+                                                     " bytes for ", Shape(t)));
+  }
+  if (auto s = CudaStatus(cudaMemset(storage.get(), 0, t.nbytes()), "cudaMemset"); !s.ok()) return s;
+  impl_->persistent += t.nbytes();
+  return Tensor(dtype, t.shape(), storage, storage.get(), Device::kCuda);
+}
+
+absl::StatusOr<Tensor> CudaOps::Upload(const Tensor& host) {
+  auto dev = Allocate(host.dtype(), host.shape());
+  if (!dev.ok()) return dev.status();
+  if (auto s = CudaStatus(cudaMemcpy(dev->data<void>(), host.data<void>(), host.nbytes(),
+                                     cudaMemcpyHostToDevice),
+                          "weight upload");
+      !s.ok()) {
+    return s;
+  }
+  return dev;
+}
+
+absl::StatusOr<LinearWeight> CudaOps::UploadLinear(const LinearWeight& host) {
+  LinearWeight w = host;
+  w.block_scale = Tensor();
+  if (host.nvfp4()) {
+    // e2m1 * e4m3 block scale is exact in bf16 (at most 2 + 4 significant bits);
+    // weight_scale_2 multiplies the GEMM's fp32 result.
+    Tensor b = Tensor::Host(DType::kBF16, {host.out_features, host.in_features});
+    DequantizeNvfp4ToBf16Unscaled(host.weight.data<uint8_t>(), host.block_scale.data<uint8_t>(),
+                                  host.out_features, host.in_features, b.data<uint16_t>());
+    w.alpha = host.alpha * host.global_scale;
+    auto dev = Upload(b);
+    if (!dev.ok()) return dev.status();
+    w.weight = *dev;
+    return w;
+  }
+  auto dev = Upload(HostBf16(host.weight));
+  if (!dev.ok()) return dev.status();
+  w.weight = *dev;
+  return w;
+}
+
+absl::StatusOr<RoutedExperts> CudaOps::UploadExperts(int first_expert, int num_routed_experts,
+                                                     const std::vector<ExpertWeights>& host) {
+  RoutedExperts r;
+  r.first_expert = first_expert;
+  r.count = static_cast<int>(host.size());
+  if (host.empty()) return r;
+  r.hidden = host[0].gate.in_features;
+  r.intermediate = host[0].gate.out_features;
+  MoeExpertsHostWeights w;
+  w.first_expert = first_expert;
+  w.num_routed_experts = num_routed_experts;
+  w.num_local_experts = r.count;
+  w.hidden = r.hidden;
+  w.intermediate = r.intermediate;
+  w.nvfp4 = host[0].gate.nvfp4();
+  std::vector<Tensor> keep;  // bf16 copies of fp32/fp16 experts
+  auto proj = [&](const LinearWeight& lw) -> absl::StatusOr<MoeExpertsHostWeights::Projection> {
+    MoeExpertsHostWeights::Projection p;
+    if (lw.nvfp4() != w.nvfp4) {
+      return absl::InvalidArgumentError(
+          "routed experts mix NVFP4 and dense projections in one layer; the GPU grouped GEMM "
+          "takes one format per layer");
+    }
+    if (w.nvfp4) {
+      p.packed = lw.weight.data<uint8_t>();
+      p.scale = lw.block_scale.data<uint8_t>();
+      p.global_scale = lw.global_scale;
+    } else {
+      keep.push_back(HostBf16(lw.weight));
+      p.bf16 = keep.back().data<uint16_t>();
+    }
+    return p;
+  };
+  for (const ExpertWeights& e : host) {
+    for (auto [dst, src] : {std::pair{&w.gate, &e.gate}, {&w.up, &e.up}, {&w.down, &e.down}}) {
+      auto p = proj(*src);
+      if (!p.ok()) return p.status();
+      dst->push_back(*p);
+    }
+  }
+  auto gpu = MoeExpertsGpu::Upload(w, impl_->stream);
+  if (!gpu.ok()) return gpu.status();
+  r.bytes = (*gpu)->device_bytes();
+  impl_->persistent += r.bytes;
+  r.device = std::shared_ptr<MoeExpertsGpu>(std::move(*gpu));
+  return r;
+}
+
+absl::Status CudaOps::CopyToHost(const Tensor& src, void* dst) {
+  if (!impl_->failed()) {
+    impl_->Check(cudaMemcpyAsync(dst, src.data<void>(), src.nbytes(), cudaMemcpyDeviceToHost,
+                                 impl_->stream),
+                 absl::StrCat("copy of ", Shape(src), " to the host"));
+  }
+  return Synchronize();
+}
+
+#define MLASERVE_SKIP_IF_FAILED() \
+  if (impl_->failed()) return
+
+void CudaOps::Embed(const Tensor& table, int64_t vocab_begin, const StepTensors& step,
+                    Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  GatherRowsParams p;
+  p.src = table.data<void>();
+  p.src_dtype = table.dtype();
+  p.src_rows = table.dim(0);
+  p.src_stride = table.dim(1);
+  p.cols = static_cast<int>(table.dim(1));
+  p.ids = step.tokens.data<int32_t>();
+  p.count = static_cast<int>(step.tokens.numel());
+  p.id_offset = vocab_begin;
+  p.out = out.data<void>();
+  p.out_dtype = out.dtype();
+  p.out_stride = out.dim(1);
+  impl_->Check(InvokeGatherRows(p, impl_->stream), absl::StrCat("Embed ", Shape(table), " -> ", Shape(out)));
+}
+
+void CudaOps::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  RmsNormParams p;
+  p.dim = static_cast<int>(weight.numel());
+  p.rows = x.numel() / p.dim;
+  p.eps = eps;
+  p.x = x.data<void>();
+  p.x_dtype = x.dtype();
+  p.x_stride = p.dim;
+  p.weight = weight.data<float>();
+  p.out = out.data<void>();
+  p.out_stride = p.dim;
+  impl_->Check(InvokeRmsNorm(p, impl_->stream), absl::StrCat("RmsNorm ", Shape(x)));
+}
+
+void CudaOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& weight, float eps,
+                         Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  AddRmsNormParams p;
+  p.dim = static_cast<int>(weight.numel());
+  p.rows = residual.numel() / p.dim;
+  p.eps = eps;
+  p.residual = residual.data<float>();
+  p.delta = delta.data<void>();
+  p.weight = weight.data<float>();
+  p.out = out.data<void>();
+  impl_->Check(InvokeAddRmsNorm(p, impl_->stream), absl::StrCat("AddRmsNorm ", Shape(residual)));
+}
+
+void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  LinearGemm::Args a;
+  a.k = w.in_features;
+  a.n = w.out_features;
+  a.m = x.numel() / a.k;
+  a.x = x.data<void>();
+  a.x_stride = a.k;
+  a.w = w.weight.data<void>();
+  a.alpha = w.alpha;
+  a.out = out.data<void>();
+  a.out_dtype = out.dtype();
+  a.out_stride = a.n;
+  impl_->Check(impl_->gemm->Run(a, impl_->stream),
+               absl::StrCat("Linear ", Shape(x), " x ", Shape(w.weight), "^T -> ", Shape(out)));
+}
+
+void CudaOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  SiluMulParams p;
+  p.rows = gate.dim(0);
+  p.cols = static_cast<int>(gate.numel() / p.rows);
+  p.gate = gate.data<void>();
+  p.up = up.data<void>();
+  p.in_stride = p.cols;
+  p.out = out.data<void>();
+  p.out_stride = p.cols;
+  impl_->Check(InvokeSiluMul(p, impl_->stream), absl::StrCat("SiluMul ", Shape(gate)));
+}
+
+void CudaOps::Columns(const Tensor& x, int64_t begin, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  const int64_t rows = x.dim(0);
+  if (rows == 0) return;
+  const size_t es = DTypeBits(x.dtype()) / 8;
+  const int64_t in_cols = x.numel() / rows, n = out.numel() / rows;
+  impl_->Check(cudaMemcpy2DAsync(out.data<void>(), n * es, x.data<char>() + begin * es,
+                                 in_cols * es, n * es, rows, cudaMemcpyDeviceToDevice,
+                                 impl_->stream),
+               absl::StrCat("Columns ", Shape(x), " from ", begin, " -> ", Shape(out)));
+}
+
+void CudaOps::LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  GatherRowsParams p;
+  p.src = x.data<void>();
+  p.src_dtype = x.dtype();
+  p.src_rows = x.dim(0);
+  p.cols = static_cast<int>(x.numel() / std::max<int64_t>(x.dim(0), 1));
+  p.src_stride = p.cols;
+  p.ids = step.logits_rows.data<int32_t>();
+  p.count = static_cast<int>(step.logits_rows.numel());
+  p.id_offset = 0;
+  p.out = out.data<void>();
+  p.out_dtype = out.dtype();
+  p.out_stride = p.cols;
+  impl_->Check(InvokeGatherRows(p, impl_->stream), absl::StrCat("LogitsRows ", Shape(x)));
+}
+
+void CudaOps::Rope(Tensor& x, int64_t first_col, int per_row, int64_t stride, int dim,
+                   const StepTensors& step, const Tensor& inv_freq, float attention_scaling,
+                   bool interleaved) {
+  MLASERVE_SKIP_IF_FAILED();
+  RopeParams p;
+  p.x = x.data<void>();
+  p.rows = x.dim(0);
+  p.row_stride = x.numel() / std::max<int64_t>(p.rows, 1);
+  p.first_col = first_col;
+  p.per_row = per_row;
+  p.vec_stride = stride;
+  p.dim = dim;
+  p.positions = step.positions.data<int32_t>();
+  p.inv_freq = inv_freq.data<float>();
+  p.attention_scaling = attention_scaling;
+  p.interleaved = interleaved;
+  impl_->Check(InvokeRope(p, impl_->stream), absl::StrCat("Rope ", Shape(x)));
+}
+
+void CudaOps::KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTensors& step,
+                      KvCacheLayer& cache) {
+  MLASERVE_SKIP_IF_FAILED();
+  KvCacheWriteParams p;
+  p.format = cache.format;
+  p.fp8_scale = cache.fp8_scale;
+  p.latent = latent.data<void>();
+  p.rope = k_rope.data<void>();
+  p.latent_stride = kMlaLatentDim;
+  p.rope_stride = kMlaRopeDim;
+  p.slots = step.slots.data<int64_t>();
+  p.n = static_cast<int>(latent.dim(0));
+  p.kv_pool = cache.pool.data<void>();
+  impl_->Check(InvokeKvCacheWrite(p, impl_->stream),
+               absl::StrCat("KvWrite ", std::string(KvCacheFormatName(cache.format)), " ", Shape(latent)));
+}
+
+void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& latent,
+                         const Tensor& k_rope, const LinearWeight& kv_b, const KvCacheLayer& cache,
+                         const StepTensors& step, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  const StepLayout::PrefillGroup& P = step.layout->prefill;
+  if (P.num_seqs == 0) return;
+  const std::string what =
+      absl::StrCat("MlaPrefill ", P.num_seqs, " sequences, ", P.num_rows, " new tokens, ",
+                   P.total_kv, " keys, ", s.heads, " heads, ", std::string(KvCacheFormatName(cache.format)));
+  const int qk = s.qk_nope + s.qk_rope;
+  Tensor keys = Activation({P.total_kv, kMlaLatentDim});
+  Tensor keys_rope = Activation({P.total_kv, kMlaRopeDim});
+  Tensor kv = Activation({P.total_kv, static_cast<int64_t>(s.heads) * (s.qk_nope + s.v_dim)});
+  MLASERVE_SKIP_IF_FAILED();
+  MlaPrefillGatherParams g;
+  g.format = cache.format;
+  g.fp8_scale = cache.fp8_scale;
+  g.kv_pool = cache.pool.data<void>();
+  g.max_blocks_per_seq = step.layout->max_blocks;
+  g.block_table = step.block_tables.data<int32_t>() +
+                  static_cast<int64_t>(P.seq_begin) * step.layout->max_blocks;
+  g.context_lens = step.context_lens.data<int32_t>() + P.seq_begin;
+  g.q_begin = step.prefill_q_begin.data<int32_t>();
+  g.kv_begin = step.prefill_kv_begin.data<int32_t>();
+  g.new_latent = latent.data<uint16_t>() + static_cast<int64_t>(P.row_begin) * kMlaLatentDim;
+  g.latent_stride = kMlaLatentDim;
+  g.new_rope = k_rope.data<uint16_t>() + static_cast<int64_t>(P.row_begin) * kMlaRopeDim;
+  g.rope_stride = kMlaRopeDim;
+  g.num_seqs = P.num_seqs;
+  g.total_kv = P.total_kv;
+  g.out_latent = keys.data<void>();
+  g.out_rope = keys_rope.data<void>();
+  impl_->Check(InvokeMlaPrefillGather(g, impl_->stream), what + " (gather)");
+  Linear(keys, kv_b, kv);
+  MLASERVE_SKIP_IF_FAILED();
+  MlaPrefillParams a;
+  a.num_seqs = P.num_seqs;
+  a.heads = s.heads;
+  a.qk_nope = s.qk_nope;
+  a.qk_rope = s.qk_rope;
+  a.v_dim = s.v_dim;
+  a.q = q.data<uint16_t>() + static_cast<int64_t>(P.row_begin) * s.heads * qk;
+  a.kv = kv.data<void>();
+  a.k_rope = keys_rope.data<void>();
+  a.q_begin = g.q_begin;
+  a.kv_begin = g.kv_begin;
+  a.context_lens = g.context_lens;
+  a.total_q = P.num_rows;
+  a.max_q_len = P.max_q_len;
+  a.softmax_scale = s.softmax_scale;
+  a.out = out.data<uint16_t>() + static_cast<int64_t>(P.row_begin) * s.heads * s.v_dim;
+  impl_->Check(InvokeMlaPrefill(a, impl_->stream), what);
+}
+
+void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
+                        const Tensor& w_vb, const KvCacheLayer& cache, const StepTensors& step,
+                        int group, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  const StepLayout::DecodeGroup& g = step.layout->decode[group];
+  const int rows = g.num_seqs * g.s_q;
+  const int H = s.heads, qk = s.qk_nope + s.qk_rope;
+  const std::string what =
+      absl::StrCat("MlaDecode ", g.num_seqs, " sequences x ", g.s_q, " tokens, ", H, " heads, ",
+                   std::string(KvCacheFormatName(cache.format)));
+  if (g.s_q > kMaxDecodeTokens) {
+    impl_->Fail(absl::InvalidArgumentError(absl::StrCat(
+        what, ": the GPU decode kernel takes at most ", kMaxDecodeTokens, " tokens per sequence")));
+    return;
+  }
+  auto plan = PlanMlaDecode(g.num_seqs, g.s_q, H, cache.format);
+  if (!plan.ok()) {
+    impl_->Check(plan.status(), what);
+    return;
+  }
+  Tensor q_abs = Activation({rows, H, kMlaQkDim});
+  Tensor latent_out = Activation({rows, H, kMlaLatentDim});
+  void* workspace = impl_->ArenaAlloc(plan->workspace_bytes);
+  MLASERVE_SKIP_IF_FAILED();
+  const uint16_t* q_rows = q.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * qk;
+  const float one = 1.0f, zero = 0.0f;
+  // q_abs[r, h, :512] = q_nope[r, h, :] W_kb[h] for every head (column-major view: C^T = B^T A^T
+  // with B^T = W_kb[h] as 512 x nope, A^T = q_nope rows as nope x rows).
+  cublasStatus_t st = cublasGemmStridedBatchedEx(
+      impl_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, kMlaLatentDim, rows, s.qk_nope, &one,
+      w_kb.data<void>(), CUDA_R_16BF, kMlaLatentDim,
+      static_cast<long long>(s.qk_nope) * kMlaLatentDim, q_rows, CUDA_R_16BF, H * qk, qk, &zero,
+      q_abs.data<void>(), CUDA_R_16BF, H * kMlaQkDim, kMlaQkDim, H, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    impl_->Fail(absl::InternalError(absl::StrCat(what, ": q absorb GEMM: cuBLAS status ", st)));
+    return;
+  }
+  // The rope part of q goes to columns 512..575 of each head.
+  impl_->Check(cudaMemcpy2DAsync(q_abs.data<uint16_t>() + kMlaLatentDim, kMlaQkDim * 2,
+                                 q_rows + s.qk_nope, qk * 2, kMlaRopeDim * 2,
+                                 static_cast<size_t>(rows) * H, cudaMemcpyDeviceToDevice,
+                                 impl_->stream),
+               what + " (q rope copy)");
+  MlaDecodeParams p;
+  p.q = q_abs.data<void>();
+  p.kv_pool = cache.pool.data<void>();
+  p.block_table = step.block_tables.data<int32_t>() +
+                  static_cast<int64_t>(g.seq_begin) * step.layout->max_blocks;
+  p.max_blocks_per_seq = step.layout->max_blocks;
+  p.seq_lens = step.seq_lens.data<int32_t>() + g.seq_begin;
+  p.batch = g.num_seqs;
+  p.s_q = g.s_q;
+  p.heads = H;
+  p.format = cache.format;
+  p.kv_scale = cache.fp8_scale;
+  p.softmax_scale = s.softmax_scale;
+  p.out = latent_out.data<void>();
+  p.lse = nullptr;
+  p.workspace = workspace;
+  p.workspace_bytes = plan->workspace_bytes;
+  impl_->Check(InvokeMlaDecode(p, impl_->stream), what);
+  MLASERVE_SKIP_IF_FAILED();
+  // out[r, h, :v] = latent_out[r, h, :] W_vb[h]^T (C^T = W_vb[h] (v x 512) L^T (512 x rows)).
+  st = cublasGemmStridedBatchedEx(
+      impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, s.v_dim, rows, kMlaLatentDim, &one,
+      w_vb.data<void>(), CUDA_R_16BF, kMlaLatentDim, static_cast<long long>(s.v_dim) * kMlaLatentDim,
+      latent_out.data<void>(), CUDA_R_16BF, H * kMlaLatentDim, kMlaLatentDim, &zero,
+      out.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * s.v_dim, CUDA_R_16BF,
+      H * s.v_dim, s.v_dim, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    impl_->Fail(absl::InternalError(absl::StrCat(what, ": v expand GEMM: cuBLAS status ", st)));
+  }
+}
+
+void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& bias, Tensor& ids,
+                       Tensor& weights) {
+  MLASERVE_SKIP_IF_FAILED();
+  MoeRouteParams p;
+  p.config = {r.num_experts, r.top_k, r.n_group, r.topk_group, r.softmax_scoring,
+              r.norm_topk_prob, r.routed_scaling_factor};
+  p.tokens = static_cast<int>(logits.dim(0));
+  p.logits = logits.data<float>();
+  p.bias = bias.empty() ? nullptr : bias.data<float>();
+  p.topk_ids = ids.data<int32_t>();
+  p.topk_weights = weights.data<float>();
+  impl_->Check(InvokeMoeRoute(p, impl_->stream), absl::StrCat("MoeRoute ", Shape(logits)));
+}
+
+void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                         const RoutedExperts& experts, const Tensor& shared, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  const int tokens = static_cast<int>(x.dim(0)), top_k = static_cast<int>(ids.dim(1));
+  const std::string what = absl::StrCat("MoeExperts ", Shape(x), ", ", experts.count,
+                                        " local experts from ", experts.first_expert);
+  if (tokens == 0) return;
+  if (!experts.device) {
+    // No local experts on this rank: the shared experts' output (or zeros) is its share.
+    if (shared.empty()) {
+      impl_->Check(cudaMemsetAsync(out.data<void>(), 0, out.nbytes(), impl_->stream), what);
+    } else {
+      impl_->Check(cudaMemcpyAsync(out.data<void>(), shared.data<void>(), out.nbytes(),
+                                   cudaMemcpyDeviceToDevice, impl_->stream),
+                   what);
+    }
+    return;
+  }
+  const auto& gpu = *static_cast<const MoeExpertsGpu*>(experts.device.get());
+  MoeExpertsRunParams p;
+  p.tokens = tokens;
+  p.top_k = top_k;
+  p.x = x.data<void>();
+  p.topk_ids = ids.data<int32_t>();
+  p.topk_weights = weights.data<float>();
+  p.shared_out = shared.empty() ? nullptr : shared.data<void>();
+  p.out = out.data<void>();
+  p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
+  p.workspace = impl_->ArenaAlloc(p.workspace_bytes);
+  MLASERVE_SKIP_IF_FAILED();
+  impl_->Check(InvokeMoeExperts(gpu, p, impl_->stream), what);
+}
+
+absl::Status CudaOps::Sample(const Tensor& logits, const SamplingBatch& batch,
+                             std::vector<SampledOutput>* out) {
+  out->clear();
+  if (impl_->failed()) return impl_->error;
+  const int R = static_cast<int>(batch.rows.size());
+  const int vocab = static_cast<int>(logits.dim(1));
+  if (R == 0) return Synchronize();
+  // Host side: each row's parameters, its history's distinct tokens with their output counts
+  // (penalties) and the ids masked while min_tokens is not reached.
+  std::vector<SamplingRow> rows(R);
+  std::vector<SamplingPenaltyEntry> penalties;
+  std::vector<int32_t> masks;
+  bool any_sampled = false;
+  for (int r = 0; r < R; ++r) {
+    const SamplingBatch::Row& b = batch.rows[r];
+    const SequenceSampling& s = *b.params;
+    SamplingRow& row = rows[r];
+    row.temperature = s.base.temperature;
+    row.top_k = s.base.top_k;
+    row.top_p = s.base.top_p;
+    row.min_p = s.base.min_p;
+    row.seed = s.base.seed;
+    row.step = static_cast<uint64_t>(b.generated);
+    row.repetition_penalty = s.repetition_penalty;
+    row.presence_penalty = s.presence_penalty;
+    row.frequency_penalty = s.frequency_penalty;
+    row.top_logprobs = std::min(s.top_logprobs, kMaxTopLogprobs);
+    row.want_logprob = s.want_logprobs ? 1 : 0;
+    any_sampled = any_sampled || row.temperature > 0.0f;
+    row.penalty_begin = static_cast<int32_t>(penalties.size());
+    if (s.repetition_penalty != 1.0f || s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f) {
+      std::unordered_map<int32_t, int32_t> counts;  // token -> occurrences in the output
+      std::vector<int32_t> order;
+      const std::vector<int32_t>& h = *b.history;
+      const size_t prompt = std::min<size_t>(b.prompt_len, h.size());
+      for (size_t i = 0; i < h.size(); ++i) {
+        if (h[i] < 0 || h[i] >= vocab) continue;
+        auto [it, fresh] = counts.try_emplace(h[i], 0);
+        if (fresh) order.push_back(h[i]);
+        if (i >= prompt) ++it->second;
+      }
+      for (int32_t t : order) penalties.push_back({t, counts[t]});
+    }
+    row.penalty_count = static_cast<int32_t>(penalties.size()) - row.penalty_begin;
+    row.mask_begin = static_cast<int32_t>(masks.size());
+    if (b.generated < s.min_tokens) {
+      for (int32_t t : s.eos_ids) masks.push_back(t);
+      for (int32_t t : s.stop_ids) masks.push_back(t);
+    }
+    row.mask_count = static_cast<int32_t>(masks.size()) - row.mask_begin;
+  }
+  const size_t in_bytes = AlignUp(rows.size() * sizeof(SamplingRow)) +
+                          AlignUp(penalties.size() * sizeof(SamplingPenaltyEntry)) +
+                          AlignUp(masks.size() * 4);
+  const size_t out_bytes = AlignUp(R * 4) + AlignUp(R * 4) + 2 * AlignUp(R * kMaxTopLogprobs * 4);
+  if (in_bytes + out_bytes > impl_->sample_capacity) {
+    cudaFreeHost(impl_->sample_host);
+    impl_->sample_host = nullptr;
+    impl_->sample_capacity = 0;
+    const size_t cap = 2 * (in_bytes + out_bytes);
+    if (auto s = CudaStatus(cudaMallocHost(&impl_->sample_host, cap), "sampling staging"); !s.ok()) {
+      return s;
+    }
+    impl_->sample_capacity = cap;
+  }
+  char* host = static_cast<char*>(impl_->sample_host);
+  char* dev = static_cast<char*>(impl_->ArenaAlloc(in_bytes + out_bytes));
+  const size_t ws_bytes = SamplingWorkspaceBytes(R, vocab);
+  void* ws = impl_->ArenaAlloc(ws_bytes);
+  if (impl_->failed()) return impl_->error;
+  size_t off = 0;
+  auto stage = [&](const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(host + off, src, bytes);
+    void* d = dev + off;
+    off += AlignUp(bytes);
+    return d;
+  };
+  SamplingParams p;
+  p.rows = R;
+  p.vocab = vocab;
+  p.logits = logits.data<float>();
+  p.logits_stride = vocab;
+  p.row_params = static_cast<const SamplingRow*>(stage(rows.data(), rows.size() * sizeof(SamplingRow)));
+  p.penalties = static_cast<const SamplingPenaltyEntry*>(
+      stage(penalties.data(), penalties.size() * sizeof(SamplingPenaltyEntry)));
+  p.masks = static_cast<const int32_t*>(stage(masks.data(), masks.size() * 4));
+  p.any_sampled = any_sampled;
+  const size_t out_off = off;
+  p.tokens = reinterpret_cast<int32_t*>(dev + off);
+  off += AlignUp(R * 4);
+  p.logprobs = reinterpret_cast<float*>(dev + off);
+  off += AlignUp(R * 4);
+  p.top_ids = reinterpret_cast<int32_t*>(dev + off);
+  off += AlignUp(R * kMaxTopLogprobs * 4);
+  p.top_logprobs = reinterpret_cast<float*>(dev + off);
+  off += AlignUp(R * kMaxTopLogprobs * 4);
+  p.workspace = ws;
+  p.workspace_bytes = ws_bytes;
+  const std::string what = absl::StrCat("Sample ", R, " rows of ", vocab);
+  impl_->Check(cudaMemcpyAsync(dev, host, out_off, cudaMemcpyHostToDevice, impl_->stream), what);
+  if (!impl_->failed()) impl_->Check(InvokeSampling(p, impl_->stream), what);
+  if (!impl_->failed()) {
+    impl_->Check(cudaMemcpyAsync(host + out_off, dev + out_off, off - out_off,
+                                 cudaMemcpyDeviceToHost, impl_->stream),
+                 what);
+  }
+  if (auto s = Synchronize(); !s.ok()) return s;
+  const int32_t* tokens = reinterpret_cast<const int32_t*>(host + out_off);
+  const float* logprobs = reinterpret_cast<const float*>(host + out_off + AlignUp(R * 4));
+  const int32_t* top_ids =
+      reinterpret_cast<const int32_t*>(host + out_off + 2 * AlignUp(R * 4));
+  const float* top_lp = reinterpret_cast<const float*>(host + out_off + 2 * AlignUp(R * 4) +
+                                                       AlignUp(R * kMaxTopLogprobs * 4));
+  for (int r = 0; r < R; ++r) {
+    SampledOutput o;
+    o.token = tokens[r];
+    o.logprob = logprobs[r];
+    for (int j = 0; j < rows[r].top_logprobs; ++j) {
+      o.top.emplace_back(top_ids[r * kMaxTopLogprobs + j], top_lp[r * kMaxTopLogprobs + j]);
+    }
+    out->push_back(std::move(o));
+  }
+  return absl::OkStatus();
+}
+
+#undef MLASERVE_SKIP_IF_FAILED
+
+}  // namespace mlaserve

@@ -1,0 +1,91 @@
+// The CUDA backend: every op of Ops on one GPU, through the kernels of kernels/ and cuBLAS(Lt).
+//
+// Numbers: activations bf16 between ops, the residual stream and router logits fp32, fp32
+// accumulation inside every kernel (DESIGN.md "One model, two backends"). Weights: bf16 as the
+// checkpoint stores them (fp32/fp16 checkpoints are rounded to bf16 once at load); NVFP4
+// non-expert projections as bf16 e2m1 * block scale (exact) with weight_scale_2 applied to the
+// GEMM output; NVFP4 routed experts in the grouped-GEMM layout (kernels/moe/moe_experts.h).
+//
+// Memory: weights and KV pools are allocated once; every op's scratch comes from a step arena
+// (reset by BeginStep; it grows, then stays, at the size of the largest step seen, so after the
+// first steps no step allocates), and the step's metadata is packed on the host and uploaded in
+// one copy into a device buffer of fixed address (StepBuffers in GPU-BACKEND.md).
+//
+// Errors: ops are asynchronous and return nothing; the first failure (a launch error, a kernel
+// fault, a missing kernel for a shape) is kept with the op's name and shapes, later ops are
+// skipped, and the next Synchronize / CopyToHost / Sample returns it. The worker then exits with
+// that message.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/backend/ops.h"
+
+namespace mlaserve {
+
+class CudaOps : public Ops {
+ public:
+  // Uses the current CUDA device; fails with the CUDA error when there is none.
+  static absl::StatusOr<std::unique_ptr<CudaOps>> Create();
+  ~CudaOps() override;
+
+  Device device() const override { return Device::kCuda; }
+  DType activation_dtype() const override { return DType::kBF16; }
+
+  absl::Status BeginStep(const StepLayout& layout, StepTensors* step) override;
+  Tensor Activation(std::vector<int64_t> shape, DType dtype) override;
+  using Ops::Activation;
+  absl::StatusOr<Tensor> Allocate(DType dtype, std::vector<int64_t> shape) override;
+  absl::StatusOr<Tensor> Upload(const Tensor& host) override;
+  absl::StatusOr<LinearWeight> UploadLinear(const LinearWeight& host) override;
+  absl::StatusOr<RoutedExperts> UploadExperts(int first_expert, int num_routed_experts,
+                                              const std::vector<ExpertWeights>& host) override;
+  absl::Status CopyToHost(const Tensor& src, void* dst) override;
+  absl::Status Synchronize() override;
+
+  void Embed(const Tensor& table, int64_t vocab_begin, const StepTensors& step,
+             Tensor& out) override;
+  void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& weight, float eps,
+                  Tensor& out) override;
+  void Linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
+  void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void Columns(const Tensor& x, int64_t begin, Tensor& out) override;
+  void LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) override;
+  void Rope(Tensor& x, int64_t first_col, int per_row, int64_t stride, int dim,
+            const StepTensors& step, const Tensor& inv_freq, float attention_scaling,
+            bool interleaved) override;
+  void KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTensors& step,
+               KvCacheLayer& cache) override;
+  void MlaPrefill(const MlaShape& shape, const Tensor& q, const Tensor& latent,
+                  const Tensor& k_rope, const LinearWeight& kv_b, const KvCacheLayer& cache,
+                  const StepTensors& step, Tensor& out) override;
+  void MlaDecode(const MlaShape& shape, const Tensor& q, const Tensor& w_kb, const Tensor& w_vb,
+                 const KvCacheLayer& cache, const StepTensors& step, int group,
+                 Tensor& out) override;
+  void MoeRoute(const MoeRouting& routing, const Tensor& logits, const Tensor& bias, Tensor& ids,
+                Tensor& weights) override;
+  void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                  const RoutedExperts& experts, const Tensor& shared, Tensor& out) override;
+  absl::Status Sample(const Tensor& logits, const SamplingBatch& batch,
+                      std::vector<SampledOutput>* out) override;
+
+  cudaStream_t stream() const;
+  // Bytes of device memory this backend holds: persistent (weights, pools) and the arena.
+  size_t persistent_bytes() const;
+  size_t arena_bytes() const;
+
+ private:
+  struct Impl;
+  explicit CudaOps(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Free and total bytes of the current device (cudaMemGetInfo).
+absl::Status CudaMemoryInfo(size_t* free_bytes, size_t* total_bytes);
+
+}  // namespace mlaserve

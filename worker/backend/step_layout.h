@@ -1,0 +1,86 @@
+// A forward step's metadata, built once on the host (DESIGN.md "One model, two backends").
+//
+// The caller describes the step as a StepBatch (sequences in any order). BuildStepLayout checks
+// it against the model (ids in the vocabulary, slots and block tables inside the pool) and puts
+// the sequences in the order the attention kernels want: decode-shaped sequences first (a cached
+// prefix and at most kMaxDecodeTokens new tokens; grouped by their token count, because the MLA
+// decode kernel takes one s_q per call), then prefill sequences (empty prefix, or more new
+// tokens). Each group's rows are then contiguous in every activation. Token-wise ops do not care
+// about row order and attention is per sequence, so the order changes no result; logits rows are
+// mapped back so that the caller sees them in its own order.
+//
+// The backend uploads the packed arrays once per step (Ops::BeginStep) into buffers that every
+// layer's ops read.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace mlaserve {
+
+// A sequence's part of a step: rows [token_begin, token_begin + num_tokens) of the step's
+// tokens are its new tokens, at positions context_len .. context_len + num_tokens - 1.
+struct SequenceSlice {
+  int token_begin = 0;
+  int num_tokens = 0;
+  int context_len = 0;  // tokens already in the cache before this step
+  std::vector<int32_t> block_table;
+};
+
+// One forward step over a batch of sequences, as the caller builds it.
+struct StepBatch {
+  std::vector<int32_t> tokens;     // [T]
+  std::vector<int32_t> positions;  // [T]
+  std::vector<int64_t> slots;      // [T]: cache slot (block * 64 + offset) of each new token
+  std::vector<SequenceSlice> seqs;
+  std::vector<int32_t> logits_rows;  // rows of T whose logits are wanted
+};
+
+// The MLA decode kernel takes 1..4 new tokens per sequence (mla_decode.h).
+inline constexpr int kMaxDecodeTokens = 4;
+
+struct StepLayout {
+  int num_tokens = 0;
+  int num_seqs = 0;
+  // Rows in canonical order (row r of every activation is token tokens[r]).
+  std::vector<int32_t> tokens, positions;  // [T]
+  std::vector<int64_t> slots;              // [T]
+  std::vector<int32_t> logits_rows;        // [R] canonical rows, in the caller's order
+  // Sequences in canonical order.
+  std::vector<SequenceSlice> seqs;  // token_begin re-based to canonical rows
+  int max_blocks = 0;               // width of block_tables (at least 1)
+  std::vector<int32_t> block_tables;  // [S, max_blocks], unused entries 0
+  std::vector<int32_t> seq_lens;      // [S] context_len + num_tokens
+  std::vector<int32_t> context_lens;  // [S]
+
+  // Decode groups: sequences [seq_begin, seq_begin + num_seqs) each with s_q new tokens, rows
+  // [row_begin, row_begin + num_seqs * s_q).
+  struct DecodeGroup {
+    int s_q = 0, seq_begin = 0, num_seqs = 0, row_begin = 0;
+  };
+  std::vector<DecodeGroup> decode;
+  // The prefill group: sequences [seq_begin, num_seqs), rows [row_begin, num_tokens); each
+  // attends to its cached prefix (read back from the cache) plus its new tokens.
+  struct PrefillGroup {
+    int seq_begin = 0, num_seqs = 0, row_begin = 0, num_rows = 0;
+    int total_kv = 0;   // sum of context_len + num_tokens
+    int max_q_len = 0;  // largest num_tokens
+    std::vector<int32_t> q_begin;   // [num_seqs + 1] cumulative new tokens, from 0
+    std::vector<int32_t> kv_begin;  // [num_seqs + 1] cumulative keys (prefix + new), from 0
+  } prefill;
+};
+
+// force_absorbed sends every sequence, fresh or not, whatever its token count, to the decode
+// groups (the absorbed, cache-reading attention; the CPU backend takes any count, tests use it).
+struct StepLayoutOptions {
+  int vocab_size = 0;
+  int64_t num_slots = 0;  // KV blocks * 64
+  int num_blocks = 0;
+  bool force_absorbed = false;
+};
+
+absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLayoutOptions& options);
+
+}  // namespace mlaserve
