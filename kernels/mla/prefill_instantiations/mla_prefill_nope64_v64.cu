@@ -1,0 +1,4 @@
+// MLA prefill attention kernel for qk_nope = 64, v_dim = 64 (mla_prefill_attention.cuh).
+#include "kernels/mla/mla_prefill_attention.cuh"
+
+MLASERVE_INSTANTIATE_MLA_PREFILL(64, 64);
