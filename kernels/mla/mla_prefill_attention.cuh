@@ -22,29 +22,28 @@
 
 #include <cstdint>
 
+#include "kernels/mla/kv_cache_format.h"
 #include "kernels/mla/mla_prefill_params.h"
 #include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::mla {
 
-constexpr int kBlockRows = kPrefillBlockRows;
-constexpr int kKeyTile = 64;  // Keys per pipeline stage.
-constexpr int kWarps = 4;
-constexpr int kThreads = kPrefillThreads;
-static_assert(kThreads == kWarps * 32 && kBlockRows == kWarps * 16, "one warp per 16 rows");
-constexpr int kRopeDim = 64;
+constexpr int kPrefillKeyTile = 64;  // Keys per pipeline stage.
+constexpr int kPrefillWarps = 4;
+static_assert(kPrefillThreads == kPrefillWarps * 32 && kPrefillBlockRows == kPrefillWarps * 16,
+              "one warp per 16 query rows");
 
 template <int kNope, int kV>
-struct PrefillShape {
-  static constexpr int kD = kNope + kRopeDim;  // q.k dims.
-  static constexpr int kKStride = kD + 8;      // Shared row strides, elements.
+struct MlaPrefillShape {
+  static constexpr int kD = kNope + kMlaRopeDim;  // q.k dims.
+  static constexpr int kKStride = kD + 8;         // Shared row strides, elements.
   static constexpr int kVStride = kV + 8;
-  static constexpr int kKTileElems = kKeyTile * kKStride;
-  static constexpr int kStageElems = kKTileElems + kKeyTile * kVStride;
+  static constexpr int kKTileElems = kPrefillKeyTile * kKStride;
+  static constexpr int kStageElems = kKTileElems + kPrefillKeyTile * kVStride;
   static constexpr int kSmemBytes = 2 * kStageElems * 2;
   static_assert(kNope % 16 == 0 && kV % 16 == 0, "mma k-steps and ldmatrix pairs need 16 | dims");
   static_assert(kSmemBytes <= 101376, "SM120 allows at most 99 KB of shared memory per block");
-  static_assert(kBlockRows * kKStride <= kKTileElems, "the Q tile is staged in a K buffer");
+  static_assert(kPrefillBlockRows * kKStride <= kKTileElems, "the Q tile is staged in a K buffer");
 };
 
 __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
@@ -53,8 +52,9 @@ __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
 }
 
 template <int kNope, int kV>
-__global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefillKernelArgs a) {
-  using Shape = PrefillShape<kNope, kV>;
+__global__ void __launch_bounds__(kPrefillThreads, 2)
+    MlaPrefillKernel(const MlaPrefillKernelArgs a) {
+  using Shape = MlaPrefillShape<kNope, kV>;
   constexpr int kD = Shape::kD;
   constexpr int kKvCols = kNope + kV;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
 
   const int s = blockIdx.z, h = blockIdx.y;
   // Reversed so the longest (latest, most keys) row tiles start first.
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * kBlockRows;
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * kPrefillBlockRows;
   const int q0 = a.q_begin[s];
   const int n = a.q_begin[s + 1] - q0;
   if (m0 >= n) return;
@@ -70,10 +70,10 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
   const int kv_len = a.kv_begin[s + 1] - a.kv_begin[s];
   const int ctx = a.context_lens[s];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int rows_here = min(kBlockRows, n - m0);
+  const int rows_here = min(kPrefillBlockRows, n - m0);
 
   if (ctx < 0 || kv_len != ctx + n) {  // Inconsistent metadata: NaN rows, never a wild read.
-    for (int e = tid; e < rows_here * kV; e += kThreads) {
+    for (int e = tid; e < rows_here * kV; e += kPrefillThreads) {
       const int r = e / kV, d = e % kV;
       a.out[(static_cast<int64_t>(q0 + m0 + r) * a.heads + h) * kV + d] = 0xffffu;
     }
@@ -85,18 +85,19 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
     uint16_t* sk = smem + st * Shape::kStageElems;
     uint16_t* sv = sk + Shape::kKTileElems;
     constexpr int kKChunks = kD / 8, kNopeChunks = kNope / 8, kVChunks = kV / 8;  // 16-B chunks
-    for (int c = tid; c < kKeyTile * kKChunks; c += kThreads) {
+    for (int c = tid; c < kPrefillKeyTile * kKChunks; c += kPrefillThreads) {
       const int r = c / kKChunks, ch = c % kKChunks;
-      const int j = kt * kKeyTile + r;
+      const int j = kt * kPrefillKeyTile + r;
       const bool valid = j < kv_len;
       const int64_t row = kv0 + (valid ? j : 0);
-      const uint16_t* src = ch < kNopeChunks ? a.kv + (row * a.heads + h) * kKvCols + ch * 8
-                                             : a.k_rope + row * kRopeDim + (ch - kNopeChunks) * 8;
+      const uint16_t* src = ch < kNopeChunks
+                                ? a.kv + (row * a.heads + h) * kKvCols + ch * 8
+                                : a.k_rope + row * kMlaRopeDim + (ch - kNopeChunks) * 8;
       ptx::CpAsync16(sk + r * Shape::kKStride + ch * 8, src, valid);
     }
-    for (int c = tid; c < kKeyTile * kVChunks; c += kThreads) {
+    for (int c = tid; c < kPrefillKeyTile * kVChunks; c += kPrefillThreads) {
       const int r = c / kVChunks, ch = c % kVChunks;
-      const int j = kt * kKeyTile + r;
+      const int j = kt * kPrefillKeyTile + r;
       const bool valid = j < kv_len;
       const int64_t row = kv0 + (valid ? j : 0);
       ptx::CpAsync16(sv + r * Shape::kVStride + ch * 8,
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
   {
     uint16_t* sq = smem + Shape::kStageElems;
     constexpr int kQChunks = kD / 8;
-    for (int c = tid; c < kBlockRows * kQChunks; c += kThreads) {
+    for (int c = tid; c < kPrefillBlockRows * kQChunks; c += kPrefillThreads) {
       const int r = c / kQChunks, ch = c % kQChunks;
       const bool valid = m0 + r < n;
       const int64_t row = q0 + (valid ? m0 + r : 0);
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
   const int limit_a = ctx + row_a, limit_b = ctx + row_a + 8;  // Last visible key (inclusive).
   const int warp_first_limit = ctx + m0 + warp * 16;
   const int last_row = m0 + rows_here - 1;
-  const int num_tiles = (ctx + last_row) / kKeyTile + 1;
+  const int num_tiles = (ctx + last_row) / kPrefillKeyTile + 1;
 
   float o[kV / 8][4];
 #pragma unroll
@@ -156,13 +157,13 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
     const uint16_t* sk = smem + (kt & 1) * Shape::kStageElems;
     const uint16_t* sv = sk + Shape::kKTileElems;
 
-    float sc[kKeyTile / 8][4];  // S for 16 rows x 64 keys: 8 n-blocks of 8 keys.
+    float sc[kPrefillKeyTile / 8][4];  // S for 16 rows x 64 keys: 8 n-blocks of 8 keys.
 #pragma unroll
-    for (int i = 0; i < kKeyTile / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+    for (int i = 0; i < kPrefillKeyTile / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
 #pragma unroll
-      for (int nb2 = 0; nb2 < kKeyTile / 16; ++nb2) {
+      for (int nb2 = 0; nb2 < kPrefillKeyTile / 16; ++nb2) {
         uint32_t b[4];  // b0, b1 of n-block 2 nb2, then of 2 nb2 + 1.
         ptx::LdMatrixX4(b, sk + (nb2 * 16 + (lane >> 4) * 8 + (lane & 7)) * Shape::kKStride +
                                ks * 16 + ((lane >> 3) & 1) * 8);
@@ -173,11 +174,11 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
 
     // Scale to the log2 domain; mask keys past each row's causal limit (only tiles that reach
     // past the warp's first row need it).
-    const bool need_mask = kt * kKeyTile + kKeyTile - 1 > warp_first_limit;
+    const bool need_mask = kt * kPrefillKeyTile + kPrefillKeyTile - 1 > warp_first_limit;
     float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
-    for (int nb = 0; nb < kKeyTile / 8; ++nb) {
-      const int j = kt * kKeyTile + nb * 8 + 2 * (lane & 3);
+    for (int nb = 0; nb < kPrefillKeyTile / 8; ++nb) {
+      const int j = kt * kPrefillKeyTile + nb * 8 + 2 * (lane & 3);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = sc[nb][e] * a.scale_log2;
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
     m_b = new_b;
     float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
-    for (int nb = 0; nb < kKeyTile / 8; ++nb) {
+    for (int nb = 0; nb < kPrefillKeyTile / 8; ++nb) {
       sc[nb][0] = exp2f(sc[nb][0] - use_a);
       sc[nb][1] = exp2f(sc[nb][1] - use_a);
       sc[nb][2] = exp2f(sc[nb][2] - use_b);
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
 
     // O += P V: the S accumulators of key blocks 2 kk, 2 kk + 1 are the A fragment of k-step kk.
 #pragma unroll
-    for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+    for (int kk = 0; kk < kPrefillKeyTile / 16; ++kk) {
       const uint32_t pa[4] = {PackBf16x2(sc[2 * kk][0], sc[2 * kk][1]),
                               PackBf16x2(sc[2 * kk][2], sc[2 * kk][3]),
                               PackBf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
@@ -262,11 +263,11 @@ __global__ void __launch_bounds__(kThreads, 2) MlaPrefillKernel(const MlaPrefill
 
 template <int kNope, int kV>
 cudaError_t LaunchMlaPrefill(const MlaPrefillKernelArgs& args, dim3 grid, cudaStream_t stream) {
-  constexpr int kSmem = PrefillShape<kNope, kV>::kSmemBytes;
+  constexpr int kSmem = MlaPrefillShape<kNope, kV>::kSmemBytes;
   const cudaError_t err = cudaFuncSetAttribute(MlaPrefillKernel<kNope, kV>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  MlaPrefillKernel<kNope, kV><<<grid, kThreads, kSmem, stream>>>(args);
+  MlaPrefillKernel<kNope, kV><<<grid, kPrefillThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }
 
