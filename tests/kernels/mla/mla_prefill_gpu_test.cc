@@ -323,12 +323,14 @@ TEST(MlaPrefillGpuTest, RejectsUnsupportedShapes) {
   g.format = KvCacheFormat::kF32;
   g.num_seqs = 1;
   g.total_kv = 1;
-  int dummy[4];
-  uint16_t rows[1024];
+  int32_t dummy[4];
+  alignas(16) uint16_t rows[1024];  // aligned, so only the format can be what is rejected
   g.kv_pool = rows;
   g.block_table = g.context_lens = g.q_begin = g.kv_begin = dummy;
   g.new_latent = g.new_rope = g.out_latent = g.out_rope = rows;
-  EXPECT_EQ(InvokeMlaPrefillGather(g, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  st = InvokeMlaPrefillGather(g, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("f32"), std::string::npos) << st;
 }
 
 // Latent with one magnitude per 128-value tile (so fp8_tiled scales differ), rope separately.
