@@ -17,6 +17,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -25,6 +26,28 @@
 extern char** environ;
 
 namespace mlaserve {
+
+// MLASERVE_E2E_DEVICE=cuda runs the same tests against one GPU worker rank (ranks 1, and the
+// lossless f32 cache, a CPU-only format, becomes bf16); unset or cpu: the CPU backend.
+inline std::string E2eDevice() {
+  const char* d = std::getenv("MLASERVE_E2E_DEVICE");
+  return d != nullptr && std::string(d) == "cuda" ? "cuda" : "cpu";
+}
+inline bool E2eOnGpu() { return E2eDevice() == "cuda"; }
+// The model the suites serve: kimi-tiny on the CPU (exact against its golden continuation). On
+// a GPU, noqlora-tiny: the invariants here (a request's tokens do not depend on its batch, on
+// preemption or on prefix reuse) are checked by equality, and kimi-tiny's routing near-ties turn
+// the GPU's batch-size-dependent summation order (cuBLAS picks its kernels by the row count) into
+// different tokens within a few steps, where noqlora-tiny's greedy margins hold
+// (tests/model/gpu_model_test.cc measures both). Prompts come from kimi-tiny's golden file either
+// way (the vocabularies are the same size).
+inline const char* E2eModel() { return E2eOnGpu() ? "noqlora-tiny" : "kimi-tiny"; }
+// The binaries: the build's, unless the environment names others (a copy of the build run on
+// another machine, as the GPU check does).
+inline std::string E2eBin(const char* env, const char* built) {
+  const char* v = std::getenv(env);
+  return v != nullptr && *v != 0 ? v : built;
+}
 
 struct ServerOptions {
   std::string model_dir;
@@ -45,18 +68,22 @@ class ServerProcesses {
     fs::create_directories(dir_);
     client_endpoint_ = "ipc://" + (dir_ / "clients").string();
     const std::string worker_endpoint = "ipc://" + (dir_ / "worker").string();
-    std::vector<std::string> coord = {MLASERVE_COORDINATOR_BIN, "--model", o.model_dir, "--listen", client_endpoint_,
+    std::vector<std::string> coord = {E2eBin("MLASERVE_COORDINATOR_BIN", MLASERVE_COORDINATOR_BIN), "--model", o.model_dir, "--listen", client_endpoint_,
                                       "--worker-listen", worker_endpoint, "--metrics", "127.0.0.1:0",
                                       "--worker-start-timeout-ms", "60000"};
     coord.insert(coord.end(), o.coordinator_args.begin(), o.coordinator_args.end());
     coordinator_ = Spawn(coord, (dir_ / "coordinator.log").string());
-    std::vector<std::string> workers = {MLASERVE_MPIEXEC, "-np", std::to_string(o.ranks), "--oversubscribe",
+    const bool gpu = E2eOnGpu();
+    const int ranks = gpu ? 1 : o.ranks;
+    const std::string kv_format = gpu && o.kv_format == "f32" ? "bf16" : o.kv_format;
+    std::vector<std::string> workers = {E2eBin("MLASERVE_MPIEXEC", MLASERVE_MPIEXEC), "-np", std::to_string(ranks), "--oversubscribe",
                                         "--mca", "btl_vader_single_copy_mechanism", "none",
                                         "--mca", "mpi_yield_when_idle", "1"};
     if (geteuid() == 0) workers.push_back("--allow-run-as-root");
-    for (const std::string& s : {std::string(MLASERVE_WORKER_BIN), std::string("--model"), o.model_dir,
+    for (const std::string& s : {E2eBin("MLASERVE_WORKER_BIN", MLASERVE_WORKER_BIN), std::string("--model"), o.model_dir,
                                  std::string("--coordinator"), worker_endpoint, std::string("--kv-format"),
-                                 o.kv_format, std::string("--kv-blocks"), std::to_string(o.kv_blocks)}) {
+                                 kv_format, std::string("--kv-blocks"), std::to_string(o.kv_blocks),
+                                 std::string("--device"), E2eDevice()}) {
       workers.push_back(s);
     }
     workers_ = Spawn(workers, (dir_ / "workers.log").string());
@@ -96,7 +123,7 @@ class ServerProcesses {
     if (workers_ > 0) kill(workers_, SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     // mpirun's children are orphaned by SIGKILL to mpirun: kill them by name.
-    std::system(("pkill -9 -f '" + std::string(MLASERVE_WORKER_BIN) + ".*" + dir_.filename().string() + "' >/dev/null 2>&1").c_str());
+    std::system(("pkill -9 -f '" + E2eBin("MLASERVE_WORKER_BIN", MLASERVE_WORKER_BIN) + ".*" + dir_.filename().string() + "' >/dev/null 2>&1").c_str());
   }
 
   int WaitCoordinator(std::chrono::seconds timeout) {

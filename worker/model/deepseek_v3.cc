@@ -432,6 +432,12 @@ absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
 
 float DeepseekV3Model::kv_fp8_scale(int layer) const { return layers_[layer]->kv.fp8_scale; }
 
+size_t DeepseekV3Model::expert_bytes() const {
+  size_t total = 0;
+  for (const auto& l : layers_) total += l->experts.bytes;
+  return total;
+}
+
 size_t DeepseekV3Model::kv_cache_bytes() const {
   size_t total = 0;
   for (const auto& l : layers_) total += l->kv.pool.nbytes();

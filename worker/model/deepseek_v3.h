@@ -58,6 +58,8 @@ class DeepseekV3Model {
 
   // Bytes of weights and KV cache this rank holds.
   size_t weight_bytes() const { return weight_bytes_; }
+  // Of which the routed experts (all layers; a decode step reads only the chosen experts').
+  size_t expert_bytes() const;
   size_t kv_cache_bytes() const;
   // The per-layer scale of the fp8 cache format (1.0 unless the checkpoint exports one).
   float kv_fp8_scale(int layer) const;

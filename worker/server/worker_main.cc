@@ -1,7 +1,15 @@
 // mlaserve-worker: one rank of a model replica, launched by mpirun (one rank per GPU, or on CPU).
 //
 //   mpirun -np N mlaserve-worker --model DIR --coordinator tcp://HOST:PORT
-//       [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N] [--moe expert|tensor] [--threads N]
+//       [--device cuda|cpu] [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N]
+//       [--gpu-memory-fraction F] [--max-step-tokens N] [--max-seqs N]
+//       [--moe expert|tensor] [--threads N]
+//
+// --device defaults to cuda where the build has the CUDA backend and a GPU is visible, else cpu.
+// On a GPU the memory plan (worker/model/memory_plan.h) is made before loading: the KV pool gets
+// what the weights and the largest step's workspace leave of the free memory times
+// --gpu-memory-fraction (default 0.9), or --kv-blocks if given (checked); the CPU backend
+// defaults to 256 blocks. The blocks it got go to the coordinator in the `ready` message.
 //
 // Every rank loads its shard; if any rank fails, every rank exits with "rank R: cause". Rank 0
 // connects to the coordinator's worker socket, announces itself with a `ready` result, then
@@ -27,6 +35,12 @@
 #include "mlaserve.capnp.h"
 #include "nlohmann/json.hpp"
 #include "worker/backend/cpu_ops.h"
+#include "worker/model/memory_plan.h"
+#ifdef MLASERVE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "worker/backend/cuda_ops.h"
+#endif
 #include "worker/comm/mpi_communicator.h"
 #include "worker/server/step_executor.h"
 #include "worker/server/worker_metrics.h"
@@ -37,8 +51,10 @@ namespace {
 using namespace mlaserve;
 
 struct Args {
-  std::string model, coordinator, kv = "bf16", moe = "expert";
-  int kv_blocks = 256, threads = 1;
+  std::string model, coordinator, kv = "bf16", moe = "expert", device;
+  int kv_blocks = 0, threads = 1;  // kv_blocks 0: as many as fit (GPU), 256 (CPU)
+  double gpu_memory_fraction = 0.9;
+  int max_step_tokens = 2048, max_seqs = 256;
   std::string metrics_host = "127.0.0.1";
   int metrics_port = 0;  // rank r serves on metrics_port + r; 0: off
   int coordinator_timeout_s = 15;  // no message (plans or idle pings) for this long: exit
@@ -81,6 +97,10 @@ int main(int argc, char** argv) {
     else if (k == "--kv-format") a.kv = v;
     else if (k == "--moe") a.moe = v;
     else if (k == "--kv-blocks") ok = absl::SimpleAtoi(v, &a.kv_blocks) && a.kv_blocks > 0;
+    else if (k == "--device") a.device = v;
+    else if (k == "--gpu-memory-fraction") ok = absl::SimpleAtod(v, &a.gpu_memory_fraction) && a.gpu_memory_fraction > 0 && a.gpu_memory_fraction <= 1;
+    else if (k == "--max-step-tokens") ok = absl::SimpleAtoi(v, &a.max_step_tokens) && a.max_step_tokens > 0;
+    else if (k == "--max-seqs") ok = absl::SimpleAtoi(v, &a.max_seqs) && a.max_seqs > 0;
     else if (k == "--threads") ok = absl::SimpleAtoi(v, &a.threads) && a.threads > 0;
     else if (k == "--metrics-port") ok = absl::SimpleAtoi(v, &a.metrics_port) && a.metrics_port >= 0;
     else if (k == "--metrics-host") a.metrics_host = v;
@@ -92,15 +112,69 @@ int main(int argc, char** argv) {
   if (a.model.empty() || a.coordinator.empty()) return Fail(rank, "--model and --coordinator are required");
   if (a.moe != "expert" && a.moe != "tensor") return Fail(rank, "--moe must be expert or tensor");
 
-  CpuOps ops(a.threads);
+  if (a.device.empty()) {
+#ifdef MLASERVE_HAVE_CUDA
+    int gpus = 0;
+    a.device = cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0 ? "cuda" : "cpu";
+#else
+    a.device = "cpu";
+#endif
+  }
+  if (a.device != "cpu" && a.device != "cuda") return Fail(rank, "--device must be cuda or cpu");
   ModelOptions options;
-  options.num_kv_blocks = a.kv_blocks;
   options.moe = a.moe == "tensor" ? MoeParallelism::kTensor : MoeParallelism::kExpert;
-  auto format = ParseKvCacheFormat(a.kv);
-  absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model =
-      format.ok() ? DeepseekV3Model::Load(a.model, (options.kv_format = *format, options), ops, comm)
-                  : absl::StatusOr<std::unique_ptr<DeepseekV3Model>>(format.status());
+  std::unique_ptr<Ops> ops;
+  std::string plan_note;
+  // Everything up to the loaded model; the first failure of any rank stops every rank.
+  auto load = [&]() -> absl::StatusOr<std::unique_ptr<DeepseekV3Model>> {
+    auto format = ParseKvCacheFormat(a.kv);
+    if (!format.ok()) return format.status();
+    options.kv_format = *format;
+    if (a.device == "cpu") {
+      ops = std::make_unique<CpuOps>(a.threads);
+      options.num_kv_blocks = a.kv_blocks > 0 ? a.kv_blocks : 256;
+    } else {
+#ifdef MLASERVE_HAVE_CUDA
+      if (comm.size() > 1) {
+        return absl::UnimplementedError(
+            "the CUDA backend runs one rank per model replica until the NCCL communicator is "
+            "built; use --ranks 1 (or the CPU backend for several ranks)");
+      }
+      auto cuda = CudaOps::Create();
+      if (!cuda.ok()) return cuda.status();
+      auto config = LoadModelConfig(a.model);
+      if (!config.ok()) return config.status();
+      auto ckpt = Checkpoint::Open(a.model);
+      if (!ckpt.ok()) return ckpt.status();
+      MemoryPlanInput in;
+      in.rank = rank;
+      in.world = comm.size();
+      in.expert_parallel = options.moe == MoeParallelism::kExpert;
+      in.kv_format = options.kv_format;
+      size_t total = 0;
+      if (auto s = CudaMemoryInfo(&in.free_bytes, &total); !s.ok()) return s;
+      in.memory_fraction = a.gpu_memory_fraction;
+      in.kv_blocks = a.kv_blocks;
+      in.max_step_tokens = a.max_step_tokens;
+      in.max_seqs = a.max_seqs;
+      auto plan = PlanDeviceMemory(*ckpt, *config, in);
+      if (!plan.ok()) return plan.status();
+      plan_note = plan->Describe();
+      options.num_kv_blocks = plan->kv_blocks;
+      ops = *std::move(cuda);
+#else
+      return absl::FailedPreconditionError(
+          "--device cuda: this mlaserve-worker was built without the CUDA backend");
+#endif
+    }
+    return DeepseekV3Model::Load(a.model, options, *ops, comm);
+  };
+  absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model = load();
   const absl::Status agreed = mpi.AgreeOnStatus(model.status());
+  if (agreed.ok() && rank == 0 && !plan_note.empty()) {
+    std::fprintf(stderr, "mlaserve-worker: memory plan: %s\n", plan_note.c_str());
+  }
+  a.kv_blocks = options.num_kv_blocks;
 
   zmq::context_t ctx(1);
   zmq::socket_t sock(ctx, zmq::socket_type::dealer);
@@ -130,7 +204,7 @@ int main(int argc, char** argv) {
                            {"eos_token_ids", c.eos_token_ids},
                            {"weight_bytes_rank0", (*model)->weight_bytes()},
                            {"kv_cache_bytes_rank0", (*model)->kv_cache_bytes()},
-                           {"backend", "cpu"}};
+                           {"backend", a.device}};
     capnp::MallocMessageBuilder msg;
     msg.initRoot<wire::StepResult>().setReady(info.dump());
     SendResult(sock, msg);
@@ -164,6 +238,17 @@ int main(int argc, char** argv) {
       metrics->kv_cache->Set(static_cast<double>((*model)->kv_cache_bytes()));
     }
   }
+  // Device memory in use (GPU backend), refreshed every step.
+  auto observe_device = [&] {
+#ifdef MLASERVE_HAVE_CUDA
+    if (metrics && a.device == "cuda") {
+      size_t free_b = 0, total_b = 0;
+      if (CudaMemoryInfo(&free_b, &total_b).ok()) metrics->gpu_used->Set(static_cast<double>(total_b - free_b));
+      metrics->workspace->Set(static_cast<double>(static_cast<CudaOps&>(*ops).arena_bytes()));
+    }
+#endif
+  };
+  observe_device();
   StepExecutor executor(**model, /*sample_here=*/rank == 0);
   int exit_code = 0;
   for (;;) {
@@ -225,6 +310,7 @@ int main(int argc, char** argv) {
     double forward = step.forward_seconds;
     if (metrics) {
       metrics->Observe(step.forward_seconds, step.sample_seconds, comm.seconds(), step.tokens_fed);
+      observe_device();
     }
     std::vector<double> per_rank(comm.size());
     MPI_Gather(&forward, 1, MPI_DOUBLE, per_rank.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);

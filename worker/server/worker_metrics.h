@@ -39,6 +39,8 @@ class WorkerMetrics {
     weights = &mem.Add({{"model", model}, {"rank", std::to_string(rank)}, {"kind", "weights"}});
     kv_cache = &mem.Add({{"model", model}, {"rank", std::to_string(rank)}, {"kind", "kv_cache"}});
     resident_ = &mem.Add({{"model", model}, {"rank", std::to_string(rank)}, {"kind", "host_resident_peak"}});
+    gpu_used = &mem.Add({{"model", model}, {"rank", std::to_string(rank)}, {"kind", "gpu_used"}});
+    workspace = &mem.Add({{"model", model}, {"rank", std::to_string(rank)}, {"kind", "gpu_step_workspace"}});
     exposer_ = std::make_unique<Exposer>(bind_address);
     exposer_->RegisterCollectable(registry_);
   }
@@ -60,6 +62,8 @@ class WorkerMetrics {
 
   prometheus::Gauge* weights;
   prometheus::Gauge* kv_cache;
+  prometheus::Gauge* gpu_used;   // device memory in use (cudaMemGetInfo), GPU backend only
+  prometheus::Gauge* workspace;  // the step arena's size, GPU backend only
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

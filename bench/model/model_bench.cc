@@ -1,0 +1,355 @@
+// The whole model on one GPU (CUDA backend): prefill tokens/s and decode tokens/s against their
+// ceilings measured in the same run, and (optionally) greedy agreement with a transformers
+// oracle file (bench/model/hf_midsize.py oracle).
+//
+//   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
+//       [--prefill 2048,8192] [--steps 16] [--oracle FILE]
+//
+// Decode roofline: the bytes a step must read (every non-expert weight once, the routed experts
+// the batch is expected to touch: E * (1 - (1 - k/E)^B) per MoE layer for uniform routing, and
+// the KV cache of every sequence in its format) over the device-to-device copy bandwidth measured
+// here (bytes read + written per second: HBM's total rate, which a read-only stream does not
+// exceed). Prefill ceiling: its GEMM FLOPs (2 x active parameters per token,
+// plus attention's 2 x heads x (qk + v) x keys per query) over the bf16 GEMM rate measured here
+// (an 8192^3 LinearGemm). Each figure is the median of the timed repetitions.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/safetensors.h"
+#include "kernels/linear/linear.h"
+#include "worker/backend/cuda_ops.h"
+#include "worker/model/deepseek_v3.h"
+
+namespace mlaserve {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Device-to-device copy bandwidth, bytes read + written per second.
+double CopyBandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  cudaMalloc(&a, bytes);
+  cudaMalloc(&b, bytes);
+  cudaMemset(a, 1, bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> t;
+  for (int i = 0; i < 12; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i >= 2) t.push_back(ms * 1e-3);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / Median(t);
+}
+
+// bf16 GEMM rate through the backend's own GEMM path, on random-ish data (not zeros).
+double GemmRate() {
+  auto gemm = LinearGemm::Create();
+  if (!gemm.ok()) return 0;
+  const int64_t n = 8192;
+  void *x = nullptr, *w = nullptr, *o = nullptr;
+  cudaMalloc(&x, n * n * 2);
+  cudaMalloc(&w, n * n * 2);
+  cudaMalloc(&o, n * n * 2);
+  std::vector<uint16_t> h(n * n);
+  std::mt19937 rng(1);
+  for (auto& v : h) v = static_cast<uint16_t>(0x3c00 + (rng() & 0x3ff)) ^ ((rng() & 1) << 15);
+  cudaMemcpy(x, h.data(), n * n * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(w, h.data(), n * n * 2, cudaMemcpyHostToDevice);
+  LinearGemm::Args a;
+  a.m = a.n = a.k = n;
+  a.x = x;
+  a.x_stride = n;
+  a.w = w;
+  a.alpha = 1e-4f;
+  a.out = o;
+  a.out_dtype = DType::kBF16;
+  a.out_stride = n;
+  std::vector<double> t;
+  for (int i = 0; i < 8; ++i) {
+    cudaDeviceSynchronize();
+    const double t0 = Now();
+    (void)(*gemm)->Run(a, nullptr);
+    cudaDeviceSynchronize();
+    if (i >= 2) t.push_back(Now() - t0);
+  }
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(o);
+  return 2.0 * n * n * n / Median(t);
+}
+
+std::vector<int> Ints(const std::string& s) {
+  std::vector<int> v;
+  for (auto p : absl::StrSplit(s, ',')) {
+    int x;
+    if (absl::SimpleAtoi(p, &x)) v.push_back(x);
+  }
+  return v;
+}
+
+// Sequences [first, first + n) of a step batch, each with its own contiguous run of blocks.
+struct Sequences {
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int> lengths;
+};
+
+StepBatch Step(Sequences& s, const std::vector<int>& which, const std::vector<std::vector<int32_t>>& tokens) {
+  StepBatch b;
+  for (size_t i = 0; i < which.size(); ++i) {
+    const int q = which[i];
+    SequenceSlice sl;
+    sl.token_begin = static_cast<int>(b.tokens.size());
+    sl.num_tokens = static_cast<int>(tokens[i].size());
+    sl.context_len = s.lengths[q];
+    sl.block_table = s.tables[q];
+    for (size_t t = 0; t < tokens[i].size(); ++t) {
+      const int pos = s.lengths[q] + static_cast<int>(t);
+      b.tokens.push_back(tokens[i][t]);
+      b.positions.push_back(pos);
+      b.slots.push_back(int64_t{sl.block_table[pos / kKvBlockTokens]} * kKvBlockTokens + pos % kKvBlockTokens);
+    }
+    b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
+    b.seqs.push_back(std::move(sl));
+    s.lengths[q] += static_cast<int>(tokens[i].size());
+  }
+  return b;
+}
+
+int Run(int argc, char** argv) {
+  std::string model_dir, oracle;
+  std::vector<std::string> kvs = {"bf16", "fp8_tiled"};
+  std::vector<int> batches = {1, 8, 64}, prefills = {2048, 8192};
+  int context = 1024, steps = 16;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") model_dir = v;
+    else if (k == "--kv") kvs = absl::StrSplit(v, ',');
+    else if (k == "--batches") batches = Ints(v);
+    else if (k == "--prefill") prefills = Ints(v);
+    else if (k == "--context") context = std::stoi(v);
+    else if (k == "--steps") steps = std::stoi(v);
+    else if (k == "--oracle") oracle = v;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (model_dir.empty()) {
+    std::fprintf(stderr, "--model DIR is required\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const double bw = CopyBandwidth();
+  const double rate = GemmRate();
+  std::printf("device %s: copy bandwidth %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured here)\n",
+              prop.name, bw / 1e9, rate / 1e12);
+  auto config = LoadModelConfig(model_dir);
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
+    return 1;
+  }
+  const ModelConfig& c = *config;
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int max_prefill = prefills.empty() ? 0 : *std::max_element(prefills.begin(), prefills.end());
+  const int per_seq_blocks = (std::max(context + steps + 64, 0) + kKvBlockTokens - 1) / kKvBlockTokens;
+  const int blocks = max_batch * per_seq_blocks + (max_prefill + kKvBlockTokens) / kKvBlockTokens + 2;
+  for (const std::string& kv : kvs) {
+    auto fmt = ParseKvCacheFormat(kv);
+    if (!fmt.ok()) return 2;
+    auto ops = CudaOps::Create();
+    if (!ops.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(ops.status().message()).c_str());
+      return 1;
+    }
+    SingleRankCommunicator comm;
+    ModelOptions o;
+    o.kv_format = *fmt;
+    o.num_kv_blocks = blocks;
+    const double t_load = Now();
+    auto model = DeepseekV3Model::Load(model_dir, o, **ops, comm);
+    if (!model.ok()) {
+      std::fprintf(stderr, "load: %s\n", std::string(model.status().message()).c_str());
+      return 1;
+    }
+    DeepseekV3Model& m = **model;
+    const double weights = static_cast<double>(m.weight_bytes());
+    const double experts = static_cast<double>(m.expert_bytes());
+    int moe_layers = 0;
+    for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l);
+    std::printf("kv %s: loaded in %.1f s, weights %.2f GB (routed experts %.2f GB), KV %d blocks\n",
+                kv.c_str(), Now() - t_load, weights / 1e9, experts / 1e9, blocks);
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int> tok(0, c.vocab_size - 1);
+    // Prefill: one sequence of P tokens in one step.
+    for (int P : prefills) {
+      std::vector<double> t;
+      for (int rep = 0; rep < 3; ++rep) {
+        Sequences s;
+        s.tables.push_back({});
+        for (int b = 0; b < (P + kKvBlockTokens - 1) / kKvBlockTokens; ++b) s.tables[0].push_back(b);
+        s.lengths.push_back(0);
+        std::vector<int32_t> ids(P);
+        for (auto& x : ids) x = tok(rng);
+        StepBatch b = Step(s, {0}, {ids});
+        const double t0 = Now();
+        auto logits = m.Forward(b);
+        if (!logits.ok() || !(*ops)->Synchronize().ok()) {
+          std::fprintf(stderr, "prefill %d failed: %s\n", P,
+                       std::string(logits.ok() ? (*ops)->Synchronize().message() : logits.status().message()).c_str());
+          return 1;
+        }
+        if (rep > 0) t.push_back(Now() - t0);
+      }
+      const double sec = Median(t);
+      const double active = (weights - experts) / 2 + experts / 2 * c.num_experts_per_tok / std::max(c.n_routed_experts, 1);
+      const double attn = 2.0 * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim) * P / 2.0 * c.num_hidden_layers;
+      const double flops = (2.0 * active + attn) * P;
+      std::printf("prefill kv=%s tokens=%d: %.1f ms, %.0f tok/s, %.0f TFLOP/s = %.2f of the GEMM rate\n",
+                  kv.c_str(), P, sec * 1e3, P / sec, flops / sec / 1e12, flops / sec / rate);
+    }
+    // Decode: B sequences of `context` tokens (filled first), then `steps` greedy steps.
+    for (int B : batches) {
+      Sequences s;
+      for (int q = 0; q < B; ++q) {
+        s.tables.emplace_back();
+        for (int b = 0; b < per_seq_blocks; ++b) s.tables.back().push_back(q * per_seq_blocks + b);
+        s.lengths.push_back(0);
+      }
+      // Fill the caches in chunks of up to 8 sequences x `context` tokens.
+      for (int q0 = 0; q0 < B; q0 += 8) {
+        std::vector<int> which;
+        std::vector<std::vector<int32_t>> toks;
+        for (int q = q0; q < std::min(B, q0 + 8); ++q) {
+          which.push_back(q);
+          toks.emplace_back(context);
+          for (auto& x : toks.back()) x = tok(rng);
+        }
+        auto l = m.Forward(Step(s, which, toks));
+        if (!l.ok() || !(*ops)->Synchronize().ok()) {
+          std::fprintf(stderr, "fill failed\n");
+          return 1;
+        }
+      }
+      std::vector<int> all(B);
+      for (int q = 0; q < B; ++q) all[q] = q;
+      std::vector<std::vector<int32_t>> next(B, std::vector<int32_t>(1, 1));
+      SequenceSampling greedy;
+      std::vector<int32_t> hist;
+      SamplingBatch sb;
+      for (int q = 0; q < B; ++q) sb.rows.push_back({&greedy, &hist, 0, 0});
+      std::vector<double> t;
+      for (int step = 0; step < steps + 2; ++step) {
+        const double t0 = Now();
+        StepBatch b = Step(s, all, next);
+        auto logits = m.Forward(b);
+        std::vector<SampledOutput> out;
+        absl::Status st = logits.ok() ? (*ops)->Sample(*logits, sb, &out) : logits.status();
+        if (!st.ok()) {
+          std::fprintf(stderr, "decode failed: %s\n", std::string(st.message()).c_str());
+          return 1;
+        }
+        for (int q = 0; q < B; ++q) next[q][0] = out[q].token;
+        if (step >= 2) t.push_back(Now() - t0);
+      }
+      const double sec = Median(t);
+      const double E = std::max(c.n_routed_experts, 1), k = c.num_experts_per_tok;
+      const double touched = moe_layers > 0 ? E * (1 - std::pow(1 - k / E, B)) / E : 0;
+      const double kv_bytes = double(B) * (context + steps / 2) * c.num_hidden_layers *
+                              KvCacheBytesPerToken(*fmt);
+      const double bytes = (weights - experts) + experts * touched + kv_bytes;
+      // HBM moves about the same bytes per second whichever way they go: the copy's read +
+      // write rate is also the ceiling of a read-only step.
+      const double floor = bytes / bw;
+      std::printf("decode kv=%s batch=%d context=%d: step %.2f ms, %.0f tok/s; reads %.2f GB "
+                  "(weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f ms, ratio %.2f\n",
+                  kv.c_str(), B, context, sec * 1e3, B / sec, bytes / 1e9, (weights - experts) / 1e9,
+                  experts * touched / 1e9, kv_bytes / 1e9, floor * 1e3, sec / floor);
+    }
+    // Greedy agreement with transformers (bf16 weights, bf16 KV cache on both sides).
+    if (!oracle.empty()) {
+      auto file = SafetensorsFile::Open(oracle);
+      if (!file.ok()) {
+        std::fprintf(stderr, "oracle: %s\n", std::string(file.status().message()).c_str());
+        return 1;
+      }
+      auto read = [&](const char* name) {
+        const TensorInfo* ti = (*file)->Find(name);
+        std::vector<uint8_t> bytes;
+        if (ti != nullptr) {
+          auto d = (*file)->Data(*ti);
+          bytes.assign(d.begin(), d.end());
+        }
+        return bytes;
+      };
+      auto as_i32 = [](const std::vector<uint8_t>& b) {
+        std::vector<int32_t> v(b.size() / 4);
+        std::memcpy(v.data(), b.data(), b.size());
+        return v;
+      };
+      const std::vector<int32_t> prompt = as_i32(read("prompt")), want = as_i32(read("greedy"));
+      const std::vector<uint8_t> lb = read("greedy_logits");
+      std::vector<float> ref(lb.size() / 4);
+      std::memcpy(ref.data(), lb.data(), lb.size());
+      Sequences s;
+      s.tables.emplace_back();
+      const int need = (static_cast<int>(prompt.size() + want.size()) + kKvBlockTokens) / kKvBlockTokens;
+      for (int b = 0; b < need; ++b) s.tables[0].push_back(b);
+      s.lengths.push_back(0);
+      std::vector<float> logits;
+      if (!m.Forward(Step(s, {0}, {prompt}), &logits).ok()) return 1;
+      int first_diff = -1, top1 = 0;
+      double dot = 0, n1 = 0, n2 = 0;
+      const int V = c.vocab_size;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const int32_t g = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        if (g == want[i]) ++top1;
+        else if (first_diff < 0) first_diff = static_cast<int>(i);
+        if (ref.size() >= (i + 1) * V) {
+          for (int j = 0; j < V; ++j) {
+            dot += double(logits[j]) * ref[i * V + j];
+            n1 += double(logits[j]) * logits[j];
+            n2 += double(ref[i * V + j]) * ref[i * V + j];
+          }
+        }
+        // Teacher-forced with transformers' token.
+        if (!m.Forward(Step(s, {0}, {{want[i]}}), &logits).ok()) return 1;
+      }
+      std::printf("oracle kv=%s: greedy %d of %zu tokens equal to transformers' (first difference at "
+                  "%d), logit cosine %.5f\n",
+                  kv.c_str(), top1, want.size(), first_diff, dot / std::sqrt(n1 * n2));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace mlaserve
+
+int main(int argc, char** argv) { return mlaserve::Run(argc, argv); }

@@ -1,0 +1,533 @@
+// Every op of the CUDA backend against the CPU backend (the oracle), table-driven over many
+// shapes, in the spirit of llama.cpp's test-backend-ops (GPU-BACKEND.md). Label gpu; skips
+// where no GPU is present.
+//
+// Both backends get the same inputs: random values rounded to bf16 first (the GPU's activation
+// dtype), so any difference is the GPU's arithmetic. Comparison: NaN fails; then the normalised
+// squared error NMSE = sum (gpu - cpu)^2 / sum cpu^2 under a per-op bound:
+//  - one bf16 rounding of the output (GatherRows to bf16, RmsNorm, SiluMul, Rope): relative
+//    error <= 2^-8 per element, so NMSE <= 2^-16 = 1.5e-5; bound 2e-5. Exact ops (Columns,
+//    LogitsRows, Embed into fp32, KvWrite's cache bytes, router ids) are compared exactly.
+//  - GEMMs (bf16 in, fp32 accumulate, bf16 out): the output rounding plus summation order,
+//    NMSE ~ 1e-6..1e-5; bound 5e-5. fp32-out GEMMs (router logits, lm_head): bound 1e-8 is too
+//    tight for cuBLAS's split-k orders at k = 7168, so 1e-6.
+//  - attention (q absorbed to bf16, P rounded to bf16 for P.V, latent output bf16, expanded
+//    through bf16 W_vb, output bf16; prefill: keys decompressed through kv_b to bf16 first):
+//    four to five bf16 roundings in sequence, NMSE ~ 5 x 1.5e-5; bound 2e-4.
+//  - routed experts (h rounded to bf16 between the GEMMs, output bf16): bound 1e-4.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/mla/kv_cache_format.h"
+#include "kernels/moe/nvfp4_ref.h"
+#include "worker/backend/cpu_ops.h"
+#include "worker/backend/cuda_ops.h"
+
+namespace mlaserve {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::vector<float> RandomBf16(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = Bf16ToFloat(FloatToBf16(d(rng)));
+  return v;
+}
+
+Tensor HostF32(const std::vector<float>& v, std::vector<int64_t> shape) {
+  Tensor t = Tensor::Host(DType::kF32, std::move(shape));
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+Tensor HostBf16(const std::vector<float>& v, std::vector<int64_t> shape) {
+  Tensor t = Tensor::Host(DType::kBF16, std::move(shape));
+  for (size_t i = 0; i < v.size(); ++i) t.data<uint16_t>()[i] = FloatToBf16(v[i]);
+  return t;
+}
+
+double Nmse(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (std::isnan(gpu[i])) return INFINITY;
+    num += (double(gpu[i]) - cpu[i]) * (double(gpu[i]) - cpu[i]);
+    den += double(cpu[i]) * cpu[i];
+  }
+  return den == 0 ? num : num / den;
+}
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+    auto g = CudaOps::Create();
+    ASSERT_TRUE(g.ok()) << g.status();
+    gpu_ = std::move(*g);
+  }
+
+  // A device tensor of activation values (bf16 on the GPU); the CPU one is fp32 of the same
+  // (bf16-representable) values.
+  Tensor GpuAct(const std::vector<float>& v, std::vector<int64_t> shape, DType dtype = DType::kBF16) {
+    auto t = gpu_->Upload(dtype == DType::kBF16 ? HostBf16(v, shape) : HostF32(v, shape));
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+  std::vector<float> Download(const Tensor& t) {
+    std::vector<float> out(t.numel());
+    if (t.dtype() == DType::kF32) {
+      EXPECT_TRUE(gpu_->CopyToHost(t, out.data()).ok());
+    } else if (t.dtype() == DType::kBF16) {
+      std::vector<uint16_t> b(t.numel());
+      absl::Status s = gpu_->CopyToHost(t, b.data());
+      EXPECT_TRUE(s.ok()) << s;
+      for (size_t i = 0; i < b.size(); ++i) out[i] = Bf16ToFloat(b[i]);
+    } else if (t.dtype() == DType::kI32) {
+      std::vector<int32_t> b(t.numel());
+      EXPECT_TRUE(gpu_->CopyToHost(t, b.data()).ok());
+      for (size_t i = 0; i < b.size(); ++i) out[i] = static_cast<float>(b[i]);
+    }
+    return out;
+  }
+  static std::vector<float> Values(const Tensor& cpu) {
+    if (cpu.dtype() == DType::kI32) {
+      std::vector<float> v(cpu.numel());
+      for (int64_t i = 0; i < cpu.numel(); ++i) v[i] = static_cast<float>(cpu.data<int32_t>()[i]);
+      return v;
+    }
+    return std::vector<float>(cpu.data<float>(), cpu.data<float>() + cpu.numel());
+  }
+  void ExpectClose(const Tensor& g, const Tensor& c, double bound, const std::string& what) {
+    const std::vector<float> gv = Download(g), cv = Values(c);
+    ASSERT_EQ(gv.size(), cv.size()) << what;
+    const double e = Nmse(gv, cv);
+    std::printf("[cuda_ops] %-60s nmse %.3g (bound %.1g)\n", what.c_str(), e, bound);
+    EXPECT_LE(e, bound) << what;
+  }
+  void ExpectExact(const Tensor& g, const Tensor& c, const std::string& what) {
+    const std::vector<float> gv = Download(g), cv = Values(c);
+    ASSERT_EQ(gv.size(), cv.size()) << what;
+    size_t bad = 0;
+    for (size_t i = 0; i < cv.size(); ++i) bad += !(gv[i] == cv[i]);
+    std::printf("[cuda_ops] %-60s %zu of %zu differ\n", what.c_str(), bad, cv.size());
+    EXPECT_EQ(bad, 0u) << what;
+  }
+
+  // A step of sequences (context_len, new tokens) with shuffled block tables in a pool of
+  // `blocks` blocks.
+  StepLayout Layout(const std::vector<std::pair<int, int>>& seqs, int blocks, std::mt19937& rng,
+                    int vocab = 1000) {
+    StepBatch b;
+    std::vector<int32_t> free(blocks);
+    std::iota(free.begin(), free.end(), 0);
+    std::shuffle(free.begin(), free.end(), rng);
+    size_t next = 0;
+    std::uniform_int_distribution<int> id(0, vocab - 1);
+    for (auto [ctx, n] : seqs) {
+      SequenceSlice s;
+      s.token_begin = static_cast<int>(b.tokens.size());
+      s.num_tokens = n;
+      s.context_len = ctx;
+      const int need = (ctx + n + kKvBlockTokens - 1) / kKvBlockTokens;
+      for (int i = 0; i < need; ++i) s.block_table.push_back(free.at(next++));
+      for (int i = 0; i < n; ++i) {
+        const int pos = ctx + i;
+        b.tokens.push_back(id(rng));
+        b.positions.push_back(pos);
+        b.slots.push_back(int64_t{s.block_table[pos / kKvBlockTokens]} * kKvBlockTokens +
+                          pos % kKvBlockTokens);
+      }
+      b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
+      b.seqs.push_back(std::move(s));
+    }
+    StepLayoutOptions o;
+    o.vocab_size = vocab;
+    o.num_blocks = blocks;
+    o.num_slots = int64_t{blocks} * kKvBlockTokens;
+    auto l = BuildStepLayout(b, o);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return *l;
+  }
+
+  std::unique_ptr<CudaOps> gpu_;
+  CpuOps cpu_{2};
+};
+
+TEST_F(CudaOpsTest, EmbedRmsNormAddRmsNormSiluColumnsRows) {
+  std::mt19937 rng(1);
+  for (int hidden : {64, 96, 512, 7168}) {
+    const StepLayout L = Layout({{0, 7}, {5, 1}, {0, 130}}, 16, rng);
+    const int64_t T = L.num_tokens;
+    StepTensors cs, gs;
+    ASSERT_TRUE(cpu_.BeginStep(L, &cs).ok());
+    ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+    const std::string tag = "hidden " + std::to_string(hidden);
+    // Vocab-parallel embedding: this rank holds ids [300, 800).
+    const auto table = RandomBf16(500 * size_t(hidden), rng);
+    auto ct = cpu_.Upload(HostBf16(table, {500, hidden}));
+    Tensor gt = GpuAct(table, {500, hidden});
+    Tensor cx = cpu_.Activation({T, hidden}, DType::kF32);
+    Tensor gx = gpu_->Activation({T, hidden}, DType::kF32);
+    cpu_.Embed(*ct, 300, cs, cx);
+    gpu_->Embed(gt, 300, gs, gx);
+    ExpectExact(gx, cx, "Embed " + tag);
+    // RmsNorm of the fp32 residual and of a bf16 activation.
+    const auto w = RandomBf16(hidden, rng);
+    auto cw = cpu_.Upload(HostF32(w, {hidden}));
+    auto gw = gpu_->Upload(HostF32(w, {hidden}));
+    Tensor ch = cpu_.Activation({T, hidden}), gh = gpu_->Activation({T, hidden});
+    cpu_.RmsNorm(cx, *cw, 1e-6f, ch);
+    gpu_->RmsNorm(gx, *gw, 1e-6f, gh);
+    ExpectClose(gh, ch, 2e-5, "RmsNorm fp32 in " + tag);
+    const auto d = RandomBf16(T * hidden, rng);
+    Tensor cd = cpu_.Activation({T, hidden});
+    std::copy(d.begin(), d.end(), cd.data<float>());
+    Tensor gd = GpuAct(d, {T, hidden});
+    cpu_.AddRmsNorm(cd, cx, *cw, 1e-6f, ch);
+    gpu_->AddRmsNorm(gd, gx, *gw, 1e-6f, gh);
+    ExpectExact(gx, cx, "AddRmsNorm residual " + tag);
+    ExpectClose(gh, ch, 2e-5, "AddRmsNorm out " + tag);
+    Tensor cn = cpu_.Activation({T, hidden}), gn = gpu_->Activation({T, hidden});
+    cpu_.RmsNorm(cd, *cw, 1e-6f, cn);
+    gpu_->RmsNorm(gd, *gw, 1e-6f, gn);
+    ExpectClose(gn, cn, 2e-5, "RmsNorm bf16 in " + tag);
+    // SiluMul, Columns, LogitsRows.
+    Tensor cs2 = cpu_.Activation({T, hidden}), gs2 = gpu_->Activation({T, hidden});
+    cpu_.SiluMul(cd, cn, cs2);
+    gpu_->SiluMul(gd, gn, gs2);
+    ExpectClose(gs2, cs2, 2e-5, "SiluMul " + tag);
+    Tensor cc = cpu_.Activation({T, 16}), gc = gpu_->Activation({T, 16});
+    cpu_.Columns(cd, hidden - 16, cc);
+    gpu_->Columns(gd, hidden - 16, gc);
+    ExpectExact(gc, cc, "Columns " + tag);
+    const int64_t R = static_cast<int64_t>(L.logits_rows.size());
+    Tensor cr = cpu_.Activation({R, hidden}), gr = gpu_->Activation({R, hidden});
+    cpu_.LogitsRows(cd, cs, cr);
+    gpu_->LogitsRows(gd, gs, gr);
+    ExpectExact(gr, cr, "LogitsRows " + tag);
+  }
+}
+
+TEST_F(CudaOpsTest, LinearBf16AndNvfp4) {
+  std::mt19937 rng(2);
+  struct Case {
+    int m, n, k;
+    bool nvfp4;
+    DType out;
+  };
+  for (const Case& c : std::vector<Case>{{1, 24, 64, false, DType::kBF16},
+                                         {7, 576, 7168, false, DType::kBF16},
+                                         {257, 1536, 512, false, DType::kBF16},
+                                         {3, 384, 7168, false, DType::kF32},
+                                         {5, 4096, 512, true, DType::kBF16},
+                                         {130, 96, 64, true, DType::kBF16},
+                                         {2, 16384, 7168, false, DType::kF32}}) {
+    const auto x = RandomBf16(size_t(c.m) * c.k, rng);
+    const auto w = RandomBf16(size_t(c.n) * c.k, rng, 0.05f);
+    LinearWeight host;
+    host.out_features = c.n;
+    host.in_features = c.k;
+    if (c.nvfp4) {
+      host.weight = Tensor::Host(DType::kU8, {c.n, c.k / 2});
+      host.block_scale = Tensor::Host(DType::kF8E4M3, {c.n, c.k / 16});
+      QuantizeNvfp4(w.data(), c.n, c.k, host.weight.data<uint8_t>(),
+                    host.block_scale.data<uint8_t>(), &host.global_scale);
+    } else {
+      host.weight = HostBf16(w, {c.n, c.k});
+    }
+    auto cw = cpu_.UploadLinear(host);
+    auto gw = gpu_->UploadLinear(host);
+    ASSERT_TRUE(cw.ok() && gw.ok());
+    StepLayout L;
+    StepTensors st;
+    ASSERT_TRUE(gpu_->BeginStep(L, &st).ok());
+    Tensor cx = cpu_.Activation({c.m, c.k});
+    std::copy(x.begin(), x.end(), cx.data<float>());
+    Tensor gx = GpuAct(x, {c.m, c.k});
+    Tensor co = cpu_.Activation({c.m, c.n}), go = gpu_->Activation({c.m, c.n}, c.out);
+    cpu_.Linear(cx, *cw, co);
+    gpu_->Linear(gx, *gw, go);
+    ExpectClose(go, co, c.out == DType::kF32 ? 1e-6 : 5e-5,
+                "Linear " + std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
+                    std::to_string(c.k) + (c.nvfp4 ? " nvfp4" : " bf16") +
+                    (c.out == DType::kF32 ? " ->f32" : ""));
+  }
+}
+
+TEST_F(CudaOpsTest, Rope) {
+  std::mt19937 rng(3);
+  std::vector<float> inv(32);
+  for (int i = 0; i < 32; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / 64);
+  auto ci = cpu_.Upload(HostF32(inv, {32}));
+  auto gi = gpu_->Upload(HostF32(inv, {32}));
+  for (bool interleaved : {false, true}) {
+    for (int heads : {1, 16, 128}) {
+      const StepLayout L = Layout({{0, 9}, {163800, 1}, {4000, 3}}, 2700, rng);
+      StepTensors cs, gs;
+      ASSERT_TRUE(cpu_.BeginStep(L, &cs).ok());
+      ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+      const int qk = 192;
+      const auto x = RandomBf16(size_t(L.num_tokens) * heads * qk, rng);
+      Tensor cx = cpu_.Activation({L.num_tokens, heads * qk});
+      std::copy(x.begin(), x.end(), cx.data<float>());
+      Tensor gx = GpuAct(x, {L.num_tokens, heads * qk});
+      cpu_.Rope(cx, 128, heads, qk, 64, cs, *ci, 1.1f, interleaved);
+      gpu_->Rope(gx, 128, heads, qk, 64, gs, *gi, 1.1f, interleaved);
+      ExpectClose(gx, cx, 2e-5,
+                  "Rope heads " + std::to_string(heads) + (interleaved ? " interleaved" : ""));
+    }
+  }
+}
+
+// KvWrite, then MlaPrefill and MlaDecode on a cache whose prefix was written by both backends
+// from the same values.
+TEST_F(CudaOpsTest, MlaPrefillAndDecode) {
+  std::mt19937 rng(4);
+  struct Case {
+    int heads, nope, v;
+    KvCacheFormat format;
+    std::vector<std::pair<int, int>> seqs;  // (context, new tokens)
+  };
+  const std::vector<Case> cases = {
+      {4, 16, 16, KvCacheFormat::kBf16, {{0, 9}, {0, 1}, {70, 1}, {5, 2}, {130, 4}}},
+      {8, 32, 32, KvCacheFormat::kFp8Tiled, {{0, 33}, {200, 1}, {64, 3}, {700, 17}}},
+      {16, 128, 128, KvCacheFormat::kBf16, {{0, 257}, {5000, 1}, {129, 1}, {1000, 64}}},
+      {16, 128, 128, KvCacheFormat::kFp8, {{0, 64}, {3000, 1}, {3000, 2}, {400, 100}}},
+      {16, 128, 128, KvCacheFormat::kFp8Tiled, {{0, 1}, {63, 1}, {64, 4}, {4113, 31}}},
+      {128, 128, 128, KvCacheFormat::kBf16, {{0, 40}, {2000, 1}, {777, 1}}},
+      {1, 128, 128, KvCacheFormat::kFp8Tiled, {{0, 100}, {1500, 1}}},
+  };
+  for (const Case& c : cases) {
+    const int blocks = 256;
+    const StepLayout L = Layout(c.seqs, blocks, rng);
+    const std::string tag = std::to_string(c.heads) + " heads " + std::to_string(c.nope) + "/" +
+                            std::to_string(c.v) + " " + std::string(KvCacheFormatName(c.format));
+    const size_t row = KvCacheBytesPerToken(c.format);
+    // The cached prefixes: random rows encoded on the host into one pool for both backends.
+    Tensor pool = Tensor::Host(DType::kU8, {blocks, kKvBlockTokens, int64_t(row)});
+    {
+      std::normal_distribution<float> d(0.0f, 1.0f);
+      std::vector<float> lat(kMlaLatentDim), rope(kMlaRopeDim);
+      for (const SequenceSlice& s : L.seqs) {
+        for (int j = 0; j < s.context_len; ++j) {
+          for (float& x : lat) x = Bf16ToFloat(FloatToBf16(d(rng)));
+          for (float& x : rope) x = Bf16ToFloat(FloatToBf16(d(rng)));
+          const int64_t slot =
+              int64_t{s.block_table[j / kKvBlockTokens]} * kKvBlockTokens + j % kKvBlockTokens;
+          KvCacheEncodeRow(c.format, lat.data(), rope.data(), 0.5f,
+                           pool.data<uint8_t>() + slot * row);
+        }
+      }
+    }
+    KvCacheLayer ck{pool, c.format, 0.5f};
+    KvCacheLayer gk{*gpu_->Upload(pool), c.format, 0.5f};
+    StepTensors cs, gs;
+    ASSERT_TRUE(cpu_.BeginStep(L, &cs).ok());
+    ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+    const int64_t T = L.num_tokens;
+    const int qk = c.nope + 64;
+    const auto lat = RandomBf16(T * kMlaLatentDim, rng), kr = RandomBf16(T * kMlaRopeDim, rng);
+    const auto q = RandomBf16(T * c.heads * qk, rng);
+    Tensor cl = HostF32(lat, {T, kMlaLatentDim}), ckr = HostF32(kr, {T, kMlaRopeDim});
+    Tensor gl = GpuAct(lat, {T, kMlaLatentDim}), gkr = GpuAct(kr, {T, kMlaRopeDim});
+    Tensor cq = HostF32(q, {T, c.heads * qk});
+    Tensor gq = GpuAct(q, {T, c.heads * qk});
+    cpu_.KvWrite(cl, ckr, cs, ck);
+    gpu_->KvWrite(gl, gkr, gs, gk);
+    {
+      std::vector<uint8_t> gb(pool.nbytes());
+      ASSERT_TRUE(gpu_->CopyToHost(gk.pool, gb.data()).ok());
+      EXPECT_EQ(std::memcmp(gb.data(), ck.pool.data<uint8_t>(), gb.size()), 0)
+          << "KvWrite bytes differ " << tag;
+    }
+    // kv_b [heads * (nope + v), 512] and its absorbed halves (bf16 values on both sides).
+    const auto kvb = RandomBf16(size_t(c.heads) * (c.nope + c.v) * kMlaLatentDim, rng, 0.04f);
+    LinearWeight hkvb;
+    hkvb.out_features = c.heads * (c.nope + c.v);
+    hkvb.in_features = kMlaLatentDim;
+    hkvb.weight = HostBf16(kvb, {hkvb.out_features, kMlaLatentDim});
+    auto ckvb = cpu_.UploadLinear(hkvb);
+    auto gkvb = gpu_->UploadLinear(hkvb);
+    std::vector<float> kb(size_t(c.heads) * c.nope * kMlaLatentDim),
+        vb(size_t(c.heads) * c.v * kMlaLatentDim);
+    for (int h = 0; h < c.heads; ++h) {
+      const float* src = kvb.data() + size_t(h) * (c.nope + c.v) * kMlaLatentDim;
+      std::copy(src, src + c.nope * kMlaLatentDim, kb.begin() + size_t(h) * c.nope * kMlaLatentDim);
+      std::copy(src + c.nope * kMlaLatentDim, src + (c.nope + c.v) * kMlaLatentDim,
+                vb.begin() + size_t(h) * c.v * kMlaLatentDim);
+    }
+    Tensor ckb = HostF32(kb, {c.heads, c.nope, kMlaLatentDim});
+    Tensor cvb = HostF32(vb, {c.heads, c.v, kMlaLatentDim});
+    Tensor gkb = GpuAct(kb, {c.heads, c.nope, kMlaLatentDim});
+    Tensor gvb = GpuAct(vb, {c.heads, c.v, kMlaLatentDim});
+    MlaShape shape{c.heads, c.nope, 64, c.v, kMlaLatentDim, 1.0f / std::sqrt(float(qk))};
+    Tensor co = cpu_.Activation({T, c.heads * c.v}), go = gpu_->Activation({T, c.heads * c.v});
+    cpu_.MlaPrefill(shape, cq, cl, ckr, *ckvb, ck, cs, co);
+    gpu_->MlaPrefill(shape, gq, gl, gkr, *gkvb, gk, gs, go);
+    for (size_t g = 0; g < L.decode.size(); ++g) {
+      cpu_.MlaDecode(shape, cq, ckb, cvb, ck, cs, int(g), co);
+      gpu_->MlaDecode(shape, gq, gkb, gvb, gk, gs, int(g), go);
+    }
+    ExpectClose(go, co, 2e-4, "MLA prefill+decode " + tag);
+  }
+}
+
+TEST_F(CudaOpsTest, MoeRouteAndExperts) {
+  std::mt19937 rng(5);
+  struct Case {
+    int tokens, hidden, inter, experts, top_k, n_group, topk_group, first, local;
+    bool nvfp4, shared;
+  };
+  for (const Case& c : std::vector<Case>{{1, 64, 24, 16, 4, 4, 2, 0, 16, false, true},
+                                         {7, 96, 32, 32, 8, 1, 1, 0, 32, true, true},
+                                         {257, 2048, 1408, 64, 6, 1, 1, 16, 32, false, false},
+                                         {33, 2048, 1408, 64, 6, 1, 1, 0, 64, true, true}}) {
+    const std::string tag = std::to_string(c.tokens) + " tokens " + std::to_string(c.hidden) +
+                            "/" + std::to_string(c.inter) + (c.nvfp4 ? " nvfp4" : " bf16");
+    StepLayout L;
+    StepTensors gs;
+    ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+    MoeRouting r{c.experts, c.top_k, c.n_group, c.topk_group, false, true, 2.5f};
+    const auto lg = RandomBf16(size_t(c.tokens) * c.experts, rng, 2.0f);
+    std::vector<float> bias(c.experts);
+    for (float& b : bias) b = std::uniform_real_distribution<float>(0.0f, 0.2f)(rng);
+    Tensor clg = HostF32(lg, {c.tokens, c.experts});
+    Tensor glg = GpuAct(lg, {c.tokens, c.experts}, DType::kF32);
+    Tensor cb = HostF32(bias, {c.experts});
+    Tensor gb = GpuAct(bias, {c.experts}, DType::kF32);
+    Tensor cid = cpu_.Activation({c.tokens, c.top_k}, DType::kI32);
+    Tensor cw = cpu_.Activation({c.tokens, c.top_k}, DType::kF32);
+    Tensor gid = gpu_->Activation({c.tokens, c.top_k}, DType::kI32);
+    Tensor gw = gpu_->Activation({c.tokens, c.top_k}, DType::kF32);
+    cpu_.MoeRoute(r, clg, cb, cid, cw);
+    gpu_->MoeRoute(r, glg, gb, gid, gw);
+    ExpectExact(gid, cid, "MoeRoute ids " + tag);
+    ExpectExact(gw, cw, "MoeRoute weights " + tag);
+    std::vector<ExpertWeights> host(c.local);
+    for (ExpertWeights& e : host) {
+      for (auto [lw, rows, cols] : {std::tuple{&e.gate, c.inter, c.hidden},
+                                    {&e.up, c.inter, c.hidden}, {&e.down, c.hidden, c.inter}}) {
+        const auto w = RandomBf16(size_t(rows) * cols, rng, 0.05f);
+        lw->out_features = rows;
+        lw->in_features = cols;
+        if (c.nvfp4) {
+          lw->weight = Tensor::Host(DType::kU8, {rows, cols / 2});
+          lw->block_scale = Tensor::Host(DType::kF8E4M3, {rows, cols / 16});
+          QuantizeNvfp4(w.data(), rows, cols, lw->weight.data<uint8_t>(),
+                        lw->block_scale.data<uint8_t>(), &lw->global_scale);
+        } else {
+          lw->weight = HostBf16(w, {rows, cols});
+        }
+      }
+    }
+    auto cex = cpu_.UploadExperts(c.first, c.experts, host);
+    auto gex = gpu_->UploadExperts(c.first, c.experts, host);
+    ASSERT_TRUE(cex.ok()) << cex.status();
+    ASSERT_TRUE(gex.ok()) << gex.status();
+    const auto x = RandomBf16(size_t(c.tokens) * c.hidden, rng);
+    const auto sh = RandomBf16(size_t(c.tokens) * c.hidden, rng);
+    Tensor cx = HostF32(x, {c.tokens, c.hidden}), gx = GpuAct(x, {c.tokens, c.hidden});
+    Tensor csh, gsh;
+    if (c.shared) {
+      csh = HostF32(sh, {c.tokens, c.hidden});
+      gsh = GpuAct(sh, {c.tokens, c.hidden});
+    }
+    Tensor co = cpu_.Activation({c.tokens, c.hidden}), go = gpu_->Activation({c.tokens, c.hidden});
+    cpu_.MoeExperts(cx, cid, cw, *cex, csh, co);
+    gpu_->MoeExperts(gx, gid, gw, *gex, gsh, go);
+    ExpectClose(go, co, 1e-4, "MoeExperts " + tag);
+  }
+}
+
+TEST_F(CudaOpsTest, SampleMatchesCpu) {
+  std::mt19937 rng(6);
+  for (int vocab : {512, 163840}) {
+    const int R = 24;
+    StepLayout L;
+    StepTensors gs;
+    ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+    const auto lg = RandomBf16(size_t(R) * vocab, rng, 3.0f);
+    Tensor cl = HostF32(lg, {R, vocab});
+    Tensor gl = GpuAct(lg, {R, vocab}, DType::kF32);
+    std::vector<SequenceSampling> params(R);
+    std::vector<std::vector<int32_t>> hist(R);
+    SamplingBatch b;
+    for (int r = 0; r < R; ++r) {
+      SequenceSampling& p = params[r];
+      p.base.temperature = r % 3 == 0 ? 0.0f : (r % 3 == 1 ? 0.7f : 1.3f);
+      p.base.top_k = r % 4 == 0 ? 0 : 40;
+      p.base.top_p = r % 5 == 0 ? 0.9f : 1.0f;
+      p.base.min_p = r % 7 == 0 ? 0.05f : 0.0f;
+      p.base.seed = 1000 + r;
+      p.repetition_penalty = r % 2 ? 1.2f : 1.0f;
+      p.presence_penalty = r % 6 == 1 ? 0.5f : 0.0f;
+      p.frequency_penalty = r % 6 == 2 ? 0.3f : 0.0f;
+      p.min_tokens = r % 8 == 0 ? 10 : 0;
+      p.eos_ids = {1, 2};
+      p.top_logprobs = r % 4 == 2 ? 5 : 0;
+      p.want_logprobs = true;
+      for (int i = 0; i < 40; ++i) hist[r].push_back(std::uniform_int_distribution<int>(0, vocab - 1)(rng));
+      b.rows.push_back({&params[r], &hist[r], 25, 15 + r % 3});
+    }
+    std::vector<SampledOutput> co, go;
+    ASSERT_TRUE(cpu_.Sample(cl, b, &co).ok());
+    absl::Status s = gpu_->Sample(gl, b, &go);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(go.size(), co.size());
+    int diff = 0;
+    for (int r = 0; r < R; ++r) {
+      diff += go[r].token != co[r].token;
+      EXPECT_NEAR(go[r].logprob, co[r].logprob, 1e-4) << "row " << r;
+      ASSERT_EQ(go[r].top.size(), co[r].top.size()) << "row " << r;
+      for (size_t j = 0; j < co[r].top.size(); ++j) EXPECT_EQ(go[r].top[j].first, co[r].top[j].first);
+    }
+    std::printf("[cuda_ops] Sample vocab %d: %d of %d tokens differ\n", vocab, diff, R);
+    EXPECT_EQ(diff, 0);
+  }
+}
+
+// A failing op reports itself with its name and shapes at the next synchronisation, and later
+// ops are skipped rather than run on garbage.
+TEST_F(CudaOpsTest, ErrorsNameTheOp) {
+  StepLayout L;
+  StepTensors gs;
+  ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+  Tensor x = gpu_->Activation({3, 7});
+  LinearWeight w;
+  w.out_features = 5;
+  w.in_features = 7;
+  w.weight = *gpu_->Allocate(DType::kBF16, {5, 7});
+  MlaShape shape{3, 7, 64, 9, 512, 1.0f};  // qk_nope 7 has no prefill kernel
+  StepLayout P;
+  std::mt19937 rng(7);
+  P = Layout({{0, 3}}, 4, rng);
+  ASSERT_TRUE(gpu_->BeginStep(P, &gs).ok());
+  Tensor q = gpu_->Activation({3, 3 * 71});
+  Tensor lat = gpu_->Activation({3, 512}), kr = gpu_->Activation({3, 64});
+  Tensor out = gpu_->Activation({3, 27});
+  LinearWeight kvb;
+  kvb.out_features = 3 * 16;
+  kvb.in_features = 512;
+  kvb.weight = *gpu_->Allocate(DType::kBF16, {48, 512});
+  KvCacheLayer cache{*gpu_->Allocate(DType::kU8, {4, 64, 1152}), KvCacheFormat::kBf16, 1.0f};
+  gpu_->MlaPrefill(shape, q, lat, kr, kvb, cache, gs, out);
+  absl::Status s = gpu_->Synchronize();
+  EXPECT_FALSE(s.ok());
+  std::printf("[cuda_ops] error message: %s\n", std::string(s.message()).c_str());
+  EXPECT_NE(s.message().find("MlaPrefill"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace mlaserve
