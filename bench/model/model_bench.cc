@@ -3,7 +3,7 @@
 // oracle file (bench/model/hf_midsize.py oracle).
 //
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
-//       [--prefill 2048,8192] [--steps 16] [--oracle FILE]
+//       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //
 // Decode roofline: the bytes a step must read (every non-expert weight once, the routed experts
 // the batch is expected to touch: E * (1 - (1 - k/E)^B) per MoE layer for uniform routing, and
@@ -146,6 +146,7 @@ int Run(int argc, char** argv) {
   std::vector<std::string> kvs = {"bf16", "fp8_tiled"};
   std::vector<int> batches = {1, 8, 64}, prefills = {2048, 8192};
   int context = 1024, steps = 16;
+  std::vector<std::string> graph_modes = {"on", "off"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -155,6 +156,7 @@ int Run(int argc, char** argv) {
     else if (k == "--context") context = std::stoi(v);
     else if (k == "--steps") steps = std::stoi(v);
     else if (k == "--oracle") oracle = v;
+    else if (k == "--graphs") graph_modes = absl::StrSplit(v, ',');
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -234,8 +236,11 @@ int Run(int argc, char** argv) {
       std::printf("prefill kv=%s tokens=%d: %.1f ms, %.0f tok/s, %.0f TFLOP/s = %.2f of the GEMM rate\n",
                   kv.c_str(), P, sec * 1e3, P / sec, flops / sec / 1e12, flops / sec / rate);
     }
-    // Decode: B sequences of `context` tokens (filled first), then `steps` greedy steps.
+    // Decode: B sequences of `context` tokens (filled first), then `steps` greedy steps, with
+    // the steps replayed as CUDA graphs and run eagerly (the launch time graphs save).
+    for (const std::string& graphs : graph_modes)
     for (int B : batches) {
+      m.set_graphs(graphs == "on");
       Sequences s;
       for (int q = 0; q < B; ++q) {
         s.tables.emplace_back();
@@ -287,9 +292,9 @@ int Run(int argc, char** argv) {
       // HBM moves about the same bytes per second whichever way they go: the copy's read +
       // write rate is also the ceiling of a read-only step.
       const double floor = bytes / bw;
-      std::printf("decode kv=%s batch=%d context=%d: step %.2f ms, %.0f tok/s; reads %.2f GB "
+      std::printf("decode kv=%s graphs=%s batch=%d context=%d: step %.2f ms, %.0f tok/s; reads %.2f GB "
                   "(weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f ms, ratio %.2f\n",
-                  kv.c_str(), B, context, sec * 1e3, B / sec, bytes / 1e9, (weights - experts) / 1e9,
+                  kv.c_str(), graphs.c_str(), B, context, sec * 1e3, B / sec, bytes / 1e9, (weights - experts) / 1e9,
                   experts * touched / 1e9, kv_bytes / 1e9, floor * 1e3, sec / floor);
     }
     // Greedy agreement with transformers (bf16 weights, bf16 KV cache on both sides).

@@ -86,6 +86,16 @@ struct CudaOps::Impl {
   // Sampling staging (rows, penalties, masks in; ids, logprobs out).
   void* sample_host = nullptr;
   size_t sample_capacity = 0;
+  // Moves of the arena or the step buffers (graphs captured before are stale), and the graphs.
+  uint64_t epoch = 0;
+  bool capturing = false;
+  void* cublas_workspace = nullptr;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    size_t arena_used = 0;  // the bump offset after the captured ops' scratch
+    uint64_t epoch = 0;
+  };
+  std::vector<Graph> graphs;
 
   bool failed() const { return !error.ok(); }
   void Fail(absl::Status s) {
@@ -105,6 +115,12 @@ struct CudaOps::Impl {
       void* p = static_cast<char*>(c.base) + c.used;
       c.used += bytes;
       return p;
+    }
+    if (capturing) {
+      // A graph must not allocate: the step that is captured ran eagerly first and grew the
+      // arena to its size.
+      Fail(absl::InternalError("step arena exhausted while capturing a graph"));
+      return nullptr;
     }
     // A new chunk: at least the request, at least double the arena so far (few chunks).
     Chunk c;
@@ -139,6 +155,7 @@ struct CudaOps::Impl {
       c.size = total;
       arena_total = total;
       chunks.push_back(c);
+      ++epoch;
     }
     for (Chunk& c : chunks) c.used = 0;
     return absl::OkStatus();
@@ -146,6 +163,10 @@ struct CudaOps::Impl {
 
   ~Impl() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
+    for (Graph& g : graphs) {
+      if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+    }
+    cudaFree(cublas_workspace);
     for (Chunk& c : chunks) cudaFree(c.base);
     cudaFree(step_dev);
     cudaFreeHost(step_host);
@@ -171,6 +192,12 @@ absl::StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create() {
     return absl::InternalError("cublasCreate failed");
   }
   cublasSetStream(impl->cublas, impl->stream);
+  // A workspace of its own, so that cuBLAS allocates nothing while a graph is captured.
+  const size_t ws = 32 << 20;
+  if (auto s = CudaStatus(cudaMalloc(&impl->cublas_workspace, ws), "cuBLAS workspace"); !s.ok()) return s;
+  if (cublasSetWorkspace(impl->cublas, impl->cublas_workspace, ws) != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError("cublasSetWorkspace failed");
+  }
   auto gemm = LinearGemm::Create();
   if (!gemm.ok()) return gemm.status();
   impl->gemm = *std::move(gemm);
@@ -183,6 +210,57 @@ CudaOps::~CudaOps() = default;
 cudaStream_t CudaOps::stream() const { return impl_->stream; }
 size_t CudaOps::persistent_bytes() const { return impl_->persistent; }
 size_t CudaOps::arena_bytes() const { return impl_->arena_total; }
+
+uint64_t CudaOps::memory_epoch() const { return impl_->epoch; }
+
+absl::Status CudaOps::BeginCapture() {
+  if (impl_->failed()) return impl_->error;
+  if (auto s = CudaStatus(cudaStreamBeginCapture(impl_->stream, cudaStreamCaptureModeRelaxed),
+                          "graph capture");
+      !s.ok()) {
+    return s;
+  }
+  impl_->capturing = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> CudaOps::EndCapture() {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(impl_->stream, &graph);
+  impl_->capturing = false;
+  absl::Status s = CudaStatus(e, "graph capture");
+  if (s.ok() && impl_->failed()) s = impl_->error;  // an op failed while being recorded
+  Impl::Graph g;
+  if (s.ok()) s = CudaStatus(cudaGraphInstantiate(&g.exec, graph, 0), "graph instantiation");
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!s.ok()) {
+    cudaGetLastError();
+    impl_->Fail(s);
+    return s;
+  }
+  g.arena_used = impl_->chunks.empty() ? 0 : impl_->chunks.back().used;
+  g.epoch = impl_->epoch;
+  impl_->graphs.push_back(g);
+  return static_cast<int>(impl_->graphs.size()) - 1;
+}
+
+absl::Status CudaOps::LaunchGraph(int graph) {
+  if (impl_->failed()) return impl_->error;
+  if (graph < 0 || graph >= static_cast<int>(impl_->graphs.size()) ||
+      impl_->graphs[graph].exec == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("no graph ", graph));
+  }
+  Impl::Graph& g = impl_->graphs[graph];
+  if (g.epoch != impl_->epoch || impl_->chunks.size() != 1) {
+    cudaGraphExecDestroy(g.exec);
+    g.exec = nullptr;
+    return absl::FailedPreconditionError("graph is stale: the step arena or buffers moved");
+  }
+  // The replayed ops' scratch is where it was at capture: later ops allocate after it.
+  impl_->chunks.back().used = g.arena_used;
+  impl_->Check(cudaGraphLaunch(g.exec, impl_->stream), "graph launch");
+  return impl_->error;
+}
 
 absl::Status CudaOps::Synchronize() {
   impl_->Check(cudaStreamSynchronize(impl_->stream), "device step");
@@ -229,6 +307,7 @@ absl::Status CudaOps::BeginStep(const StepLayout& L, StepTensors* step) {
     cudaFreeHost(impl_->step_host);
     impl_->step_dev = impl_->step_host = nullptr;
     impl_->step_capacity = 0;
+    ++impl_->epoch;
     const size_t cap = std::max<size_t>(2 * total, 1 << 20);
     if (auto s = CudaStatus(cudaMalloc(&impl_->step_dev, cap), "step buffers"); !s.ok()) return s;
     if (auto s = CudaStatus(cudaMallocHost(&impl_->step_host, cap), "step buffers"); !s.ok()) return s;

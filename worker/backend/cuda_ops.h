@@ -74,6 +74,12 @@ class CudaOps : public Ops {
   absl::Status Sample(const Tensor& logits, const SamplingBatch& batch,
                       std::vector<SampledOutput>* out) override;
 
+  bool SupportsGraphs() const override { return true; }
+  absl::Status BeginCapture() override;
+  absl::StatusOr<int> EndCapture() override;
+  absl::Status LaunchGraph(int graph) override;
+  uint64_t memory_epoch() const override;
+
   cudaStream_t stream() const;
   // Bytes of device memory this backend holds: persistent (weights, pools) and the arena.
   size_t persistent_bytes() const;

@@ -190,6 +190,20 @@ class Ops {
   // Samples one token per row of logits ([R, vocab] fp32); only ids and logprobs reach the host.
   virtual absl::Status Sample(const Tensor& logits, const SamplingBatch& batch,
                               std::vector<SampledOutput>* out) = 0;
+
+  // Graphs (CUDA graphs on the GPU): the ops issued between BeginCapture and EndCapture are
+  // recorded, not run; LaunchGraph replays them with whatever the step buffers then hold. A
+  // graph bakes in the addresses of the step arena and the step buffers: memory_epoch() changes
+  // whenever either moves, and graphs of an older epoch must be captured again. Backends without
+  // graphs say so in SupportsGraphs and return Unimplemented.
+  virtual bool SupportsGraphs() const { return false; }
+  virtual absl::Status BeginCapture() { return absl::UnimplementedError("no graphs on this backend"); }
+  virtual absl::StatusOr<int> EndCapture() { return absl::UnimplementedError("no graphs on this backend"); }
+  virtual absl::Status LaunchGraph(int graph) {
+    (void)graph;
+    return absl::UnimplementedError("no graphs on this backend");
+  }
+  virtual uint64_t memory_epoch() const { return 0; }
 };
 
 }  // namespace mlaserve

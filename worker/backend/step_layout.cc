@@ -131,4 +131,38 @@ absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLay
   return L;
 }
 
+bool IsSingleTokenDecode(const StepLayout& L) {
+  return L.num_seqs > 0 && L.prefill.num_seqs == 0 && L.decode.size() == 1 &&
+         L.decode[0].s_q == 1;
+}
+
+void PadDecodeLayout(StepLayout* L, int batch, int width) {
+  const int S = L->num_seqs;
+  std::vector<int32_t> tables(static_cast<size_t>(batch) * width, 0);
+  for (int s = 0; s < S; ++s) {
+    std::copy(L->block_tables.begin() + static_cast<size_t>(s) * L->max_blocks,
+              L->block_tables.begin() + static_cast<size_t>(s + 1) * L->max_blocks,
+              tables.begin() + static_cast<size_t>(s) * width);
+  }
+  L->block_tables = std::move(tables);
+  L->max_blocks = width;
+  for (int s = S; s < batch; ++s) {
+    SequenceSlice pad;
+    pad.token_begin = L->num_tokens;
+    pad.num_tokens = 1;
+    pad.context_len = 0;
+    pad.block_table = {0};
+    L->seqs.push_back(std::move(pad));
+    L->tokens.push_back(0);
+    L->positions.push_back(0);
+    L->slots.push_back(-1);
+    L->seq_lens.push_back(1);
+    L->context_lens.push_back(0);
+    ++L->num_tokens;
+  }
+  L->num_seqs = batch;
+  L->decode[0].num_seqs = batch;
+  while (static_cast<int>(L->logits_rows.size()) < batch) L->logits_rows.push_back(0);
+}
+
 }  // namespace mlaserve

@@ -83,4 +83,14 @@ struct StepLayoutOptions {
 
 absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLayoutOptions& options);
 
+// A step every sequence of which decodes one token (the shape CUDA graphs replay).
+bool IsSingleTokenDecode(const StepLayout& layout);
+
+// Pads a single-token decode step to `batch` sequences and its block tables to `width` entries,
+// so that every step of one (batch, width) bucket has the same shapes and the same buffer
+// offsets. Padding sequences have one token (id 0, position 0) whose cache slot is -1 (the
+// cache write skips it), a table of block 0 (read, never written) and a logits row each; the
+// logits rows the caller asked for stay first, in its order.
+void PadDecodeLayout(StepLayout* layout, int batch, int width);
+
 }  // namespace mlaserve

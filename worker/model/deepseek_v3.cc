@@ -527,11 +527,72 @@ absl::StatusOr<Tensor> DeepseekV3Model::Forward(const StepBatch& batch) {
   auto layout = BuildStepLayout(batch, lo);
   if (!layout.ok()) return layout.status();
   layout_ = *std::move(layout);
+  if (layout_.num_tokens == 0) return ops_.Activation({0, c.vocab_size}, DType::kF32);
+  if (options_.graphs && ops_.SupportsGraphs() && comm_.size() == 1 &&
+      IsSingleTokenDecode(layout_)) {
+    return ForwardGraph();
+  }
   StepTensors step;
   if (auto s = ops_.BeginStep(layout_, &step); !s.ok()) return s;
+  return Layers(step);
+}
+
+namespace {
+
+// Decode batch buckets (SGLang's and vLLM's shape: small powers of two, then steps of 32).
+int DecodeBucket(int n) {
+  for (int b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256}) {
+    if (n <= b) return b;
+  }
+  return -1;
+}
+
+Tensor RowsView(const Tensor& t, int64_t rows) {
+  return Tensor(t.dtype(), {rows, t.dim(1)}, nullptr, const_cast<void*>(t.data<void>()), t.device());
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> DeepseekV3Model::ForwardGraph() {
+  const int64_t R = static_cast<int64_t>(layout_.logits_rows.size());
+  const int batch = DecodeBucket(layout_.num_seqs);
+  int width = 16;
+  while (width < layout_.max_blocks) width *= 2;
+  StepTensors step;
+  if (batch < 0 || R > batch) {
+    if (auto s = ops_.BeginStep(layout_, &step); !s.ok()) return s;
+    return Layers(step);
+  }
+  PadDecodeLayout(&layout_, batch, width);
+  if (auto s = ops_.BeginStep(layout_, &step); !s.ok()) return s;
+  DecodeGraph& g = graphs_[{batch, width}];
+  if (g.id >= 0 && g.epoch == ops_.memory_epoch()) {
+    absl::Status s = ops_.LaunchGraph(g.id);
+    if (s.ok()) return RowsView(g.logits, R);
+    if (!absl::IsFailedPrecondition(s)) return s;
+  }
+  if (g.eager_runs++ == 0) {
+    // The first step of a shape runs eagerly: it sizes the scratch the graph will use.
+    auto logits = Layers(step);
+    if (!logits.ok()) return logits.status();
+    return RowsView(*logits, R);
+  }
+  if (auto s = ops_.BeginCapture(); !s.ok()) return s;
+  auto logits = Layers(step);
+  auto id = ops_.EndCapture();
+  if (!logits.ok()) return logits.status();
+  if (!id.ok()) return id.status();
+  g.id = *id;
+  g.epoch = ops_.memory_epoch();
+  g.logits = *logits;
+  if (auto s = ops_.LaunchGraph(g.id); !s.ok()) return s;
+  return RowsView(g.logits, R);
+}
+
+absl::StatusOr<Tensor> DeepseekV3Model::Layers(const StepTensors& step) {
+  const ModelConfig& c = config_;
   const int64_t T = layout_.num_tokens;
   const int64_t R = static_cast<int64_t>(layout_.logits_rows.size());
-  if (T == 0) return ops_.Activation({0, c.vocab_size}, DType::kF32);
   // The residual stream is fp32 on every backend; h (normalised) is in the activation dtype.
   Tensor x = ops_.Activation({T, c.hidden_size}, DType::kF32);
   ops_.Embed(embed_, vocab_.begin, step, x);

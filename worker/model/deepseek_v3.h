@@ -8,6 +8,7 @@
 // gathered so that every rank holds the full vocabulary row for sampling.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,9 @@ struct ModelOptions {
   MoeParallelism moe = MoeParallelism::kExpert;
   // Run every sequence through the absorbed (cache-reading) attention, also fresh prefills.
   bool force_absorbed = false;
+  // Replay single-token decode steps as graphs (backends that have them, one rank), one graph
+  // per (batch bucket, block-table width bucket), captured on the second step of its shape.
+  bool graphs = false;
 };
 
 // A contiguous range [begin, begin + count) of `total` items owned by one rank: the first
@@ -55,6 +59,8 @@ class DeepseekV3Model {
   absl::Status Forward(const StepBatch& batch, std::vector<float>* logits);
 
   Ops& ops() { return ops_; }
+  // Turns graph replay of decode steps on or off (benchmarks compare the two).
+  void set_graphs(bool on) { options_.graphs = on; }
 
   // Bytes of weights and KV cache this rank holds.
   size_t weight_bytes() const { return weight_bytes_; }
@@ -71,6 +77,9 @@ class DeepseekV3Model {
   absl::Status Attention(Layer& layer, const StepTensors& step, const Tensor& h, Tensor& out);
   absl::Status Mlp(Layer& layer, const Tensor& h, Tensor& out);
   absl::Status AllReduce(Tensor& t);
+  // Embedding to logits for a step whose metadata is uploaded (the graphs record this part).
+  absl::StatusOr<Tensor> Layers(const StepTensors& step);
+  absl::StatusOr<Tensor> ForwardGraph();
 
   Ops& ops_;
   Communicator& comm_;
@@ -92,6 +101,13 @@ class DeepseekV3Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   size_t weight_bytes_ = 0;
   StepLayout layout_;  // the running step's layout (the backend's StepTensors point into it)
+  struct DecodeGraph {
+    int id = -1;
+    uint64_t epoch = 0;
+    int eager_runs = 0;
+    Tensor logits;  // where the replays leave the logits
+  };
+  std::map<std::pair<int, int>, DecodeGraph> graphs_;  // by (batch bucket, table width)
 };
 
 }  // namespace mlaserve

@@ -3,7 +3,7 @@
 //   mpirun -np N mlaserve-worker --model DIR --coordinator tcp://HOST:PORT
 //       [--device cuda|cpu] [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N]
 //       [--gpu-memory-fraction F] [--max-step-tokens N] [--max-seqs N]
-//       [--moe expert|tensor] [--threads N]
+//       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off]
 //
 // --device defaults to cuda where the build has the CUDA backend and a GPU is visible, else cpu.
 // On a GPU the memory plan (worker/model/memory_plan.h) is made before loading: the KV pool gets
@@ -55,6 +55,7 @@ struct Args {
   int kv_blocks = 0, threads = 1;  // kv_blocks 0: as many as fit (GPU), 256 (CPU)
   double gpu_memory_fraction = 0.9;
   int max_step_tokens = 2048, max_seqs = 256;
+  bool cuda_graphs = true;  // single-token decode steps replayed as CUDA graphs
   std::string metrics_host = "127.0.0.1";
   int metrics_port = 0;  // rank r serves on metrics_port + r; 0: off
   int coordinator_timeout_s = 15;  // no message (plans or idle pings) for this long: exit
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
     else if (k == "--gpu-memory-fraction") ok = absl::SimpleAtod(v, &a.gpu_memory_fraction) && a.gpu_memory_fraction > 0 && a.gpu_memory_fraction <= 1;
     else if (k == "--max-step-tokens") ok = absl::SimpleAtoi(v, &a.max_step_tokens) && a.max_step_tokens > 0;
     else if (k == "--max-seqs") ok = absl::SimpleAtoi(v, &a.max_seqs) && a.max_seqs > 0;
+    else if (k == "--cuda-graphs") ok = (v == "on" || v == "off") && ((a.cuda_graphs = v == "on"), true);
     else if (k == "--threads") ok = absl::SimpleAtoi(v, &a.threads) && a.threads > 0;
     else if (k == "--metrics-port") ok = absl::SimpleAtoi(v, &a.metrics_port) && a.metrics_port >= 0;
     else if (k == "--metrics-host") a.metrics_host = v;
@@ -161,6 +163,7 @@ int main(int argc, char** argv) {
       if (!plan.ok()) return plan.status();
       plan_note = plan->Describe();
       options.num_kv_blocks = plan->kv_blocks;
+      options.graphs = a.cuda_graphs;
       ops = *std::move(cuda);
 #else
       return absl::FailedPreconditionError(
