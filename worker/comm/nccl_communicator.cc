@@ -1,0 +1,338 @@
+#include "worker/comm/nccl_communicator.h"
+
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "worker/comm/mpi_communicator.h"
+
+namespace mlaserve {
+namespace {
+
+constexpr double kDefaultTimeoutS = 60;
+// Between two polls of the stream / the communicator: short against a decode step (milliseconds),
+// long enough not to keep a core busy.
+constexpr auto kPollInterval = std::chrono::microseconds(50);
+
+using Clock = std::chrono::steady_clock;
+
+absl::StatusOr<double> TimeoutFromEnv() {
+  const char* env = std::getenv("MLASERVE_NCCL_TIMEOUT_S");
+  if (env == nullptr || *env == '\0') {
+    return kDefaultTimeoutS;
+  }
+  double s = 0;
+  if (!absl::SimpleAtod(env, &s) || !(s > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MLASERVE_NCCL_TIMEOUT_S=\"", env, "\": expected a number of seconds > 0"));
+  }
+  return s;
+}
+
+// The NCCL type of a tensor's dtype, for the dtypes the collective takes.
+absl::StatusOr<ncclDataType_t> NcclType(DType dtype, bool allow_i32, absl::string_view op) {
+  switch (dtype) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      if (allow_i32) {
+        return ncclInt32;
+      }
+      break;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(op, ": dtype ", std::string(DTypeName(dtype)),
+                                                 " not supported (takes F32, BF16",
+                                                 allow_i32 ? ", I32)" : ")"));
+}
+
+std::string Describe(absl::string_view op, const Tensor& t) {
+  return absl::StrCat(op, " ", std::string(DTypeName(t.dtype())), "[", t.numel(), "]");
+}
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, cudaStream_t stream,
+                                   double timeout_s)
+    : comm_(comm), rank_(rank), size_(size), stream_(stream), timeout_s_(timeout_s) {}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MPI_Comm comm,
+                                                                           cudaStream_t stream) {
+  // Read before any collective: a bad value fails every rank alike, none is left waiting.
+  absl::StatusOr<double> timeout_s = TimeoutFromEnv();
+  if (!timeout_s.ok()) {
+    return timeout_s.status();
+  }
+  MpiCommunicator mpi(comm);
+  const int rank = mpi.rank();
+  const int size = mpi.size();
+
+  absl::Status mine;
+  int device = -1;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
+    mine = absl::FailedPreconditionError(
+        absl::StrCat("NCCL communicator: no CUDA device: ", cudaGetErrorString(e)));
+  }
+  ncclUniqueId id{};
+  if (rank == 0 && mine.ok()) {
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+      mine = absl::InternalError(absl::StrCat("ncclGetUniqueId failed: ", ncclGetErrorString(r),
+                                              " (", ncclGetLastError(nullptr), ")"));
+    }
+  }
+  if (absl::Status s = mpi.AgreeOnStatus(mine); !s.ok()) {
+    return s;
+  }
+  if (int rc = MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm); rc != MPI_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat("rank ", rank, ": MPI_Bcast of the ncclUniqueId failed"));
+  }
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t nccl = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&nccl, size, id, rank, &config);
+  // The object owns `nccl` from here: on a failure its destructor aborts it.
+  std::unique_ptr<NcclCommunicator> self(
+      new NcclCommunicator(nccl, rank, size, stream, *timeout_s));
+  {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    self->last_op_ = absl::StrCat("ncclCommInitRankConfig (", size, " ranks, device ", device, ")");
+    if (r != ncclSuccess && r != ncclInProgress) {
+      mine = self->FailLocked(self->NcclErrorLocked(self->last_op_, r));
+    } else {
+      mine = self->WaitForCommLocked(*timeout_s);
+    }
+  }
+  // AgreeOnStatus prefixes the first failing rank ("rank R: "): pass the cause without ours.
+  if (!mine.ok()) {
+    mine = absl::Status(mine.code(),
+                        absl::StripPrefix(mine.message(), absl::StrCat("rank ", rank, ": ")));
+  }
+  if (absl::Status s = mpi.AgreeOnStatus(mine); !s.ok()) {
+    return s;
+  }
+  return self;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (comm_ == nullptr) {
+    return;
+  }
+  // Finalize flushes the collectives still queued; in non-blocking mode it returns
+  // ncclInProgress until the communicator is quiescent, which a dead peer may prevent.
+  const ncclResult_t r = ncclCommFinalize(comm_);
+  bool clean = r == ncclSuccess || r == ncclInProgress;
+  if (clean) {
+    clean = WaitForCommLocked(timeout_s_).ok();  // aborts on failure
+  }
+  if (comm_ == nullptr) {
+    return;
+  }
+  if (clean) {
+    ncclCommDestroy(comm_);
+  } else {
+    ncclCommAbort(comm_);
+  }
+  comm_ = nullptr;
+}
+
+absl::Status NcclCommunicator::AllReduceSum(float*, size_t) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("rank ", rank_,
+                   ": NcclCommunicator::AllReduceSum(float*, count) takes no host memory; pass a "
+                   "Device::kCuda Tensor (or use MpiCommunicator for host buffers)"));
+}
+
+absl::Status NcclCommunicator::AllGather(const float*, size_t, float*) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank_,
+      ": NcclCommunicator::AllGather(float*) takes no host memory; use AllGatherDevice with "
+      "Device::kCuda Tensors (or MpiCommunicator for host buffers)"));
+}
+
+absl::Status NcclCommunicator::AllReduceSum(Tensor& t) {
+  const std::string what = Describe("AllReduceSum", t);
+  if (t.device() != Device::kCuda) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank_, ": NCCL ", what, ": the tensor is in host memory (needs Device::kCuda)"));
+  }
+  absl::StatusOr<ncclDataType_t> type = NcclType(t.dtype(), /*allow_i32=*/false, "AllReduceSum");
+  if (!type.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, ": NCCL ", type.status().message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.ok()) {
+    return failure_;
+  }
+  if (t.numel() == 0) {
+    return absl::OkStatus();
+  }
+  last_op_ = what;
+  const size_t count = static_cast<size_t>(t.numel());
+  return EnqueuedLocked(
+      ncclAllReduce(t.data<void>(), t.data<void>(), count, *type, ncclSum, comm_, stream_));
+}
+
+absl::Status NcclCommunicator::AllGatherDevice(const Tensor& send, Tensor& recv) {
+  const std::string what =
+      absl::StrCat(Describe("AllGatherDevice", send), " -> ", std::string(DTypeName(recv.dtype())),
+                   "[", recv.numel(), "]");
+  auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, ": NCCL ", what, ": ", why));
+  };
+  if (send.device() != Device::kCuda || recv.device() != Device::kCuda) {
+    return invalid("both tensors must be Device::kCuda");
+  }
+  if (send.dtype() != recv.dtype()) {
+    return invalid("send and recv dtypes differ");
+  }
+  if (recv.numel() != send.numel() * size_) {
+    return invalid(
+        absl::StrCat("recv needs size() * send.numel() = ", send.numel() * size_, " elements"));
+  }
+  absl::StatusOr<ncclDataType_t> type =
+      NcclType(send.dtype(), /*allow_i32=*/true, "AllGatherDevice");
+  if (!type.ok()) {
+    return invalid(type.status().message());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.ok()) {
+    return failure_;
+  }
+  if (send.numel() == 0) {
+    return absl::OkStatus();
+  }
+  last_op_ = what;
+  const size_t count = static_cast<size_t>(send.numel());
+  return EnqueuedLocked(
+      ncclAllGather(send.data<void>(), recv.data<void>(), count, *type, comm_, stream_));
+}
+
+absl::Status NcclCommunicator::CheckAsyncError() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.ok()) {
+    return failure_;
+  }
+  ncclResult_t async = ncclSuccess;
+  if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) {
+    async = r;
+  }
+  if (async == ncclSuccess || async == ncclInProgress) {
+    return absl::OkStatus();
+  }
+  return FailLocked(NcclErrorLocked(absl::StrCat(last_op_, " (asynchronous error)"), async));
+}
+
+absl::Status NcclCommunicator::WaitForStream(double timeout_s) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_, &capture) == cudaSuccess &&
+      capture != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_,
+                     ": WaitForStream while the stream is captured into a CUDA graph; wait "
+                     "after launching the graph"));
+  }
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure_.ok()) {
+        return failure_;
+      }
+      const cudaError_t e = cudaStreamQuery(stream_);
+      ncclResult_t async = ncclSuccess;
+      if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) {
+        async = r;
+      }
+      if (async != ncclSuccess && async != ncclInProgress) {
+        return FailLocked(NcclErrorLocked(absl::StrCat(last_op_, " (asynchronous error)"), async));
+      }
+      if (e == cudaSuccess) {
+        return absl::OkStatus();
+      }
+      if (e != cudaErrorNotReady) {
+        // A kernel fault or launch error: the context is unusable, the peers must not wait.
+        return FailLocked(absl::InternalError(
+            absl::StrCat("rank ", rank_, ": CUDA error on the stream after NCCL ",
+                         last_op_.empty() ? "(no collective yet)" : last_op_, ": ",
+                         cudaGetErrorString(e), "; the communicator was aborted")));
+      }
+      if (Clock::now() >= deadline) {
+        return FailLocked(absl::DeadlineExceededError(absl::StrCat(
+            "rank ", rank_, ": NCCL collective ", last_op_.empty() ? "(none yet)" : last_op_,
+            " (or work queued before it on the stream) did not complete within ", timeout_s,
+            " s (a peer rank died or hangs); the communicator was aborted")));
+      }
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+absl::Status NcclCommunicator::WaitForCommLocked(double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    ncclResult_t async = ncclSuccess;
+    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) {
+      async = r;
+    }
+    if (async == ncclSuccess) {
+      return absl::OkStatus();
+    }
+    if (async != ncclInProgress) {
+      return FailLocked(NcclErrorLocked(last_op_, async));
+    }
+    if (Clock::now() >= deadline) {
+      return FailLocked(absl::DeadlineExceededError(
+          absl::StrCat("rank ", rank_, ": NCCL ", last_op_, " did not complete within ", timeout_s,
+                       " s (a peer rank died or hangs); the communicator was aborted")));
+    }
+    // Holding mu_ here is fine: only init, enqueue and finalize wait, and they are short unless
+    // something is already wrong.
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+absl::Status NcclCommunicator::EnqueuedLocked(int result) {
+  const auto r = static_cast<ncclResult_t>(result);
+  if (r == ncclSuccess) {
+    return absl::OkStatus();
+  }
+  if (r == ncclInProgress) {
+    return WaitForCommLocked(timeout_s_);
+  }
+  return FailLocked(NcclErrorLocked(last_op_, r));
+}
+
+absl::Status NcclCommunicator::NcclErrorLocked(const std::string& what, int result) const {
+  const auto r = static_cast<ncclResult_t>(result);
+  const char* last = ncclGetLastError(comm_);
+  return absl::InternalError(
+      absl::StrCat("rank ", rank_, ": NCCL ", what, " failed: ", ncclGetErrorString(r),
+                   last != nullptr && *last != '\0' ? " (" : "", last != nullptr ? last : "",
+                   last != nullptr && *last != '\0' ? ")" : ""));
+}
+
+absl::Status NcclCommunicator::FailLocked(absl::Status status) {
+  if (comm_ != nullptr) {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  if (failure_.ok()) {
+    failure_ = std::move(status);
+  }
+  return failure_;
+}
+
+}  // namespace mlaserve
