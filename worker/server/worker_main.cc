@@ -35,12 +35,8 @@
 #include "mlaserve.capnp.h"
 #include "nlohmann/json.hpp"
 #include "worker/backend/cpu_ops.h"
+#include "worker/backend/cuda_backend_module.h"
 #include "worker/model/memory_plan.h"
-#ifdef MLASERVE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "worker/backend/cuda_ops.h"
-#endif
 #include "worker/comm/mpi_communicator.h"
 #include "worker/server/step_executor.h"
 #include "worker/server/worker_metrics.h"
@@ -114,14 +110,14 @@ int main(int argc, char** argv) {
   if (a.model.empty() || a.coordinator.empty()) return Fail(rank, "--model and --coordinator are required");
   if (a.moe != "expert" && a.moe != "tensor") return Fail(rank, "--moe must be expert or tensor");
 
-  if (a.device.empty()) {
-#ifdef MLASERVE_HAVE_CUDA
-    int gpus = 0;
-    a.device = cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0 ? "cuda" : "cpu";
-#else
-    a.device = "cpu";
-#endif
+  // The CUDA backend is a module loaded at run time (cuda_backend_module.h says why).
+  const CudaBackendApi* cuda_api = nullptr;
+  absl::Status cuda_status = absl::OkStatus();
+  if (a.device != "cpu") {
+    auto api = LoadCudaBackend();
+    if (api.ok()) cuda_api = *api; else cuda_status = api.status();
   }
+  if (a.device.empty()) a.device = cuda_api != nullptr && cuda_api->device_count() > 0 ? "cuda" : "cpu";
   if (a.device != "cpu" && a.device != "cuda") return Fail(rank, "--device must be cuda or cpu");
   ModelOptions options;
   options.moe = a.moe == "tensor" ? MoeParallelism::kTensor : MoeParallelism::kExpert;
@@ -136,14 +132,18 @@ int main(int argc, char** argv) {
       ops = std::make_unique<CpuOps>(a.threads);
       options.num_kv_blocks = a.kv_blocks > 0 ? a.kv_blocks : 256;
     } else {
-#ifdef MLASERVE_HAVE_CUDA
+      if (cuda_api == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("--device cuda: ", cuda_status.message()));
+      }
       if (comm.size() > 1) {
         return absl::UnimplementedError(
             "the CUDA backend runs one rank per model replica until the NCCL communicator is "
             "built; use --ranks 1 (or the CPU backend for several ranks)");
       }
-      auto cuda = CudaOps::Create();
-      if (!cuda.ok()) return cuda.status();
+      std::string error;
+      std::unique_ptr<Ops> cuda(cuda_api->create_ops(&error));
+      if (cuda == nullptr) return absl::FailedPreconditionError(absl::StrCat("CUDA backend: ", error));
       auto config = LoadModelConfig(a.model);
       if (!config.ok()) return config.status();
       auto ckpt = Checkpoint::Open(a.model);
@@ -154,7 +154,9 @@ int main(int argc, char** argv) {
       in.expert_parallel = options.moe == MoeParallelism::kExpert;
       in.kv_format = options.kv_format;
       size_t total = 0;
-      if (auto s = CudaMemoryInfo(&in.free_bytes, &total); !s.ok()) return s;
+      if (!cuda_api->memory_info(&in.free_bytes, &total)) {
+        return absl::InternalError("cudaMemGetInfo failed on this rank's GPU");
+      }
       in.memory_fraction = a.gpu_memory_fraction;
       in.kv_blocks = a.kv_blocks;
       in.max_step_tokens = a.max_step_tokens;
@@ -164,11 +166,7 @@ int main(int argc, char** argv) {
       plan_note = plan->Describe();
       options.num_kv_blocks = plan->kv_blocks;
       options.graphs = a.cuda_graphs;
-      ops = *std::move(cuda);
-#else
-      return absl::FailedPreconditionError(
-          "--device cuda: this mlaserve-worker was built without the CUDA backend");
-#endif
+      ops = std::move(cuda);
     }
     return DeepseekV3Model::Load(a.model, options, *ops, comm);
   };
@@ -243,13 +241,11 @@ int main(int argc, char** argv) {
   }
   // Device memory in use (GPU backend), refreshed every step.
   auto observe_device = [&] {
-#ifdef MLASERVE_HAVE_CUDA
-    if (metrics && a.device == "cuda") {
+    if (metrics && a.device == "cuda" && cuda_api != nullptr) {
       size_t free_b = 0, total_b = 0;
-      if (CudaMemoryInfo(&free_b, &total_b).ok()) metrics->gpu_used->Set(static_cast<double>(total_b - free_b));
-      metrics->workspace->Set(static_cast<double>(static_cast<CudaOps&>(*ops).arena_bytes()));
+      if (cuda_api->memory_info(&free_b, &total_b)) metrics->gpu_used->Set(static_cast<double>(total_b - free_b));
+      metrics->workspace->Set(static_cast<double>(cuda_api->arena_bytes(ops.get())));
     }
-#endif
   };
   observe_device();
   StepExecutor executor(**model, /*sample_here=*/rank == 0);
