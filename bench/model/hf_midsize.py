@@ -122,6 +122,12 @@ def random_ids(shape, vocab, seed):
 @torch.inference_mode()
 def oracle(args):
     model, impl = load(args.model, args.attn)
+    if args.fp32:
+        # The exact oracle: the same bf16 weights, widened, and fp32 compute and KV cache (what
+        # mlaserve's CPU reference matches to ~1e-5); the bf16 runs of both sides are then two
+        # different roundings of it.
+        model = model.float()
+        fix_rotary(model)
     vocab = model.config.vocab_size
     ids = random_ids((1, args.prompt_len), vocab, args.seed)
     tail = min(16, args.prompt_len)
@@ -144,8 +150,9 @@ def oracle(args):
         "greedy_logits": torch.stack(logits).cpu().contiguous(),
         "prefill_tail_logits": tail_logits.cpu().contiguous(),
     }
-    meta = {"seed": str(args.seed), "attn_implementation": impl, "dtype": "bfloat16",
-            "kv_cache": "DynamicCache bf16", "transformers": transformers.__version__,
+    meta = {"seed": str(args.seed), "attn_implementation": impl,
+            "dtype": "float32" if args.fp32 else "bfloat16",
+            "kv_cache": "DynamicCache " + ("fp32" if args.fp32 else "bf16"), "transformers": transformers.__version__,
             "torch": torch.__version__, "model": os.path.abspath(args.model)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     save_file(tensors, args.out, metadata=meta)
@@ -229,6 +236,8 @@ def main():
     o.add_argument("--new-tokens", type=int, required=True)
     o.add_argument("--seed", type=int, default=1234)
     o.add_argument("--attn", default="eager", help="eager (default) or sdpa")
+    o.add_argument("--fp32", action="store_true",
+                   help="compute (and cache) in fp32 on the bf16 weights: the exact oracle")
     p = sub.add_parser("peer", help="transformers decode/prefill speed on this GPU")
     p.add_argument("--model", required=True)
     p.add_argument("--batches", default="1,8,64")
