@@ -119,7 +119,8 @@ struct Sequences {
   std::vector<int> lengths;
 };
 
-StepBatch Step(Sequences& s, const std::vector<int>& which, const std::vector<std::vector<int32_t>>& tokens) {
+StepBatch Step(Sequences& s, const std::vector<int>& which,
+               const std::vector<std::vector<int32_t>>& tokens) {
   StepBatch b;
   for (size_t i = 0; i < which.size(); ++i) {
     const int q = which[i];
@@ -132,7 +133,8 @@ StepBatch Step(Sequences& s, const std::vector<int>& which, const std::vector<st
       const int pos = s.lengths[q] + static_cast<int>(t);
       b.tokens.push_back(tokens[i][t]);
       b.positions.push_back(pos);
-      b.slots.push_back(int64_t{sl.block_table[pos / kKvBlockTokens]} * kKvBlockTokens + pos % kKvBlockTokens);
+      b.slots.push_back(int64_t{sl.block_table[pos / kKvBlockTokens]} * kKvBlockTokens +
+                        pos % kKvBlockTokens);
     }
     b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
     b.seqs.push_back(std::move(sl));
@@ -149,14 +151,22 @@ int Run(int argc, char** argv) {
   std::vector<std::string> graph_modes = {"on", "off"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") model_dir = v;
-    else if (k == "--kv") kvs = absl::StrSplit(v, ',');
-    else if (k == "--batches") batches = Ints(v);
-    else if (k == "--prefill") prefills = Ints(v);
-    else if (k == "--context") context = std::stoi(v);
-    else if (k == "--steps") steps = std::stoi(v);
-    else if (k == "--oracle") oracle = v;
-    else if (k == "--graphs") graph_modes = absl::StrSplit(v, ',');
+    if (k == "--model")
+      model_dir = v;
+    else if (k == "--kv")
+      kvs = absl::StrSplit(v, ',');
+    else if (k == "--batches")
+      batches = Ints(v);
+    else if (k == "--prefill")
+      prefills = Ints(v);
+    else if (k == "--context")
+      context = std::stoi(v);
+    else if (k == "--steps")
+      steps = std::stoi(v);
+    else if (k == "--oracle")
+      oracle = v;
+    else if (k == "--graphs")
+      graph_modes = absl::StrSplit(v, ',');
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
@@ -179,9 +189,12 @@ int Run(int argc, char** argv) {
   }
   const ModelConfig& c = *config;
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  const int max_prefill = prefills.empty() ? 0 : *std::max_element(prefills.begin(), prefills.end());
-  const int per_seq_blocks = (std::max(context + steps + 64, 0) + kKvBlockTokens - 1) / kKvBlockTokens;
-  const int blocks = max_batch * per_seq_blocks + (max_prefill + kKvBlockTokens) / kKvBlockTokens + 2;
+  const int max_prefill =
+      prefills.empty() ? 0 : *std::max_element(prefills.begin(), prefills.end());
+  const int per_seq_blocks =
+      (std::max(context + steps + 64, 0) + kKvBlockTokens - 1) / kKvBlockTokens;
+  const int blocks =
+      max_batch * per_seq_blocks + (max_prefill + kKvBlockTokens) / kKvBlockTokens + 2;
   for (const std::string& kv : kvs) {
     auto fmt = ParseKvCacheFormat(kv);
     if (!fmt.ok()) return 2;
@@ -215,7 +228,8 @@ int Run(int argc, char** argv) {
       for (int rep = 0; rep < 3; ++rep) {
         Sequences s;
         s.tables.push_back({});
-        for (int b = 0; b < (P + kKvBlockTokens - 1) / kKvBlockTokens; ++b) s.tables[0].push_back(b);
+        for (int b = 0; b < (P + kKvBlockTokens - 1) / kKvBlockTokens; ++b)
+          s.tables[0].push_back(b);
         s.lengths.push_back(0);
         std::vector<int32_t> ids(P);
         for (auto& x : ids) x = tok(rng);
@@ -223,80 +237,88 @@ int Run(int argc, char** argv) {
         const double t0 = Now();
         auto logits = m.Forward(b);
         if (!logits.ok() || !(*ops)->Synchronize().ok()) {
-          std::fprintf(stderr, "prefill %d failed: %s\n", P,
-                       std::string(logits.ok() ? (*ops)->Synchronize().message() : logits.status().message()).c_str());
+          std::fprintf(
+              stderr, "prefill %d failed: %s\n", P,
+              std::string(logits.ok() ? (*ops)->Synchronize().message() : logits.status().message())
+                  .c_str());
           return 1;
         }
         if (rep > 0) t.push_back(Now() - t0);
       }
       const double sec = Median(t);
-      const double active = (weights - experts) / 2 + experts / 2 * c.num_experts_per_tok / std::max(c.n_routed_experts, 1);
-      const double attn = 2.0 * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim) * P / 2.0 * c.num_hidden_layers;
+      const double active = (weights - experts) / 2 +
+                            experts / 2 * c.num_experts_per_tok / std::max(c.n_routed_experts, 1);
+      const double attn = 2.0 * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim) * P / 2.0 *
+                          c.num_hidden_layers;
       const double flops = (2.0 * active + attn) * P;
-      std::printf("prefill kv=%s tokens=%d: %.1f ms, %.0f tok/s, %.0f TFLOP/s = %.2f of the GEMM rate\n",
-                  kv.c_str(), P, sec * 1e3, P / sec, flops / sec / 1e12, flops / sec / rate);
+      std::printf(
+          "prefill kv=%s tokens=%d: %.1f ms, %.0f tok/s, %.0f TFLOP/s = %.2f of the GEMM rate\n",
+          kv.c_str(), P, sec * 1e3, P / sec, flops / sec / 1e12, flops / sec / rate);
     }
     // Decode: B sequences of `context` tokens (filled first), then `steps` greedy steps, with
     // the steps replayed as CUDA graphs and run eagerly (the launch time graphs save).
     for (const std::string& graphs : graph_modes)
-    for (int B : batches) {
-      m.set_graphs(graphs == "on");
-      Sequences s;
-      for (int q = 0; q < B; ++q) {
-        s.tables.emplace_back();
-        for (int b = 0; b < per_seq_blocks; ++b) s.tables.back().push_back(q * per_seq_blocks + b);
-        s.lengths.push_back(0);
-      }
-      // Fill the caches in chunks of up to 8 sequences x `context` tokens.
-      for (int q0 = 0; q0 < B; q0 += 8) {
-        std::vector<int> which;
-        std::vector<std::vector<int32_t>> toks;
-        for (int q = q0; q < std::min(B, q0 + 8); ++q) {
-          which.push_back(q);
-          toks.emplace_back(context);
-          for (auto& x : toks.back()) x = tok(rng);
+      for (int B : batches) {
+        m.set_graphs(graphs == "on");
+        Sequences s;
+        for (int q = 0; q < B; ++q) {
+          s.tables.emplace_back();
+          for (int b = 0; b < per_seq_blocks; ++b)
+            s.tables.back().push_back(q * per_seq_blocks + b);
+          s.lengths.push_back(0);
         }
-        auto l = m.Forward(Step(s, which, toks));
-        if (!l.ok() || !(*ops)->Synchronize().ok()) {
-          std::fprintf(stderr, "fill failed\n");
-          return 1;
+        // Fill the caches in chunks of up to 8 sequences x `context` tokens.
+        for (int q0 = 0; q0 < B; q0 += 8) {
+          std::vector<int> which;
+          std::vector<std::vector<int32_t>> toks;
+          for (int q = q0; q < std::min(B, q0 + 8); ++q) {
+            which.push_back(q);
+            toks.emplace_back(context);
+            for (auto& x : toks.back()) x = tok(rng);
+          }
+          auto l = m.Forward(Step(s, which, toks));
+          if (!l.ok() || !(*ops)->Synchronize().ok()) {
+            std::fprintf(stderr, "fill failed\n");
+            return 1;
+          }
         }
-      }
-      std::vector<int> all(B);
-      for (int q = 0; q < B; ++q) all[q] = q;
-      std::vector<std::vector<int32_t>> next(B, std::vector<int32_t>(1, 1));
-      SequenceSampling greedy;
-      std::vector<int32_t> hist;
-      SamplingBatch sb;
-      for (int q = 0; q < B; ++q) sb.rows.push_back({&greedy, &hist, 0, 0});
-      std::vector<double> t;
-      for (int step = 0; step < steps + 2; ++step) {
-        const double t0 = Now();
-        StepBatch b = Step(s, all, next);
-        auto logits = m.Forward(b);
-        std::vector<SampledOutput> out;
-        absl::Status st = logits.ok() ? (*ops)->Sample(*logits, sb, &out) : logits.status();
-        if (!st.ok()) {
-          std::fprintf(stderr, "decode failed: %s\n", std::string(st.message()).c_str());
-          return 1;
+        std::vector<int> all(B);
+        for (int q = 0; q < B; ++q) all[q] = q;
+        std::vector<std::vector<int32_t>> next(B, std::vector<int32_t>(1, 1));
+        SequenceSampling greedy;
+        std::vector<int32_t> hist;
+        SamplingBatch sb;
+        for (int q = 0; q < B; ++q) sb.rows.push_back({&greedy, &hist, 0, 0});
+        std::vector<double> t;
+        for (int step = 0; step < steps + 2; ++step) {
+          const double t0 = Now();
+          StepBatch b = Step(s, all, next);
+          auto logits = m.Forward(b);
+          std::vector<SampledOutput> out;
+          absl::Status st = logits.ok() ? (*ops)->Sample(*logits, sb, &out) : logits.status();
+          if (!st.ok()) {
+            std::fprintf(stderr, "decode failed: %s\n", std::string(st.message()).c_str());
+            return 1;
+          }
+          for (int q = 0; q < B; ++q) next[q][0] = out[q].token;
+          if (step >= 2) t.push_back(Now() - t0);
         }
-        for (int q = 0; q < B; ++q) next[q][0] = out[q].token;
-        if (step >= 2) t.push_back(Now() - t0);
+        const double sec = Median(t);
+        const double E = std::max(c.n_routed_experts, 1), k = c.num_experts_per_tok;
+        const double touched = moe_layers > 0 ? E * (1 - std::pow(1 - k / E, B)) / E : 0;
+        const double kv_bytes =
+            double(B) * (context + steps / 2) * c.num_hidden_layers * KvCacheBytesPerToken(*fmt);
+        const double bytes = (weights - experts) + experts * touched + kv_bytes;
+        // HBM moves about the same bytes per second whichever way they go: the copy's read +
+        // write rate is also the ceiling of a read-only step.
+        const double floor = bytes / bw;
+        std::printf(
+            "decode kv=%s graphs=%s batch=%d context=%d: step %.2f ms, %.0f tok/s; reads %.2f GB "
+            "(weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f ms, ratio %.2f\n",
+            kv.c_str(), graphs.c_str(), B, context, sec * 1e3, B / sec, bytes / 1e9,
+            (weights - experts) / 1e9, experts * touched / 1e9, kv_bytes / 1e9, floor * 1e3,
+            sec / floor);
       }
-      const double sec = Median(t);
-      const double E = std::max(c.n_routed_experts, 1), k = c.num_experts_per_tok;
-      const double touched = moe_layers > 0 ? E * (1 - std::pow(1 - k / E, B)) / E : 0;
-      const double kv_bytes = double(B) * (context + steps / 2) * c.num_hidden_layers *
-                              KvCacheBytesPerToken(*fmt);
-      const double bytes = (weights - experts) + experts * touched + kv_bytes;
-      // HBM moves about the same bytes per second whichever way they go: the copy's read +
-      // write rate is also the ceiling of a read-only step.
-      const double floor = bytes / bw;
-      std::printf("decode kv=%s graphs=%s batch=%d context=%d: step %.2f ms, %.0f tok/s; reads %.2f GB "
-                  "(weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f ms, ratio %.2f\n",
-                  kv.c_str(), graphs.c_str(), B, context, sec * 1e3, B / sec, bytes / 1e9, (weights - experts) / 1e9,
-                  experts * touched / 1e9, kv_bytes / 1e9, floor * 1e3, sec / floor);
-    }
     // Greedy agreement with transformers (bf16 weights, bf16 KV cache on both sides).
     if (!oracle.empty()) {
       auto file = SafetensorsFile::Open(oracle);
@@ -324,7 +346,8 @@ int Run(int argc, char** argv) {
       std::memcpy(ref.data(), lb.data(), lb.size());
       Sequences s;
       s.tables.emplace_back();
-      const int need = (static_cast<int>(prompt.size() + want.size()) + kKvBlockTokens) / kKvBlockTokens;
+      const int need =
+          (static_cast<int>(prompt.size() + want.size()) + kKvBlockTokens) / kKvBlockTokens;
       for (int b = 0; b < need; ++b) s.tables[0].push_back(b);
       s.lengths.push_back(0);
       std::vector<float> logits;
@@ -333,9 +356,12 @@ int Run(int argc, char** argv) {
       double dot = 0, n1 = 0, n2 = 0;
       const int V = c.vocab_size;
       for (size_t i = 0; i < want.size(); ++i) {
-        const int32_t g = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        if (g == want[i]) ++top1;
-        else if (first_diff < 0) first_diff = static_cast<int>(i);
+        const int32_t g =
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        if (g == want[i])
+          ++top1;
+        else if (first_diff < 0)
+          first_diff = static_cast<int>(i);
         if (ref.size() >= (i + 1) * V) {
           for (int j = 0; j < V; ++j) {
             dot += double(logits[j]) * ref[i * V + j];
@@ -346,9 +372,10 @@ int Run(int argc, char** argv) {
         // Teacher-forced with transformers' token.
         if (!m.Forward(Step(s, {0}, {{want[i]}}), &logits).ok()) return 1;
       }
-      std::printf("oracle kv=%s: greedy %d of %zu tokens equal to transformers' (first difference at "
-                  "%d), logit cosine %.5f\n",
-                  kv.c_str(), top1, want.size(), first_diff, dot / std::sqrt(n1 * n2));
+      std::printf(
+          "oracle kv=%s: greedy %d of %zu tokens equal to transformers' (first difference at "
+          "%d), logit cosine %.5f\n",
+          kv.c_str(), top1, want.size(), first_diff, dot / std::sqrt(n1 * n2));
     }
   }
   return 0;

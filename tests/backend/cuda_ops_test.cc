@@ -15,6 +15,8 @@
 //    through bf16 W_vb, output bf16; prefill: keys decompressed through kv_b to bf16 first):
 //    four to five bf16 roundings in sequence, NMSE ~ 5 x 1.5e-5; bound 2e-4.
 //  - routed experts (h rounded to bf16 between the GEMMs, output bf16): bound 1e-4.
+#include "worker/backend/cuda_ops.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,7 +32,6 @@
 #include "kernels/mla/kv_cache_format.h"
 #include "kernels/moe/nvfp4_ref.h"
 #include "worker/backend/cpu_ops.h"
-#include "worker/backend/cuda_ops.h"
 
 namespace mlaserve {
 namespace {
@@ -80,7 +81,8 @@ class CudaOpsTest : public ::testing::Test {
 
   // A device tensor of activation values (bf16 on the GPU); the CPU one is fp32 of the same
   // (bf16-representable) values.
-  Tensor GpuAct(const std::vector<float>& v, std::vector<int64_t> shape, DType dtype = DType::kBF16) {
+  Tensor GpuAct(const std::vector<float>& v, std::vector<int64_t> shape,
+                DType dtype = DType::kBF16) {
     auto t = gpu_->Upload(dtype == DType::kBF16 ? HostBf16(v, shape) : HostF32(v, shape));
     EXPECT_TRUE(t.ok()) << t.status();
     return *t;
@@ -394,8 +396,8 @@ TEST_F(CudaOpsTest, MoeRouteAndExperts) {
                                          {7, 96, 32, 32, 8, 1, 1, 0, 32, true, true},
                                          {257, 2048, 1408, 64, 6, 1, 1, 16, 32, false, false},
                                          {33, 2048, 1408, 64, 6, 1, 1, 0, 64, true, true}}) {
-    const std::string tag = std::to_string(c.tokens) + " tokens " + std::to_string(c.hidden) +
-                            "/" + std::to_string(c.inter) + (c.nvfp4 ? " nvfp4" : " bf16");
+    const std::string tag = std::to_string(c.tokens) + " tokens " + std::to_string(c.hidden) + "/" +
+                            std::to_string(c.inter) + (c.nvfp4 ? " nvfp4" : " bf16");
     StepLayout L;
     StepTensors gs;
     ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
@@ -418,7 +420,8 @@ TEST_F(CudaOpsTest, MoeRouteAndExperts) {
     std::vector<ExpertWeights> host(c.local);
     for (ExpertWeights& e : host) {
       for (auto [lw, rows, cols] : {std::tuple{&e.gate, c.inter, c.hidden},
-                                    {&e.up, c.inter, c.hidden}, {&e.down, c.hidden, c.inter}}) {
+                                    {&e.up, c.inter, c.hidden},
+                                    {&e.down, c.hidden, c.inter}}) {
         const auto w = RandomBf16(size_t(rows) * cols, rng, 0.05f);
         lw->out_features = rows;
         lw->in_features = cols;
@@ -478,7 +481,8 @@ TEST_F(CudaOpsTest, SampleMatchesCpu) {
       p.eos_ids = {1, 2};
       p.top_logprobs = r % 4 == 2 ? 5 : 0;
       p.want_logprobs = true;
-      for (int i = 0; i < 40; ++i) hist[r].push_back(std::uniform_int_distribution<int>(0, vocab - 1)(rng));
+      for (int i = 0; i < 40; ++i)
+        hist[r].push_back(std::uniform_int_distribution<int>(0, vocab - 1)(rng));
       b.rows.push_back({&params[r], &hist[r], 25, 15 + r % 3});
     }
     std::vector<SampledOutput> co, go;
@@ -491,7 +495,8 @@ TEST_F(CudaOpsTest, SampleMatchesCpu) {
       diff += go[r].token != co[r].token;
       EXPECT_NEAR(go[r].logprob, co[r].logprob, 1e-4) << "row " << r;
       ASSERT_EQ(go[r].top.size(), co[r].top.size()) << "row " << r;
-      for (size_t j = 0; j < co[r].top.size(); ++j) EXPECT_EQ(go[r].top[j].first, co[r].top[j].first);
+      for (size_t j = 0; j < co[r].top.size(); ++j)
+        EXPECT_EQ(go[r].top[j].first, co[r].top[j].first);
     }
     std::printf("[cuda_ops] Sample vocab %d: %d of %d tokens differ\n", vocab, diff, R);
     EXPECT_EQ(diff, 0);

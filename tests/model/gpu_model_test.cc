@@ -13,9 +13,10 @@
 // read. The GPU, rounding every activation, must stay
 // within max(0.05, 3 D) relative L2 of the CPU (bf16 cache), with a logit cosine >= 0.99 (top-1
 // agreement is printed, not asserted: over 64 positions of a model with routing near-ties it
-// moves by several positions between any two roundings, the CPU's own bf16-vs-f32 included). Greedy decode (teacher-forced with the CPU's tokens, all 32 steps run)
-// must pick the CPU's token at every step whose CPU top-2 margin exceeds twice the step's largest
-// logit difference; steps inside that band are near-ties for either backend and are counted.
+// moves by several positions between any two roundings, the CPU's own bf16-vs-f32 included). Greedy
+// decode (teacher-forced with the CPU's tokens, all 32 steps run) must pick the CPU's token at
+// every step whose CPU top-2 margin exceeds twice the step's largest logit difference; steps inside
+// that band are near-ties for either backend and are counted.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -137,11 +138,12 @@ TEST_P(GpuModelTest, PrefillAndChunkedPrefillMatchCpu) {
     auto gc = gs.Feed(ids, true, /*chunk=*/5);
     ASSERT_TRUE(gc.ok()) << gc.status();
     const Agreement ac = Compare(*gc, *cl, vocab);
-    std::printf("[gpu_model] %s prompt %d (%zu tokens): CPU bf16-vs-f32 KV drift rel %.3g top1 %.3f | "
-                "GPU prefill rel %.3g cos %.5f top1 %.3f max %.3g | chunked(5) rel %.3g top1 %.3f "
-                "(bound %.3g)\n",
-                GetParam(), p, ids.size(), drift.rel_l2, drift.top1, a.rel_l2, a.cosine, a.top1,
-                a.max_abs, ac.rel_l2, ac.top1, bound);
+    std::printf(
+        "[gpu_model] %s prompt %d (%zu tokens): CPU bf16-vs-f32 KV drift rel %.3g top1 %.3f | "
+        "GPU prefill rel %.3g cos %.5f top1 %.3f max %.3g | chunked(5) rel %.3g top1 %.3f "
+        "(bound %.3g)\n",
+        GetParam(), p, ids.size(), drift.rel_l2, drift.top1, a.rel_l2, a.cosine, a.top1, a.max_abs,
+        ac.rel_l2, ac.top1, bound);
     EXPECT_LE(a.rel_l2, bound);
     EXPECT_GE(a.cosine, 0.99);
     EXPECT_LE(ac.rel_l2, bound);
@@ -178,9 +180,10 @@ TEST_P(GpuModelTest, GreedyDecodeMatchesCpu) {
     ASSERT_TRUE(cl.ok()) << cl.status();
     ASSERT_TRUE(gl.ok()) << gl.status();
   }
-  std::printf("[gpu_model] %s greedy (teacher-forced): %d of 32 steps pick the CPU's token, %d "
-              "near-ties, max logit difference %.3g\n",
-              GetParam(), same, near_ties, worst);
+  std::printf(
+      "[gpu_model] %s greedy (teacher-forced): %d of 32 steps pick the CPU's token, %d "
+      "near-ties, max logit difference %.3g\n",
+      GetParam(), same, near_ties, worst);
 }
 
 // Decode steps replayed as CUDA graphs give the same logits, bit for bit, as the same steps run
@@ -230,7 +233,8 @@ TEST_P(GpuModelTest, GraphReplayMatchesEager) {
   for (int n : {1, 3}) {
     std::vector<Seq> a(seqs.begin(), seqs.begin() + n), b = a;
     std::vector<std::vector<int32_t>> first;
-    for (int i = 0; i < n; ++i) first.push_back(std::vector<int32_t>(prompt.begin(), prompt.begin() + 20 + 9 * i));
+    for (int i = 0; i < n; ++i)
+      first.push_back(std::vector<int32_t>(prompt.begin(), prompt.begin() + 20 + 9 * i));
     std::vector<float> la, lb;
     ASSERT_TRUE(graphed.Forward(step(first, a), &la).ok());
     ASSERT_TRUE(gpu_->Forward(step(first, b), &lb).ok());

@@ -167,6 +167,18 @@ void CpuOps::Columns(const Tensor& x, int64_t begin, Tensor& out) {
   }
 }
 
+void CpuOps::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
+                         int64_t cols) {
+  const int64_t rows = src.dim(0);
+  if (rows == 0) return;
+  const size_t es = DTypeBits(src.dtype()) / 8;
+  const int64_t sc = src.numel() / rows, dc = dst.numel() / rows;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst.data<uint8_t>() + (r * dc + dst_col) * es,
+                src.data<uint8_t>() + (r * sc + src_col) * es, cols * es);
+  }
+}
+
 void CpuOps::LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) {
   const int64_t cols = x.numel() / x.dim(0);
   const std::vector<int32_t>& rows = step.layout->logits_rows;

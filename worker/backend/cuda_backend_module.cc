@@ -1,8 +1,13 @@
 // The exported entry point of libmlaserve_cuda_backend.so (see cuda_backend_module.h).
-#include <cuda_runtime_api.h>
-
 #include "worker/backend/cuda_backend_module.h"
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+
 #include "worker/backend/cuda_ops.h"
+#ifdef MLASERVE_HAVE_NCCL
+#include "worker/comm/nccl_communicator.h"
+#endif
 
 namespace mlaserve {
 namespace {
@@ -31,7 +36,8 @@ Ops* CreateOps(std::string* error) {
 
 size_t ArenaBytes(const Ops* ops) { return static_cast<const CudaOps*>(ops)->arena_bytes(); }
 
-const CudaBackendApi kApi = {kCudaBackendAbiVersion, DeviceCount, MemoryInfo, CreateOps, ArenaBytes};
+const CudaBackendApi kApi = {kCudaBackendAbiVersion, DeviceCount, MemoryInfo, CreateOps,
+                             ArenaBytes};
 
 }  // namespace
 

@@ -32,9 +32,13 @@ struct CudaBackendApi {
   Ops* (*create_ops)(std::string* error);
   // The step arena's size of a backend made by create_ops.
   size_t (*arena_bytes)(const Ops* ops);
+  // The NCCL communicator of the ranks of *mpi_comm (an MPI_Comm), its collectives on the
+  // stream of `ops` (made by create_ops); null with *error set on failure, or when the module
+  // was built without NCCL.
+  Communicator* (*create_nccl)(void* mpi_comm, Ops* ops, std::string* error);
 };
 
-inline constexpr int kCudaBackendAbiVersion = 1;
+inline constexpr int kCudaBackendAbiVersion = 2;
 
 // The module's one export (extern "C", so dlsym finds it by this name).
 extern "C" const CudaBackendApi* MlaserveCudaBackend();

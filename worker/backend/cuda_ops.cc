@@ -34,8 +34,8 @@ std::string Shape(const Tensor& t) {
 
 absl::Status CudaStatus(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (",
-                                          cudaGetErrorString(e), ")"));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
 // Device memory freed with the last tensor that shares it.
@@ -52,7 +52,8 @@ Tensor HostBf16(const Tensor& host) {
   Tensor f = Tensor::Host(DType::kF32, host.shape());
   DecodeFloats(host.dtype(), host.data<void>(), static_cast<size_t>(host.numel()), f.data<float>());
   Tensor out = Tensor::Host(DType::kBF16, host.shape());
-  for (int64_t i = 0; i < host.numel(); ++i) out.data<uint16_t>()[i] = FloatToBf16(f.data<float>()[i]);
+  for (int64_t i = 0; i < host.numel(); ++i)
+    out.data<uint16_t>()[i] = FloatToBf16(f.data<float>()[i]);
   return out;
 }
 
@@ -127,10 +128,11 @@ struct CudaOps::Impl {
     c.size = std::max(bytes, std::max<size_t>(arena_total, 64 << 20));
     if (cudaMalloc(&c.base, c.size) != cudaSuccess) {
       cudaGetLastError();
-      Fail(absl::ResourceExhaustedError(absl::StrCat(
-          "out of GPU memory for step scratch: ", c.size, " more bytes needed beyond the ",
-          arena_total, " the arena holds; lower --kv-blocks or --gpu-memory-fraction, or the "
-          "scheduler's tokens per step")));
+      Fail(absl::ResourceExhaustedError(
+          absl::StrCat("out of GPU memory for step scratch: ", c.size,
+                       " more bytes needed beyond the ", arena_total,
+                       " the arena holds; lower --kv-blocks or --gpu-memory-fraction, or the "
+                       "scheduler's tokens per step")));
       return nullptr;
     }
     c.used = bytes;
@@ -194,7 +196,8 @@ absl::StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create() {
   cublasSetStream(impl->cublas, impl->stream);
   // A workspace of its own, so that cuBLAS allocates nothing while a graph is captured.
   const size_t ws = 32 << 20;
-  if (auto s = CudaStatus(cudaMalloc(&impl->cublas_workspace, ws), "cuBLAS workspace"); !s.ok()) return s;
+  if (auto s = CudaStatus(cudaMalloc(&impl->cublas_workspace, ws), "cuBLAS workspace"); !s.ok())
+    return s;
   if (cublasSetWorkspace(impl->cublas, impl->cublas_workspace, ws) != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError("cublasSetWorkspace failed");
   }
@@ -291,8 +294,8 @@ absl::Status CudaOps::BeginStep(const StepLayout& L, StepTensors* step) {
       {L.seq_lens.data(), L.seq_lens.size() * 4, &step->seq_lens, DType::kI32, L.num_seqs},
       {L.context_lens.data(), L.context_lens.size() * 4, &step->context_lens, DType::kI32,
        L.num_seqs},
-      {L.prefill.q_begin.data(), L.prefill.q_begin.size() * 4, &step->prefill_q_begin,
-       DType::kI32, P},
+      {L.prefill.q_begin.data(), L.prefill.q_begin.size() * 4, &step->prefill_q_begin, DType::kI32,
+       P},
       {L.prefill.kv_begin.data(), L.prefill.kv_begin.size() * 4, &step->prefill_kv_begin,
        DType::kI32, P},
   };
@@ -301,7 +304,8 @@ absl::Status CudaOps::BeginStep(const StepLayout& L, StepTensors* step) {
   if (total > impl_->step_capacity) {
     // Grows to twice the need (the step buffers' address changes only while the batch grows).
     if (impl_->step_capacity > 0) {
-      if (auto s = CudaStatus(cudaStreamSynchronize(impl_->stream), "step buffers"); !s.ok()) return s;
+      if (auto s = CudaStatus(cudaStreamSynchronize(impl_->stream), "step buffers"); !s.ok())
+        return s;
     }
     cudaFree(impl_->step_dev);
     cudaFreeHost(impl_->step_host);
@@ -310,11 +314,13 @@ absl::Status CudaOps::BeginStep(const StepLayout& L, StepTensors* step) {
     ++impl_->epoch;
     const size_t cap = std::max<size_t>(2 * total, 1 << 20);
     if (auto s = CudaStatus(cudaMalloc(&impl_->step_dev, cap), "step buffers"); !s.ok()) return s;
-    if (auto s = CudaStatus(cudaMallocHost(&impl_->step_host, cap), "step buffers"); !s.ok()) return s;
+    if (auto s = CudaStatus(cudaMallocHost(&impl_->step_host, cap), "step buffers"); !s.ok())
+      return s;
     impl_->step_capacity = cap;
   } else {
     // The previous step's upload must have left the staging buffer before it is rewritten.
-    if (auto s = CudaStatus(cudaStreamSynchronize(impl_->stream), "step buffers"); !s.ok()) return s;
+    if (auto s = CudaStatus(cudaStreamSynchronize(impl_->stream), "step buffers"); !s.ok())
+      return s;
   }
   size_t off = 0;
   char* host = static_cast<char*>(impl_->step_host);
@@ -348,10 +354,11 @@ absl::StatusOr<Tensor> CudaOps::Allocate(DType dtype, std::vector<int64_t> shape
   auto storage = DeviceStorage(t.nbytes(), &e);
   if (!storage) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat("out of GPU memory allocating ", t.nbytes(),
-                                                     " bytes for ", Shape(t)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of GPU memory allocating ", t.nbytes(), " bytes for ", Shape(t)));
   }
-  if (auto s = CudaStatus(cudaMemset(storage.get(), 0, t.nbytes()), "cudaMemset"); !s.ok()) return s;
+  if (auto s = CudaStatus(cudaMemset(storage.get(), 0, t.nbytes()), "cudaMemset"); !s.ok())
+    return s;
   impl_->persistent += t.nbytes();
   return Tensor(dtype, t.shape(), storage, storage.get(), Device::kCuda);
 }
@@ -359,9 +366,9 @@ absl::StatusOr<Tensor> CudaOps::Allocate(DType dtype, std::vector<int64_t> shape
 absl::StatusOr<Tensor> CudaOps::Upload(const Tensor& host) {
   auto dev = Allocate(host.dtype(), host.shape());
   if (!dev.ok()) return dev.status();
-  if (auto s = CudaStatus(cudaMemcpy(dev->data<void>(), host.data<void>(), host.nbytes(),
-                                     cudaMemcpyHostToDevice),
-                          "weight upload");
+  if (auto s = CudaStatus(
+          cudaMemcpy(dev->data<void>(), host.data<void>(), host.nbytes(), cudaMemcpyHostToDevice),
+          "weight upload");
       !s.ok()) {
     return s;
   }
@@ -439,9 +446,9 @@ absl::StatusOr<RoutedExperts> CudaOps::UploadExperts(int first_expert, int num_r
 
 absl::Status CudaOps::CopyToHost(const Tensor& src, void* dst) {
   if (!impl_->failed()) {
-    impl_->Check(cudaMemcpyAsync(dst, src.data<void>(), src.nbytes(), cudaMemcpyDeviceToHost,
-                                 impl_->stream),
-                 absl::StrCat("copy of ", Shape(src), " to the host"));
+    impl_->Check(
+        cudaMemcpyAsync(dst, src.data<void>(), src.nbytes(), cudaMemcpyDeviceToHost, impl_->stream),
+        absl::StrCat("copy of ", Shape(src), " to the host"));
   }
   return Synchronize();
 }
@@ -464,7 +471,8 @@ void CudaOps::Embed(const Tensor& table, int64_t vocab_begin, const StepTensors&
   p.out = out.data<void>();
   p.out_dtype = out.dtype();
   p.out_stride = out.dim(1);
-  impl_->Check(InvokeGatherRows(p, impl_->stream), absl::StrCat("Embed ", Shape(table), " -> ", Shape(out)));
+  impl_->Check(InvokeGatherRows(p, impl_->stream),
+               absl::StrCat("Embed ", Shape(table), " -> ", Shape(out)));
 }
 
 void CudaOps::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
@@ -532,10 +540,23 @@ void CudaOps::Columns(const Tensor& x, int64_t begin, Tensor& out) {
   if (rows == 0) return;
   const size_t es = DTypeBits(x.dtype()) / 8;
   const int64_t in_cols = x.numel() / rows, n = out.numel() / rows;
-  impl_->Check(cudaMemcpy2DAsync(out.data<void>(), n * es, x.data<char>() + begin * es,
-                                 in_cols * es, n * es, rows, cudaMemcpyDeviceToDevice,
-                                 impl_->stream),
-               absl::StrCat("Columns ", Shape(x), " from ", begin, " -> ", Shape(out)));
+  impl_->Check(
+      cudaMemcpy2DAsync(out.data<void>(), n * es, x.data<char>() + begin * es, in_cols * es, n * es,
+                        rows, cudaMemcpyDeviceToDevice, impl_->stream),
+      absl::StrCat("Columns ", Shape(x), " from ", begin, " -> ", Shape(out)));
+}
+
+void CudaOps::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
+                          int64_t cols) {
+  MLASERVE_SKIP_IF_FAILED();
+  const int64_t rows = src.dim(0);
+  if (rows == 0) return;
+  const size_t es = DTypeBits(src.dtype()) / 8;
+  const int64_t sc = src.numel() / rows, dc = dst.numel() / rows;
+  impl_->Check(cudaMemcpy2DAsync(dst.data<char>() + dst_col * es, dc * es,
+                                 src.data<char>() + src_col * es, sc * es, cols * es, rows,
+                                 cudaMemcpyDeviceToDevice, impl_->stream),
+               absl::StrCat("CopyColumns ", Shape(src), " -> ", Shape(dst)));
 }
 
 void CudaOps::LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) {
@@ -587,8 +608,9 @@ void CudaOps::KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTens
   p.slots = step.slots.data<int64_t>();
   p.n = static_cast<int>(latent.dim(0));
   p.kv_pool = cache.pool.data<void>();
-  impl_->Check(InvokeKvCacheWrite(p, impl_->stream),
-               absl::StrCat("KvWrite ", std::string(KvCacheFormatName(cache.format)), " ", Shape(latent)));
+  impl_->Check(
+      InvokeKvCacheWrite(p, impl_->stream),
+      absl::StrCat("KvWrite ", std::string(KvCacheFormatName(cache.format)), " ", Shape(latent)));
 }
 
 void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& latent,
@@ -597,9 +619,9 @@ void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& laten
   MLASERVE_SKIP_IF_FAILED();
   const StepLayout::PrefillGroup& P = step.layout->prefill;
   if (P.num_seqs == 0) return;
-  const std::string what =
-      absl::StrCat("MlaPrefill ", P.num_seqs, " sequences, ", P.num_rows, " new tokens, ",
-                   P.total_kv, " keys, ", s.heads, " heads, ", std::string(KvCacheFormatName(cache.format)));
+  const std::string what = absl::StrCat("MlaPrefill ", P.num_seqs, " sequences, ", P.num_rows,
+                                        " new tokens, ", P.total_kv, " keys, ", s.heads, " heads, ",
+                                        std::string(KvCacheFormatName(cache.format)));
   const int qk = s.qk_nope + s.qk_rope;
   Tensor keys = Activation({P.total_kv, kMlaLatentDim});
   Tensor keys_rope = Activation({P.total_kv, kMlaRopeDim});
@@ -645,9 +667,9 @@ void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& laten
   impl_->Check(InvokeMlaPrefill(a, impl_->stream), what);
 }
 
-void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
-                        const Tensor& w_vb, const KvCacheLayer& cache, const StepTensors& step,
-                        int group, Tensor& out) {
+void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, const Tensor& w_vb,
+                        const KvCacheLayer& cache, const StepTensors& step, int group,
+                        Tensor& out) {
   MLASERVE_SKIP_IF_FAILED();
   const StepLayout::DecodeGroup& g = step.layout->decode[group];
   const int rows = g.num_seqs * g.s_q;
@@ -684,11 +706,11 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
     return;
   }
   // The rope part of q goes to columns 512..575 of each head.
-  impl_->Check(cudaMemcpy2DAsync(q_abs.data<uint16_t>() + kMlaLatentDim, kMlaQkDim * 2,
-                                 q_rows + s.qk_nope, qk * 2, kMlaRopeDim * 2,
-                                 static_cast<size_t>(rows) * H, cudaMemcpyDeviceToDevice,
-                                 impl_->stream),
-               what + " (q rope copy)");
+  impl_->Check(
+      cudaMemcpy2DAsync(q_abs.data<uint16_t>() + kMlaLatentDim, kMlaQkDim * 2, q_rows + s.qk_nope,
+                        qk * 2, kMlaRopeDim * 2, static_cast<size_t>(rows) * H,
+                        cudaMemcpyDeviceToDevice, impl_->stream),
+      what + " (q rope copy)");
   MlaDecodeParams p;
   p.q = q_abs.data<void>();
   p.kv_pool = cache.pool.data<void>();
@@ -711,8 +733,9 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
   // out[r, h, :v] = latent_out[r, h, :] W_vb[h]^T (C^T = W_vb[h] (v x 512) L^T (512 x rows)).
   st = cublasGemmStridedBatchedEx(
       impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, s.v_dim, rows, kMlaLatentDim, &one,
-      w_vb.data<void>(), CUDA_R_16BF, kMlaLatentDim, static_cast<long long>(s.v_dim) * kMlaLatentDim,
-      latent_out.data<void>(), CUDA_R_16BF, H * kMlaLatentDim, kMlaLatentDim, &zero,
+      w_vb.data<void>(), CUDA_R_16BF, kMlaLatentDim,
+      static_cast<long long>(s.v_dim) * kMlaLatentDim, latent_out.data<void>(), CUDA_R_16BF,
+      H * kMlaLatentDim, kMlaLatentDim, &zero,
       out.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * s.v_dim, CUDA_R_16BF,
       H * s.v_dim, s.v_dim, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) {
@@ -724,8 +747,9 @@ void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& 
                        Tensor& weights) {
   MLASERVE_SKIP_IF_FAILED();
   MoeRouteParams p;
-  p.config = {r.num_experts, r.top_k, r.n_group, r.topk_group, r.softmax_scoring,
-              r.norm_topk_prob, r.routed_scaling_factor};
+  p.config = {r.num_experts,          r.top_k,           r.n_group,
+              r.topk_group,           r.softmax_scoring, r.norm_topk_prob,
+              r.routed_scaling_factor};
   p.tokens = static_cast<int>(logits.dim(0));
   p.logits = logits.data<float>();
   p.bias = bias.empty() ? nullptr : bias.data<float>();
@@ -827,7 +851,8 @@ absl::Status CudaOps::Sample(const Tensor& logits, const SamplingBatch& batch,
     impl_->sample_host = nullptr;
     impl_->sample_capacity = 0;
     const size_t cap = 2 * (in_bytes + out_bytes);
-    if (auto s = CudaStatus(cudaMallocHost(&impl_->sample_host, cap), "sampling staging"); !s.ok()) {
+    if (auto s = CudaStatus(cudaMallocHost(&impl_->sample_host, cap), "sampling staging");
+        !s.ok()) {
       return s;
     }
     impl_->sample_capacity = cap;
@@ -849,7 +874,8 @@ absl::Status CudaOps::Sample(const Tensor& logits, const SamplingBatch& batch,
   p.vocab = vocab;
   p.logits = logits.data<float>();
   p.logits_stride = vocab;
-  p.row_params = static_cast<const SamplingRow*>(stage(rows.data(), rows.size() * sizeof(SamplingRow)));
+  p.row_params =
+      static_cast<const SamplingRow*>(stage(rows.data(), rows.size() * sizeof(SamplingRow)));
   p.penalties = static_cast<const SamplingPenaltyEntry*>(
       stage(penalties.data(), penalties.size() * sizeof(SamplingPenaltyEntry)));
   p.masks = static_cast<const int32_t*>(stage(masks.data(), masks.size() * 4));
@@ -876,8 +902,7 @@ absl::Status CudaOps::Sample(const Tensor& logits, const SamplingBatch& batch,
   if (auto s = Synchronize(); !s.ok()) return s;
   const int32_t* tokens = reinterpret_cast<const int32_t*>(host + out_off);
   const float* logprobs = reinterpret_cast<const float*>(host + out_off + AlignUp(R * 4));
-  const int32_t* top_ids =
-      reinterpret_cast<const int32_t*>(host + out_off + 2 * AlignUp(R * 4));
+  const int32_t* top_ids = reinterpret_cast<const int32_t*>(host + out_off + 2 * AlignUp(R * 4));
   const float* top_lp = reinterpret_cast<const float*>(host + out_off + 2 * AlignUp(R * 4) +
                                                        AlignUp(R * kMaxTopLogprobs * 4));
   for (int r = 0; r < R; ++r) {

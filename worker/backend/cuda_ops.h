@@ -55,6 +55,8 @@ class CudaOps : public Ops {
   void Linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void Columns(const Tensor& x, int64_t begin, Tensor& out) override;
+  void CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
+                   int64_t cols) override;
   void LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) override;
   void Rope(Tensor& x, int64_t first_col, int per_row, int64_t stride, int dim,
             const StepTensors& step, const Tensor& inv_freq, float attention_scaling,

@@ -63,15 +63,15 @@ struct KvCacheLayer {
 // The step's metadata on the backend's device. Shapes as in StepLayout (canonical order).
 struct StepTensors {
   const StepLayout* layout = nullptr;  // the host copy
-  Tensor tokens;        // I32 [T]
-  Tensor positions;     // I32 [T]
-  Tensor slots;         // I64 [T]
-  Tensor logits_rows;   // I32 [R]
-  Tensor block_tables;  // I32 [S, max_blocks]
-  Tensor seq_lens;      // I32 [S]
-  Tensor context_lens;  // I32 [S]
-  Tensor prefill_q_begin;   // I32 [P + 1]
-  Tensor prefill_kv_begin;  // I32 [P + 1]
+  Tensor tokens;                       // I32 [T]
+  Tensor positions;                    // I32 [T]
+  Tensor slots;                        // I64 [T]
+  Tensor logits_rows;                  // I32 [R]
+  Tensor block_tables;                 // I32 [S, max_blocks]
+  Tensor seq_lens;                     // I32 [S]
+  Tensor context_lens;                 // I32 [S]
+  Tensor prefill_q_begin;              // I32 [P + 1]
+  Tensor prefill_kv_begin;             // I32 [P + 1]
 };
 
 struct MlaShape {
@@ -151,6 +151,9 @@ class Ops {
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // out[:, :] = x[:, begin : begin + out.dim(1)].
   virtual void Columns(const Tensor& x, int64_t begin, Tensor& out) = 0;
+  // dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols] (same row count).
+  virtual void CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
+                           int64_t cols) = 0;
   // out[i] = x[step.logits_rows[i]] (the rows whose logits are wanted).
   virtual void LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) = 0;
   // Rotates `per_row` vectors of `dim` values in each row of x, the j-th starting at column
@@ -168,8 +171,8 @@ class Ops {
   // attention. q: [T, heads, nope + rope] (rope part rotated), latent: [T, 512] (normalised),
   // k_rope: [T, 64] (rotated); writes the group's rows of out: [T, heads, v].
   virtual void MlaPrefill(const MlaShape& shape, const Tensor& q, const Tensor& latent,
-                          const Tensor& k_rope, const LinearWeight& kv_b,
-                          const KvCacheLayer& cache, const StepTensors& step, Tensor& out) = 0;
+                          const Tensor& k_rope, const LinearWeight& kv_b, const KvCacheLayer& cache,
+                          const StepTensors& step, Tensor& out) = 0;
   // Decode group `group` of step.layout->decode, absorbed form over the paged cache (the new
   // tokens already written): q_nope folded through kv_b's key half into the 512-dim latent
   // space, attention against the cached rows (causal inside the new tokens), output expanded
@@ -197,8 +200,12 @@ class Ops {
   // whenever either moves, and graphs of an older epoch must be captured again. Backends without
   // graphs say so in SupportsGraphs and return Unimplemented.
   virtual bool SupportsGraphs() const { return false; }
-  virtual absl::Status BeginCapture() { return absl::UnimplementedError("no graphs on this backend"); }
-  virtual absl::StatusOr<int> EndCapture() { return absl::UnimplementedError("no graphs on this backend"); }
+  virtual absl::Status BeginCapture() {
+    return absl::UnimplementedError("no graphs on this backend");
+  }
+  virtual absl::StatusOr<int> EndCapture() {
+    return absl::UnimplementedError("no graphs on this backend");
+  }
   virtual absl::Status LaunchGraph(int graph) {
     (void)graph;
     return absl::UnimplementedError("no graphs on this backend");

@@ -51,9 +51,9 @@ absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLay
       }
       owner[r] = static_cast<int>(i);
       if (batch.positions[r] != s.context_len + (r - s.token_begin)) {
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": row ", r, " has position ",
-                                                       batch.positions[r], ", expected ",
-                                                       s.context_len + (r - s.token_begin)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", i, ": row ", r, " has position ", batch.positions[r],
+                         ", expected ", s.context_len + (r - s.token_begin)));
       }
     }
     max_blocks = std::max(max_blocks, static_cast<int>(s.block_table.size()));
@@ -132,8 +132,7 @@ absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLay
 }
 
 bool IsSingleTokenDecode(const StepLayout& L) {
-  return L.num_seqs > 0 && L.prefill.num_seqs == 0 && L.decode.size() == 1 &&
-         L.decode[0].s_q == 1;
+  return L.num_seqs > 0 && L.prefill.num_seqs == 0 && L.decode.size() == 1 && L.decode[0].s_q == 1;
 }
 
 void PadDecodeLayout(StepLayout* L, int batch, int width) {

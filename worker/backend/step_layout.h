@@ -49,8 +49,8 @@ struct StepLayout {
   std::vector<int64_t> slots;              // [T]
   std::vector<int32_t> logits_rows;        // [R] canonical rows, in the caller's order
   // Sequences in canonical order.
-  std::vector<SequenceSlice> seqs;  // token_begin re-based to canonical rows
-  int max_blocks = 0;               // width of block_tables (at least 1)
+  std::vector<SequenceSlice> seqs;    // token_begin re-based to canonical rows
+  int max_blocks = 0;                 // width of block_tables (at least 1)
   std::vector<int32_t> block_tables;  // [S, max_blocks], unused entries 0
   std::vector<int32_t> seq_lens;      // [S] context_len + num_tokens
   std::vector<int32_t> context_lens;  // [S]
@@ -65,8 +65,8 @@ struct StepLayout {
   // attends to its cached prefix (read back from the cache) plus its new tokens.
   struct PrefillGroup {
     int seq_begin = 0, num_seqs = 0, row_begin = 0, num_rows = 0;
-    int total_kv = 0;   // sum of context_len + num_tokens
-    int max_q_len = 0;  // largest num_tokens
+    int total_kv = 0;               // sum of context_len + num_tokens
+    int max_q_len = 0;              // largest num_tokens
     std::vector<int32_t> q_begin;   // [num_seqs + 1] cumulative new tokens, from 0
     std::vector<int32_t> kv_begin;  // [num_seqs + 1] cumulative keys (prefix + new), from 0
   } prefill;
@@ -81,7 +81,8 @@ struct StepLayoutOptions {
   bool force_absorbed = false;
 };
 
-absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLayoutOptions& options);
+absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch,
+                                           const StepLayoutOptions& options);
 
 // A step every sequence of which decodes one token (the shape CUDA graphs replay).
 bool IsSingleTokenDecode(const StepLayout& layout);

@@ -42,6 +42,15 @@ class Tensor {
     return t;
   }
 
+  // Rows [begin, begin + count) of a tensor whose first dimension is rows: the same storage.
+  Tensor Rows(int64_t begin, int64_t count) const {
+    Tensor t = *this;
+    const int64_t row = shape_.empty() || shape_[0] == 0 ? 0 : numel() / shape_[0];
+    t.shape_[0] = count;
+    t.data_ = static_cast<uint8_t*>(data_) + static_cast<size_t>(begin * row) * DTypeBits(dtype_) / 8;
+    return t;
+  }
+
   bool empty() const { return data_ == nullptr; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }

@@ -22,6 +22,24 @@ absl::Status Communicator::AllReduceSum(Tensor& t) {
   return AllReduceSum(t.data<float>(), static_cast<size_t>(t.numel()));
 }
 
+absl::Status Communicator::AllGatherDevice(const Tensor& send, Tensor& recv) {
+  if (send.device() != Device::kCpu || send.dtype() != DType::kF32 || recv.dtype() != DType::kF32 ||
+      recv.numel() != send.numel() * size()) {
+    return absl::UnimplementedError(
+        "all-gather of device tensors needs a GPU communicator (NCCL); this one gathers fp32 host "
+        "memory of matching sizes");
+  }
+  return AllGather(send.data<float>(), static_cast<size_t>(send.numel()), recv.data<float>());
+}
+
+absl::Status TimedCommunicator::AllGatherDevice(const Tensor& send, Tensor& recv) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = inner_.AllGatherDevice(send, recv);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++calls_;
+  return s;
+}
+
 absl::Status TimedCommunicator::AllReduceSum(Tensor& t) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status s = inner_.AllReduceSum(t);

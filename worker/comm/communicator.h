@@ -20,6 +20,12 @@ class Communicator {
   // Sum over ranks, in place, of a tensor on the backend's device. This base version takes fp32
   // host tensors (the CPU backend); a GPU communicator takes device buffers on its stream.
   virtual absl::Status AllReduceSum(Tensor& t);
+  // recv [size() * send.numel()] gets every rank's send in rank order, tensors on the backend's
+  // device. This base version takes fp32 host tensors (through AllGather).
+  virtual absl::Status AllGatherDevice(const Tensor& send, Tensor& recv);
+  // Waits until this rank's collectives have completed (a GPU communicator bounds the wait and
+  // names a peer that died); OK at once for host collectives, which complete before returning.
+  virtual absl::Status WaitForDevice() { return absl::OkStatus(); }
   // Every rank contributes send[count]; recv[size() * count] gets them in rank order.
   virtual absl::Status AllGather(const float* send, size_t count, float* recv) = 0;
 };
@@ -34,6 +40,8 @@ class TimedCommunicator : public Communicator {
   absl::Status AllReduceSum(float* data, size_t count) override;
   absl::Status AllReduceSum(Tensor& t) override;
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
+  absl::Status AllGatherDevice(const Tensor& send, Tensor& recv) override;
+  absl::Status WaitForDevice() override { return inner_.WaitForDevice(); }
   double seconds() const { return seconds_; }
   uint64_t calls() const { return calls_; }
 

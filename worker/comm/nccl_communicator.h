@@ -64,7 +64,7 @@ class NcclCommunicator : public Communicator {
   absl::Status AllReduceSum(Tensor& t) override;
   // recv [size() * send.numel()] gets every rank's send in rank order; both Device::kCuda, same
   // dtype, F32, BF16 or I32. Enqueued on stream().
-  absl::Status AllGatherDevice(const Tensor& send, Tensor& recv);
+  absl::Status AllGatherDevice(const Tensor& send, Tensor& recv) override;
 
   // OK, or the asynchronous error NCCL recorded (a peer failed, a network error), naming this
   // rank and the last collective; the communicator is then aborted. Safe to call from a watchdog
@@ -76,6 +76,7 @@ class NcclCommunicator : public Communicator {
   // (waiting is then meaningless): FailedPrecondition.
   absl::Status WaitForStream(double timeout_s);
   absl::Status WaitForStream() { return WaitForStream(timeout_s_); }
+  absl::Status WaitForDevice() override { return WaitForStream(timeout_s_); }
 
   cudaStream_t stream() const { return stream_; }
   // MLASERVE_NCCL_TIMEOUT_S (seconds, > 0) at Create, default 60.

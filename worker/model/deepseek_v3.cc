@@ -616,26 +616,17 @@ absl::StatusOr<Tensor> DeepseekV3Model::Layers(const StepTensors& step) {
   ops_.Linear(rows, lm_head_, local);
   const int world = comm_.size();
   if (world == 1) return local;
-  // Vocab-parallel gather: every rank sends [R, padded] (shards differ by at most one row).
-  if (ops_.device() != Device::kCpu) {
-    return absl::UnimplementedError(
-        "the vocab-parallel logits gather on GPUs needs the NCCL communicator (not built yet): "
-        "run the CUDA backend with one rank");
-  }
+  // Vocab-parallel gather on the backend's device: every rank sends [R, padded] (shards differ by
+  // at most one row; the columns past its shard are dropped after the gather).
   const int64_t padded = (c.vocab_size + world - 1) / world;
-  std::vector<float> send(R * padded, 0.0f), recv(static_cast<size_t>(world) * R * padded);
-  for (int64_t i = 0; i < R; ++i) {
-    std::copy(local.data<float>() + i * vocab_.count, local.data<float>() + (i + 1) * vocab_.count,
-              send.begin() + i * padded);
-  }
-  if (auto s = comm_.AllGather(send.data(), send.size(), recv.data()); !s.ok()) return s;
+  Tensor send = ops_.Activation({R, padded}, DType::kF32);
+  ops_.CopyColumns(local, 0, send, 0, vocab_.count);
+  Tensor recv = ops_.Activation({world * R, padded}, DType::kF32);
+  if (auto s = comm_.AllGatherDevice(send, recv); !s.ok()) return s;
   Tensor logits = ops_.Activation({R, c.vocab_size}, DType::kF32);
   for (int r = 0; r < world; ++r) {
     const ShardRange v = ShardRange::Of(c.vocab_size, r, world);
-    for (int64_t i = 0; i < R; ++i) {
-      const float* src = recv.data() + (static_cast<int64_t>(r) * R + i) * padded;
-      std::copy(src, src + v.count, logits.data<float>() + i * c.vocab_size + v.begin);
-    }
+    ops_.CopyColumns(recv.Rows(int64_t{r} * R, R), 0, logits, v.begin, v.count);
   }
   return logits;
 }

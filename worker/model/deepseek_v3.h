@@ -59,6 +59,7 @@ class DeepseekV3Model {
   absl::Status Forward(const StepBatch& batch, std::vector<float>* logits);
 
   Ops& ops() { return ops_; }
+  Communicator& comm() { return comm_; }
   // Turns graph replay of decode steps on or off (benchmarks compare the two).
   void set_graphs(bool on) { options_.graphs = on; }
 

@@ -56,7 +56,8 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const Checkpoint& ckpt, const ModelC
   const size_t heads = (static_cast<size_t>(c.num_attention_heads) + world - 1) / world;
   const size_t H = c.hidden_size, qk = c.qk_head_dim(), v = c.v_head_dim;
   const size_t top_k = std::max(c.num_experts_per_tok, 1);
-  const size_t inter = std::max(c.intermediate_size, c.moe_intermediate_size * std::max(c.n_shared_experts, 1));
+  const size_t inter =
+      std::max(c.intermediate_size, c.moe_intermediate_size * std::max(c.n_shared_experts, 1));
   const size_t per_token = 4 * H * 3 + 2 * heads * (qk + v + 2 * kMlaQkDim) + 2 * 3 * 576 +
                            2 * 3 * inter + top_k * (2 * c.moe_intermediate_size + 4 * H + 16) +
                            8 * c.n_routed_experts;
@@ -75,13 +76,14 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const Checkpoint& ckpt, const ModelC
         "--gpu-memory-fraction or fewer tokens per step",
         MiB(p.weights), MiB(p.workspace), MiB(p.budget), in.memory_fraction, MiB(in.free_bytes)));
   }
-  const int fit = static_cast<int>(std::min<size_t>((p.budget - fixed) / p.kv_block_bytes, 1 << 30));
+  const int fit =
+      static_cast<int>(std::min<size_t>((p.budget - fixed) / p.kv_block_bytes, 1 << 30));
   if (in.kv_blocks > 0) {
     if (in.kv_blocks > fit) {
       p.kv_blocks = in.kv_blocks;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "--kv-blocks ", in.kv_blocks, " does not fit: at most ", fit, " blocks do (",
-          p.Describe(), ")"));
+      return absl::ResourceExhaustedError(absl::StrCat("--kv-blocks ", in.kv_blocks,
+                                                       " does not fit: at most ", fit,
+                                                       " blocks do (", p.Describe(), ")"));
     }
     p.kv_blocks = in.kv_blocks;
   } else {

@@ -27,10 +27,10 @@ struct MemoryPlanInput {
 };
 
 struct MemoryPlan {
-  size_t weights = 0;       // this rank's share, in the CUDA backend's formats
-  size_t workspace = 0;     // the largest step's scratch (activations, MoE, prefill keys, sampling)
+  size_t weights = 0;    // this rank's share, in the CUDA backend's formats
+  size_t workspace = 0;  // the largest step's scratch (activations, MoE, prefill keys, sampling)
   size_t kv_block_bytes = 0;  // one 64-token block over all layers
-  size_t budget = 0;        // free_bytes * memory_fraction
+  size_t budget = 0;          // free_bytes * memory_fraction
   int kv_blocks = 0;
   std::string Describe() const;  // one line with every part in MiB
 };

@@ -99,6 +99,9 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
   auto logits = model_.Forward(batch);
   if (!logits.ok()) return logits.status();
   result.tokens_fed = static_cast<int64_t>(batch.tokens.size());
+  // The step's collectives first (a GPU communicator bounds the wait and names a dead peer),
+  // then the rest of the device work.
+  if (auto st = model_.comm().WaitForDevice(); !st.ok()) return st;
   if (!sample_here_) {
     // The other ranks wait for their step's device work too (its errors surface here).
     if (auto st = model_.ops().Synchronize(); !st.ok()) return st;
