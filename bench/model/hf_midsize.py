@@ -80,7 +80,7 @@ def make(args):
 
 def fix_rotary(model):
     """Recomputes the rotary inverse frequencies in fp32 (a bf16 load may have rounded them,
-    which drifts the phase with position: see /work/shared/NOTES.md)."""
+    which drifts the phase with position: a bf16 load rounds them)."""
     rot = model.model.rotary_emb
     was = rot.inv_freq.dtype
     fresh = type(rot)(model.config, device="cuda")  # default dtype is fp32 here

