@@ -29,17 +29,13 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/device_buffer.h"
 #include "kernels/mla/kv_cache_format.h"
 #include "kernels/moe/nvfp4_ref.h"
 #include "worker/backend/cpu_ops.h"
 
 namespace mlaserve {
 namespace {
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 std::vector<float> RandomBf16(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);

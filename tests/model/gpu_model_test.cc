@@ -24,6 +24,7 @@
 #include <cstdio>
 
 #include "gtest/gtest.h"
+#include "tests/kernels/device_buffer.h"
 #include "tests/model/golden_fixture.h"
 #include "worker/backend/cpu_ops.h"
 #include "worker/backend/cuda_ops.h"
@@ -31,11 +32,6 @@
 
 namespace mlaserve {
 namespace {
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 struct Agreement {
   double rel_l2 = 0, cosine = 0, max_abs = 0;

@@ -24,6 +24,7 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/device_buffer.h"
 #include "kernels/activation/silu_mul.h"
 #include "kernels/activation/silu_mul_ref.h"
 #include "kernels/embedding/embedding.h"
@@ -37,44 +38,11 @@
 namespace mlaserve {
 namespace {
 
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 #define STATUS_OK(expr)                                    \
   do {                                                     \
     const absl::Status status_ = (expr);                   \
     ASSERT_TRUE(status_.ok()) << #expr << ": " << status_; \
   } while (0)
-
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceBuffer(size_t n) : count(n) {
-    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) !=
-        cudaSuccess) {
-      ptr = nullptr;
-    }
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  cudaError_t Upload(const std::vector<T>& v) {
-    if (ptr == nullptr || v.size() > count) return cudaErrorInvalidValue;
-    return cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  cudaError_t Poison() { return cudaMemset(ptr, 0xff, count * sizeof(T)); }
-  std::vector<T> Download() const {
-    std::vector<T> v(count);
-    if (cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) {
-      std::fill(v.begin(), v.end(), T{});
-    }
-    return v;
-  }
-};
 
 // Fast random values: a 64-bit generator cut into four 16-bit fields (the big GEMM weights have
 // 84M elements, too many for std::normal_distribution).

@@ -30,40 +30,13 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/device_buffer.h"
 #include "kernels/mla/kv_cache_format.h"
 #include "kernels/mla/mla_prefill.h"
 #include "kernels/mla/mla_prefill_ref.h"
 
 namespace mlaserve {
 namespace {
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceBuffer(size_t n) : count(n) {
-    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) !=
-        cudaSuccess) {
-      ptr = nullptr;
-    }
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  void Upload(const std::vector<T>& v) {
-    cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  std::vector<T> Download() const {
-    std::vector<T> v(count);
-    cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost);
-    return v;
-  }
-};
 
 // Random bf16 values ~ N(0, sigma^2): bits for the GPU, the same values in fp32 for the reference.
 void RandomBf16(std::mt19937& rng, size_t n, float sigma, std::vector<uint16_t>& bits,

@@ -16,46 +16,13 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/device_buffer.h"
 #include "kernels/moe/moe_experts.h"
 #include "kernels/moe/moe_ref.h"
 #include "kernels/moe/nvfp4_ref.h"
 
 namespace mlaserve {
 namespace {
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define CUDA_OK(expr)                                                          \
-  do {                                                                         \
-    const cudaError_t err_ = (expr);                                           \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
-  } while (0)
-
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceBuffer(size_t n) : count(n) {
-    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) !=
-        cudaSuccess) {
-      ptr = nullptr;
-    }
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  cudaError_t Upload(const std::vector<T>& v) {
-    return cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  std::vector<T> Download() const {
-    std::vector<T> v(count);
-    cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost);
-    return v;
-  }
-  cudaError_t Poison() { return cudaMemset(ptr, 0xff, std::max<size_t>(count, 1) * sizeof(T)); }
-};
 
 // Runs f(begin, end) over [0, n) on all cores.
 template <class F>

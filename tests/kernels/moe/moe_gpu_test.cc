@@ -15,6 +15,7 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/device_buffer.h"
 #include "kernels/moe/gated_mlp_bf16.h"
 #include "kernels/moe/moe_dispatch.h"
 #include "kernels/moe/moe_ref.h"
@@ -27,13 +28,6 @@
 
 namespace mlaserve {
 namespace {
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(x)
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 template <class T>
 struct DevBuf {

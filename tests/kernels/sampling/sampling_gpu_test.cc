@@ -23,42 +23,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/kernels/device_buffer.h"
 #include "kernels/sampling/sampling.h"
 #include "worker/model/sampler.h"
 
 namespace mlaserve {
 namespace {
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceBuffer(size_t n) : count(n) {
-    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) !=
-        cudaSuccess) {
-      ptr = nullptr;
-    }
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  cudaError_t Upload(const std::vector<T>& v) {
-    return cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  cudaError_t Poison() { return cudaMemset(ptr, 0xff, std::max<size_t>(count, 1) * sizeof(T)); }
-  std::vector<T> Download() const {
-    std::vector<T> v(count);
-    if (cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) {
-      v.clear();
-    }
-    return v;
-  }
-};
 
 // One sequence of the batch as the worker sees it.
 struct RowCase {
