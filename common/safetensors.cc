@@ -248,16 +248,26 @@ absl::StatusOr<TensorRef> Checkpoint::Get(std::string_view name) const {
   return ref;
 }
 
-absl::StatusOr<TensorRef> Checkpoint::Get(std::string_view name, DType dtype,
-                                          const std::vector<int64_t>& shape) const {
+TensorSource::~TensorSource() = default;
+
+absl::StatusOr<TensorRef> TensorSource::Get(std::string_view name, DType dtype,
+                                            const std::vector<int64_t>& shape) const {
   auto ref = Get(name);
   if (!ref.ok()) return ref.status();
   if (ref->info->dtype != dtype || ref->info->shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor ", std::string(name), ": expected ", std::string(DTypeName(dtype)), " ", ShapeString(shape),
-        ", found ", ref->info->Describe(), " (", ref->file->path(), ")"));
+        ", found ", ref->info->Describe(), " (", ref->file != nullptr ? ref->file->path() : Origin(), ")"));
   }
   return ref;
+}
+
+absl::StatusOr<const TensorInfo*> Checkpoint::Info(std::string_view name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " not found in checkpoint ", folder_));
+  }
+  return it->second.second;
 }
 
 std::vector<std::string> Checkpoint::Names() const {

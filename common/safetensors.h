@@ -67,22 +67,42 @@ class SafetensorsFile {
 // A tensor of a checkpoint: where it lives and its bytes.
 struct TensorRef {
   const TensorInfo* info = nullptr;
-  const SafetensorsFile* file = nullptr;
+  const SafetensorsFile* file = nullptr;  // null for a tensor not read from a file
   std::span<const uint8_t> bytes;
 };
 
+// Where the model loader reads tensors from: a checkpoint folder (Checkpoint), or tensors made on
+// demand (worker/model/synthetic_checkpoint.h) for benchmarking models whose checkpoints are not
+// at hand. A TensorRef from Get stays valid while the source lives, unless the source says
+// otherwise (a synthetic source keeps only its most recent tensors).
+class TensorSource {
+ public:
+  virtual ~TensorSource();
+  virtual bool Has(std::string_view name) const = 0;
+  virtual absl::StatusOr<TensorRef> Get(std::string_view name) const = 0;
+  // Get, and check the dtype and shape: "tensor X: expected F8_E4M3 [7168, 128], found BF16 [..]".
+  absl::StatusOr<TensorRef> Get(std::string_view name, DType dtype,
+                                const std::vector<int64_t>& shape) const;
+  // The header of a tensor (dtype, shape, byte size end - begin) without its bytes: what a memory
+  // plan reads.
+  virtual absl::StatusOr<const TensorInfo*> Info(std::string_view name) const = 0;
+  virtual std::vector<std::string> Names() const = 0;
+  // Where the tensors come from, for error messages (a folder, or "synthetic ...").
+  virtual std::string Origin() const = 0;
+};
+
 // All tensors of a checkpoint folder (or a single .safetensors file).
-class Checkpoint {
+class Checkpoint : public TensorSource {
  public:
   // `path`: a folder holding model.safetensors.index.json or *.safetensors, or one file.
   static absl::StatusOr<Checkpoint> Open(const std::string& path);
 
-  bool Has(std::string_view name) const;
-  absl::StatusOr<TensorRef> Get(std::string_view name) const;
-  // Get, and check the dtype and shape: "tensor X: expected F8_E4M3 [7168, 128], found BF16 [..]".
-  absl::StatusOr<TensorRef> Get(std::string_view name, DType dtype,
-                                const std::vector<int64_t>& shape) const;
-  std::vector<std::string> Names() const;
+  using TensorSource::Get;
+  bool Has(std::string_view name) const override;
+  absl::StatusOr<TensorRef> Get(std::string_view name) const override;
+  absl::StatusOr<const TensorInfo*> Info(std::string_view name) const override;
+  std::vector<std::string> Names() const override;
+  std::string Origin() const override { return folder_; }
   const std::string& folder() const { return folder_; }
 
  private:

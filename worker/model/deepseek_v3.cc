@@ -80,7 +80,7 @@ float ScalarF32(const TensorRef& ref) {
 
 class WeightReader {
  public:
-  WeightReader(const Checkpoint& ckpt, std::string prefix, Ops& ops, size_t& bytes,
+  WeightReader(const TensorSource& ckpt, std::string prefix, Ops& ops, size_t& bytes,
                const QuantConfig* quant)
       : ckpt_(ckpt), prefix_(std::move(prefix)), ops_(ops), bytes_(bytes), quant_(quant) {}
 
@@ -195,7 +195,7 @@ class WeightReader {
   size_t& bytes() { return bytes_; }
 
  private:
-  const Checkpoint& ckpt_;
+  const TensorSource& ckpt_;
   std::string prefix_;
   Ops& ops_;
   size_t& bytes_;
@@ -209,29 +209,46 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const std
                                                                        Ops& ops, Communicator& comm) {
   auto config = LoadModelConfig(folder);
   if (!config.ok()) return config.status();
-  if (config->quant.method == QuantConfig::Method::kFp8Block) {
-    return absl::UnimplementedError(absl::StrCat(
-        folder, ": DeepSeek's FP8 block-quantized weights are not served; use the BF16 or NVFP4 "
-                "(ModelOpt) checkpoint, or quantize a BF16 one with mlaserve-quantize"));
-  }
-  if (config->kv_lora_rank != kMlaLatentDim || config->qk_rope_head_dim != kMlaRopeDim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        folder, ": kv_lora_rank ", config->kv_lora_rank, " and qk_rope_head_dim ",
-        config->qk_rope_head_dim, " are not the 512 and 64 of DeepSeek-V2/V3 and Kimi models, "
-        "which the MLA cache formats are built for"));
-  }
   auto ckpt = Checkpoint::Open(folder);
   if (!ckpt.ok()) return ckpt.status();
+  return Load(*ckpt, *config, options, ops, comm);
+}
+
+absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const TensorSource& source,
+                                                                       const ModelConfig& config,
+                                                                       const ModelOptions& options,
+                                                                       Ops& ops, Communicator& comm) {
+  const std::string origin = source.Origin();
+  if (config.quant.method == QuantConfig::Method::kFp8Block) {
+    return absl::UnimplementedError(absl::StrCat(
+        origin, ": DeepSeek's FP8 block-quantized weights are not served; use the BF16 or NVFP4 "
+                "(ModelOpt) checkpoint, or quantize a BF16 one with mlaserve-quantize"));
+  }
+  if (config.kv_lora_rank != kMlaLatentDim || config.qk_rope_head_dim != kMlaRopeDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": kv_lora_rank ", config.kv_lora_rank, " and qk_rope_head_dim ",
+        config.qk_rope_head_dim, " are not the 512 and 64 of DeepSeek-V2/V3 and Kimi models, "
+        "which the MLA cache formats are built for"));
+  }
+  if (options.shard_world > 0 &&
+      (options.shard_rank < 0 || options.shard_rank >= options.shard_world || comm.size() != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard rank ", options.shard_rank, " of ", options.shard_world,
+        ": the rank must be in [0, world) and the communicator single-rank (found ", comm.size(),
+        " ranks)"));
+  }
   std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model(ops, comm));
-  m->config_ = *std::move(config);
+  m->config_ = config;
   m->options_ = options;
-  if (auto s = m->LoadWeights(*ckpt); !s.ok()) return s;
+  if (auto s = m->LoadWeights(source); !s.ok()) return s;
   return m;
 }
 
-absl::Status DeepseekV3Model::LoadWeights(const Checkpoint& ckpt) {
+absl::Status DeepseekV3Model::LoadWeights(const TensorSource& ckpt) {
   const ModelConfig& c = config_;
-  const int rank = comm_.rank(), world = comm_.size();
+  const bool override_shard = options_.shard_world > 0;
+  const int rank = override_shard ? options_.shard_rank : comm_.rank();
+  const int world = override_shard ? options_.shard_world : comm_.size();
   if (c.num_attention_heads < world) {
     return absl::InvalidArgumentError(absl::StrCat("cannot split ", c.num_attention_heads,
                                                    " attention heads over ", world, " ranks"));

@@ -32,6 +32,14 @@ struct ModelOptions {
   // Replay single-token decode steps as graphs (backends that have them, one rank), one graph
   // per (batch bucket, block-table width bucket), captured on the second step of its shape.
   bool graphs = false;
+  // Load the shard of rank `shard_rank` of `shard_world` (heads, vocabulary, MLP slices and
+  // experts split as a world of that size splits them) instead of the communicator's own rank
+  // and size, when shard_world > 0. Meant for a single-rank communicator (a one-GPU benchmark of
+  // one rank of a multi-GPU deployment): the collectives are then skipped, so each step computes
+  // this rank's partial sums only and returns its own vocabulary slice of the logits
+  // [rows, vocab_shard().count]. Tokens outside the rank's vocabulary slice embed to zeros.
+  int shard_rank = 0;
+  int shard_world = 0;
 };
 
 // A contiguous range [begin, begin + count) of `total` items owned by one rank: the first
@@ -44,7 +52,14 @@ struct ShardRange {
 
 class DeepseekV3Model {
  public:
+  // A checkpoint folder: its config.json (+ hf_quant_config.json) and safetensors.
   static absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Load(const std::string& folder,
+                                                               const ModelOptions& options,
+                                                               Ops& ops, Communicator& comm);
+  // Any tensor source (a Checkpoint, a SyntheticCheckpoint) for `config`. The source is read
+  // only while loading.
+  static absl::StatusOr<std::unique_ptr<DeepseekV3Model>> Load(const TensorSource& source,
+                                                               const ModelConfig& config,
                                                                const ModelOptions& options,
                                                                Ops& ops, Communicator& comm);
   ~DeepseekV3Model();
@@ -63,6 +78,13 @@ class DeepseekV3Model {
   // Turns graph replay of decode steps on or off (benchmarks compare the two).
   void set_graphs(bool on) { options_.graphs = on; }
 
+  // This rank's shard: attention heads, vocabulary rows, routed experts (all of them under
+  // tensor-parallel MoE) and each expert's intermediate slice.
+  const ShardRange& heads_shard() const { return heads_; }
+  const ShardRange& vocab_shard() const { return vocab_; }
+  const ShardRange& experts_shard() const { return experts_; }
+  const ShardRange& expert_inter_shard() const { return expert_inter_; }
+
   // Bytes of weights and KV cache this rank holds.
   size_t weight_bytes() const { return weight_bytes_; }
   // Of which the routed experts (all layers; a decode step reads only the chosen experts').
@@ -74,7 +96,7 @@ class DeepseekV3Model {
  private:
   struct Layer;
   DeepseekV3Model(Ops& ops, Communicator& comm);
-  absl::Status LoadWeights(const Checkpoint& ckpt);
+  absl::Status LoadWeights(const TensorSource& ckpt);
   absl::Status Attention(Layer& layer, const StepTensors& step, const Tensor& h, Tensor& out);
   absl::Status Mlp(Layer& layer, const Tensor& h, Tensor& out);
   absl::Status AllReduce(Tensor& t);

@@ -23,7 +23,7 @@ std::string MemoryPlan::Describe() const {
       MiB(weights + workspace + kv_block_bytes * static_cast<size_t>(kv_blocks)), MiB(budget));
 }
 
-absl::StatusOr<MemoryPlan> PlanDeviceMemory(const Checkpoint& ckpt, const ModelConfig& c,
+absl::StatusOr<MemoryPlan> PlanDeviceMemory(const TensorSource& ckpt, const ModelConfig& c,
                                             const MemoryPlanInput& in) {
   MemoryPlan p;
   const size_t world = static_cast<size_t>(std::max(in.world, 1));
@@ -32,9 +32,9 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const Checkpoint& ckpt, const ModelC
   // held as bf16 on the GPU (4 bytes per packed byte; their scales are folded in); kv_b is held
   // twice (prefill's projection and decode's absorbed halves).
   for (const std::string& name : ckpt.Names()) {
-    auto ref = ckpt.Get(name);
-    if (!ref.ok()) return ref.status();
-    const TensorInfo& t = *ref->info;
+    auto info = ckpt.Info(name);
+    if (!info.ok()) return info.status();
+    const TensorInfo& t = **info;
     size_t bytes = t.end - t.begin;
     const bool expert = Contains(name, ".experts.");
     if (!expert && t.dtype == DType::kU8 && Contains(name, ".weight")) bytes *= 4;

@@ -37,7 +37,7 @@ struct MemoryPlan {
 
 // Estimates each part from the checkpoint's tensor headers (no weight bytes are read) and the
 // config. Errors name the part that does not fit.
-absl::StatusOr<MemoryPlan> PlanDeviceMemory(const Checkpoint& ckpt, const ModelConfig& config,
+absl::StatusOr<MemoryPlan> PlanDeviceMemory(const TensorSource& ckpt, const ModelConfig& config,
                                             const MemoryPlanInput& in);
 
 }  // namespace mlaserve
