@@ -4,6 +4,15 @@
 //
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
+//   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
+//
+// --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
+// hf_quant_config.json), generated while loading (worker/model/synthetic_checkpoint.h), e.g.
+// bench/model/configs/kimi-k2.5 -- full-size models without their checkpoints. --rank R --ranks N
+// (also with --model): this GPU loads rank R's shard of an N-rank deployment (heads, vocabulary,
+// MLP slices and experts as N ranks split them) and runs it alone: the all-reduces and the logits
+// gather are skipped, so the times are one rank's compute without its communication, and the
+// logits are the rank's vocabulary slice (prompt tokens are drawn from that slice).
 //
 // Decode roofline: the bytes a step must read (every non-expert weight once, the routed experts
 // the batch is expected to touch: E * (1 - (1 - k/E)^B) per MoE layer for uniform routing, and
@@ -19,6 +28,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,6 +39,7 @@
 #include "kernels/linear/linear.h"
 #include "worker/backend/cuda_ops.h"
 #include "worker/model/deepseek_v3.h"
+#include "worker/model/synthetic_checkpoint.h"
 
 namespace mlaserve {
 namespace {
@@ -144,7 +155,9 @@ StepBatch Step(Sequences& s, const std::vector<int>& which,
 }
 
 int Run(int argc, char** argv) {
-  std::string model_dir, oracle;
+  std::string model_dir, oracle, synthetic_dir;
+  int shard_rank = 0, shard_world = 0;
+  uint64_t seed = 1;
   std::vector<std::string> kvs = {"bf16", "fp8_tiled"};
   std::vector<int> batches = {1, 8, 64}, prefills = {2048, 8192};
   int context = 1024, steps = 16;
@@ -167,13 +180,29 @@ int Run(int argc, char** argv) {
       oracle = v;
     else if (k == "--graphs")
       graph_modes = absl::StrSplit(v, ',');
+    else if (k == "--synthetic-weights")
+      synthetic_dir = v;
+    else if (k == "--rank")
+      shard_rank = std::stoi(v);
+    else if (k == "--ranks")
+      shard_world = std::stoi(v);
+    else if (k == "--seed")
+      seed = std::stoull(v);
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
     }
   }
-  if (model_dir.empty()) {
-    std::fprintf(stderr, "--model DIR is required\n");
+  if (model_dir.empty() == synthetic_dir.empty()) {
+    std::fprintf(stderr, "one of --model DIR and --synthetic-weights CONFIG_DIR is required\n");
+    return 2;
+  }
+  if (!synthetic_dir.empty() && !oracle.empty()) {
+    std::fprintf(stderr, "--oracle needs the real weights (--model)\n");
+    return 2;
+  }
+  if (shard_world > 0 && (shard_rank < 0 || shard_rank >= shard_world)) {
+    std::fprintf(stderr, "--rank must be in [0, --ranks)\n");
     return 2;
   }
   cudaDeviceProp prop{};
@@ -182,7 +211,7 @@ int Run(int argc, char** argv) {
   const double rate = GemmRate();
   std::printf("device %s: copy bandwidth %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured here)\n",
               prop.name, bw / 1e9, rate / 1e12);
-  auto config = LoadModelConfig(model_dir);
+  auto config = LoadModelConfig(synthetic_dir.empty() ? model_dir : synthetic_dir);
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
     return 1;
@@ -207,21 +236,51 @@ int Run(int argc, char** argv) {
     ModelOptions o;
     o.kv_format = *fmt;
     o.num_kv_blocks = blocks;
+    o.shard_rank = shard_rank;
+    o.shard_world = shard_world;
     const double t_load = Now();
-    auto model = DeepseekV3Model::Load(model_dir, o, **ops, comm);
+    std::unique_ptr<SyntheticCheckpoint> synthetic;
+    absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model;
+    if (!synthetic_dir.empty()) {
+      SyntheticCheckpointOptions so;
+      so.seed = seed;
+      synthetic = std::make_unique<SyntheticCheckpoint>(c, so);
+      model = DeepseekV3Model::Load(*synthetic, c, o, **ops, comm);
+    } else if (shard_world > 0) {
+      auto ckpt = Checkpoint::Open(model_dir);
+      if (!ckpt.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(ckpt.status().message()).c_str());
+        return 1;
+      }
+      model = DeepseekV3Model::Load(*ckpt, c, o, **ops, comm);
+    } else {
+      model = DeepseekV3Model::Load(model_dir, o, **ops, comm);
+    }
     if (!model.ok()) {
       std::fprintf(stderr, "load: %s\n", std::string(model.status().message()).c_str());
       return 1;
+    }
+    const double load_s = Now() - t_load;
+    if (synthetic != nullptr) {
+      std::printf("synthetic weights of %s (seed %llu, %.1f GB for the whole model): generated "
+                  "%.1f GB for this shard, %.1f GB/s including the upload\n",
+                  synthetic_dir.c_str(), static_cast<unsigned long long>(seed),
+                  synthetic->total_bytes() / 1e9, synthetic->generated_bytes() / 1e9,
+                  synthetic->generated_bytes() / 1e9 / load_s);
+      synthetic.reset();  // the generator's last tensors (up to a few GB of host memory)
     }
     DeepseekV3Model& m = **model;
     const double weights = static_cast<double>(m.weight_bytes());
     const double experts = static_cast<double>(m.expert_bytes());
     int moe_layers = 0;
     for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l);
-    std::printf("kv %s: loaded in %.1f s, weights %.2f GB (routed experts %.2f GB), KV %d blocks\n",
-                kv.c_str(), Now() - t_load, weights / 1e9, experts / 1e9, blocks);
+    const ShardRange vocab = m.vocab_shard();
+    std::printf("kv %s: rank %d of %d loaded in %.1f s, weights %.2f GB (routed experts %.2f GB), "
+                "%d heads, %d experts, KV %d blocks\n",
+                kv.c_str(), shard_rank, std::max(shard_world, 1), load_s, weights / 1e9,
+                experts / 1e9, m.heads_shard().count, m.experts_shard().count, blocks);
     std::mt19937 rng(7);
-    std::uniform_int_distribution<int> tok(0, c.vocab_size - 1);
+    std::uniform_int_distribution<int> tok(vocab.begin, vocab.begin + vocab.count - 1);
     // Prefill: one sequence of P tokens in one step.
     for (int P : prefills) {
       std::vector<double> t;
@@ -248,7 +307,7 @@ int Run(int argc, char** argv) {
       const double sec = Median(t);
       const double active = (weights - experts) / 2 +
                             experts / 2 * c.num_experts_per_tok / std::max(c.n_routed_experts, 1);
-      const double attn = 2.0 * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim) * P / 2.0 *
+      const double attn = 2.0 * m.heads_shard().count * (c.qk_head_dim() + c.v_head_dim) * P / 2.0 *
                           c.num_hidden_layers;
       const double flops = (2.0 * active + attn) * P;
       std::printf(
@@ -284,7 +343,7 @@ int Run(int argc, char** argv) {
         }
         std::vector<int> all(B);
         for (int q = 0; q < B; ++q) all[q] = q;
-        std::vector<std::vector<int32_t>> next(B, std::vector<int32_t>(1, 1));
+        std::vector<std::vector<int32_t>> next(B, std::vector<int32_t>(1, vocab.begin));
         SequenceSampling greedy;
         std::vector<int32_t> hist;
         SamplingBatch sb;
@@ -300,7 +359,7 @@ int Run(int argc, char** argv) {
             std::fprintf(stderr, "decode failed: %s\n", std::string(st.message()).c_str());
             return 1;
           }
-          for (int q = 0; q < B; ++q) next[q][0] = out[q].token;
+          for (int q = 0; q < B; ++q) next[q][0] = vocab.begin + out[q].token;
           if (step >= 2) t.push_back(Now() - t0);
         }
         const double sec = Median(t);

@@ -2,8 +2,6 @@
 // config holds (names, dtypes and shapes checked against the fixtures the oracle wrote), the same
 // bytes for the same seed, a model that loads and runs from it (also one rank's shard of two), the
 // shipped full-size configs (bench/model/configs) and the memory plan of a Kimi-K2.5 rank.
-#include "worker/model/synthetic_checkpoint.h"
-
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +14,7 @@
 #include "worker/backend/cpu_ops.h"
 #include "worker/model/deepseek_v3.h"
 #include "worker/model/memory_plan.h"
+#include "worker/model/synthetic_checkpoint.h"
 
 namespace mlaserve {
 namespace {
@@ -89,7 +88,8 @@ std::vector<float> PrefillAndDecode(DeepseekV3Model& m, int vocab_begin, int voc
     }
     EXPECT_EQ(finite, vocab_count) << "step " << step;
     EXPECT_GT(hi - lo, 1e-4f) << "step " << step;
-    const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int next =
+        static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     s = m.Forward(Step({vocab_begin + next}, context++), &logits);
     EXPECT_TRUE(s.ok()) << s;
   }
@@ -124,7 +124,8 @@ TEST(SyntheticWeightsTest, TinyNvfp4LoadsAndDecodesFinite) {
   LoadsAndRuns(c);
 }
 
-// Names as sets, and each tensor's dtype and shape (from Info and from Get), equal to the fixture's.
+// Names as sets, and each tensor's dtype and shape (from Info and from Get), equal to the
+// fixture's.
 void SameTensorsAsFixture(const std::string& fixture, SyntheticCheckpointOptions so) {
   auto config = LoadModelConfig(FixtureDir(fixture));
   ASSERT_TRUE(config.ok()) << config.status();
@@ -159,7 +160,7 @@ TEST(SyntheticWeightsTest, SameSeedSameBytesAndPlausibleValues) {
   SyntheticCheckpointOptions one, other;
   one.keep_tensors = 1;  // every Get regenerates what it does not hold
   one.threads = 1;
-  other.threads = 3;     // the bytes must not depend on the thread count
+  other.threads = 3;  // the bytes must not depend on the thread count
   SyntheticCheckpoint a(c, one), b(c, other);
   SyntheticCheckpointOptions reseeded;
   reseeded.seed = 2;
@@ -303,8 +304,9 @@ TEST(SyntheticWeightsTest, FullSizeMemoryPlans) {
       in.kv_format = KvCacheFormat::kFp8Tiled;
       in.free_bytes = static_cast<size_t>(free_gb * 1e9);
       auto plan = PlanDeviceMemory(source, *c, in);
-      std::printf("[plan] %s rank 0 of 8, %.0f GB free: %s\n", model, free_gb,
-                  plan.ok() ? plan->Describe().c_str() : std::string(plan.status().message()).c_str());
+      std::printf(
+          "[plan] %s rank 0 of 8, %.0f GB free: %s\n", model, free_gb,
+          plan.ok() ? plan->Describe().c_str() : std::string(plan.status().message()).c_str());
       if (std::string(model) == "kimi-k2.5" && free_gb == 141.0) {
         ASSERT_TRUE(plan.ok()) << plan.status();
         EXPECT_GE(plan->weights, 60e9);

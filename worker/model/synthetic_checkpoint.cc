@@ -107,7 +107,8 @@ void SyntheticCheckpoint::AddLinear(const std::string& module, int64_t out, int6
   bool nvfp4 = config_.quant.method == QuantConfig::Method::kNvfp4 &&
                !config_.quant.IsExcluded(module) && in % 16 == 0;
   const bool routed_expert = module.find(".mlp.experts.") != std::string::npos;
-  const bool modelopt = options_.nvfp4_modules == SyntheticCheckpointOptions::Nvfp4Modules::kModelOpt;
+  const bool modelopt =
+      options_.nvfp4_modules == SyntheticCheckpointOptions::Nvfp4Modules::kModelOpt;
   if (!modelopt && !routed_expert) nvfp4 = false;
   if (!nvfp4) {
     Add(module + ".weight", DType::kBF16, {out, in}, Kind::kWeight);
@@ -126,7 +127,8 @@ bool SyntheticCheckpoint::Has(std::string_view name) const {
 absl::StatusOr<const TensorInfo*> SyntheticCheckpoint::Info(std::string_view name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " not found in ", Origin()));
+    return absl::NotFoundError(
+        absl::StrCat("tensor ", std::string(name), " not found in ", Origin()));
   }
   return &it->second.info;
 }
@@ -151,7 +153,8 @@ uint64_t SyntheticCheckpoint::generated_bytes() const {
 absl::StatusOr<TensorRef> SyntheticCheckpoint::Get(std::string_view name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("tensor ", std::string(name), " not found in ", Origin()));
+    return absl::NotFoundError(
+        absl::StrCat("tensor ", std::string(name), " not found in ", Origin()));
   }
   const Entry& e = it->second;
   std::lock_guard<std::mutex> lock(mu_);

@@ -65,7 +65,15 @@ class SyntheticCheckpoint : public TensorSource {
   uint64_t generated_bytes() const;
 
  private:
-  enum class Kind : uint8_t { kWeight, kOnes, kBias, kPacked, kBlockScale, kGlobalScale, kInputScale };
+  enum class Kind : uint8_t {
+    kWeight,
+    kOnes,
+    kBias,
+    kPacked,
+    kBlockScale,
+    kGlobalScale,
+    kInputScale
+  };
   struct Entry {
     TensorInfo info;
     Kind kind;
