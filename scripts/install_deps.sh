@@ -11,6 +11,7 @@ packages=(
   libzmq3-dev cppzmq-dev
   capnproto libcapnp-dev
   prometheus-cpp-dev prometheus
+  libcivetweb-dev
   libpcre2-dev
   python3 python3-jinja2 python3-regex python3-numpy
   nodejs

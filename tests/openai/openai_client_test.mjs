@@ -1,0 +1,184 @@
+// The official `openai` npm client (third_party/npm, pinned in its package.json) against a live
+// mlaserve-openai in front of a coordinator + CPU workers on the embedded tiny model. Started by
+// openai_server_test.cc with OPENAI_BASE_URL, OPENAI_API_KEY and MLASERVE_NPM_DIR set. Each
+// check compares against an independent value: the streamed text against the non-streamed one
+// at temperature 0, a stop string's cut against the uncut text, usage against the token counts,
+// the sampled token's logprob against the top alternative's under greedy decoding.
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+
+const require = createRequire(process.env.MLASERVE_NPM_DIR + '/package.json');
+const { default: OpenAI } = require('openai');
+
+const client = new OpenAI({ baseURL: process.env.OPENAI_BASE_URL, apiKey: process.env.OPENAI_API_KEY, maxRetries: 0 });
+const messages = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: [{ type: 'text', text: 'Name three colours.' }] }];
+const greedy = { temperature: 0, max_tokens: 16, ignore_eos: true };
+
+let failures = 0;
+async function check(name, fn) {
+  try {
+    await fn();
+    console.log(`ok   ${name}`);
+  } catch (e) {
+    failures++;
+    console.log(`FAIL ${name}: ${e.stack || e}`);
+  }
+}
+
+async function collectChat(params) {
+  const stream = await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  const out = { text: {}, roles: 0, finishes: {}, usage: null, chunks: 0 };
+  for await (const chunk of stream) {
+    out.chunks++;
+    if (chunk.usage) {
+      assert.equal(out.usage, null, 'one usage chunk');
+      assert.deepEqual(chunk.choices, []);
+      out.usage = chunk.usage;
+      continue;
+    }
+    for (const c of chunk.choices) {
+      assert.equal(out.finishes[c.index], undefined, `choice ${c.index}: nothing after its finish_reason`);
+      if (c.delta.role) {
+        assert.equal(out.text[c.index], undefined, 'the role comes with the first chunk only');
+        out.roles++;
+      }
+      out.text[c.index] = (out.text[c.index] ?? '') + (c.delta.content ?? '');
+      if (c.finish_reason) out.finishes[c.index] = c.finish_reason;
+    }
+  }
+  return out;
+}
+
+const models = await client.models.list();
+const model = models.data[0].id;
+assert.equal(models.data.length, 1);
+
+let reference;  // the greedy chat text
+await check('chat non-streaming, usage', async () => {
+  const r = await client.chat.completions.create({ model, messages, ...greedy });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.model, model);
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 16);
+  assert.ok(r.usage.prompt_tokens > 5, `prompt_tokens ${r.usage.prompt_tokens}`);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 16);
+  reference = r;
+});
+
+await check('chat streaming equals non-streaming at temperature 0', async () => {
+  const s = await collectChat({ model, messages, ...greedy });
+  assert.equal(s.text[0], reference.choices[0].message.content);
+  assert.equal(s.roles, 1);
+  assert.deepEqual(s.finishes, { 0: 'length' });
+  assert.deepEqual(s.usage.prompt_tokens, reference.usage.prompt_tokens);
+  assert.deepEqual(s.usage.completion_tokens, 16);
+});
+
+await check('completions non-streaming and streaming', async () => {
+  const params = { model, prompt: 'The capital of France is', ...greedy, max_tokens: 12 };
+  const r = await client.completions.create(params);
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 12);
+  const stream = await client.completions.create({ ...params, stream: true });
+  let text = '', finishes = 0;
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      text += c.text;
+      if (c.finish_reason) finishes++;
+    }
+  }
+  assert.equal(text, r.choices[0].text);
+  assert.equal(finishes, 1);
+});
+
+await check('n = 2, streamed and not', async () => {
+  const params = { model, messages, temperature: 1, seed: 11, max_tokens: 10, ignore_eos: true, n: 2 };
+  const r = await client.chat.completions.create(params);
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+  assert.equal(r.usage.completion_tokens, 20);
+  const s = await collectChat(params);
+  assert.deepEqual(s.finishes, { 0: 'length', 1: 'length' });
+  assert.equal(s.roles, 2);
+  assert.equal(s.text[0], r.choices[0].message.content);
+  assert.equal(s.text[1], r.choices[1].message.content);
+  assert.equal(s.usage.completion_tokens, 20);
+});
+
+await check('seed reproducibility', async () => {
+  const params = { model, messages, temperature: 1, max_tokens: 16, ignore_eos: true };
+  const a = await client.chat.completions.create({ ...params, seed: 1234 });
+  const b = await client.chat.completions.create({ ...params, seed: 1234 });
+  const c = await client.chat.completions.create({ ...params, seed: 99 });
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  assert.notEqual(a.choices[0].message.content, c.choices[0].message.content);
+});
+
+await check('stop string cuts the greedy text before its first occurrence', async () => {
+  const full = reference.choices[0].message.content;
+  // A stop string from the middle of the uncut text, not at its very start.
+  let at = Math.floor(full.length / 2), stop = full.slice(at, at + 3);
+  assert.ok(stop.length > 0, `text too short: ${JSON.stringify(full)}`);
+  const first = full.indexOf(stop);
+  const r = await client.chat.completions.create({ model, messages, ...greedy, stop: [stop, 'never-in-the-text-zz'] });
+  assert.equal(r.choices[0].message.content, full.slice(0, first));
+  assert.equal(r.choices[0].finish_reason, 'stop');
+});
+
+await check('logprobs shape', async () => {
+  const r = await client.chat.completions.create({ model, messages, ...greedy, max_tokens: 8, logprobs: true, top_logprobs: 3 });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, 8);
+  for (const e of content) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(e.logprob <= 0);
+    assert.equal(e.top_logprobs.length, 3);
+    for (let i = 1; i < 3; i++) assert.ok(e.top_logprobs[i - 1].logprob >= e.top_logprobs[i].logprob);
+    // Greedy: the sampled token is the most likely one (f32 values, equal up to rounding).
+    assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-4, JSON.stringify(e));
+  }
+  assert.ok(r.choices[0].message.content.startsWith(content.map((e) => e.token).join('')));
+  const c = await client.completions.create({ model, prompt: 'Hello', ...greedy, max_tokens: 4, logprobs: 2 });
+  assert.equal(c.choices[0].logprobs.tokens.length, 4);
+  assert.equal(c.choices[0].logprobs.top_logprobs[0] && Object.keys(c.choices[0].logprobs.top_logprobs[0]).length, 2);
+});
+
+async function expectStatus(status, fn, param) {
+  try {
+    await fn();
+  } catch (e) {
+    assert.equal(e.status, status, String(e));
+    assert.ok(e.error && typeof e.error.message === 'string', JSON.stringify(e.error));
+    if (param !== undefined) assert.equal(e.error.param, param);
+    return;
+  }
+  assert.fail(`expected HTTP ${status}`);
+}
+
+await check('404 unknown model', () =>
+  expectStatus(404, () => client.chat.completions.create({ model: 'no-such-model', messages }), 'model'));
+await check('400 bad parameters', async () => {
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, temperature: 5 }), 'temperature');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, temperature: 'hot' }), 'temperature');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, logprobs: true, top_logprobs: 21 }), 'top_logprobs');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, n: 0 }), 'n');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages: [] }), 'messages');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }), 'response_format');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }), 'tools');
+});
+await check('401 without the API key', () =>
+  expectStatus(401, () => new OpenAI({ baseURL: process.env.OPENAI_BASE_URL, apiKey: 'wrong', maxRetries: 0 }).models.list()));
+
+await check('64 concurrent streams each end exactly once', async () => {
+  const runs = await Promise.all(Array.from({ length: 64 }, (_, i) =>
+    collectChat({ model, messages: [{ role: 'user', content: `Count to ${i}.` }], temperature: 0, max_tokens: 6, ignore_eos: true })));
+  for (const s of runs) {
+    assert.deepEqual(s.finishes, { 0: 'length' });
+    assert.equal(s.usage.completion_tokens, 6);
+  }
+});
+
+console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
+process.exit(failures ? 1 : 0);
