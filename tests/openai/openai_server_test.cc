@@ -151,6 +151,37 @@ TEST_F(OpenAiServerTest, MissingKeyIs401) {
   EXPECT_EQ(BodyOf(r)["error"]["type"], "authentication_error");
 }
 
+// A front end whose coordinator is not there: /health and generation answer 503, not a hang.
+TEST_F(OpenAiServerTest, CoordinatorDownIs503) {
+  const auto log = std::filesystem::temp_directory_path() /
+                   ("mlaserve-openai-down-" + std::to_string(getpid()) + ".log");
+  const std::string cmd = std::string("exec ") + MLASERVE_OPENAI_BIN + " --coordinator ipc://" +
+                          (std::filesystem::temp_directory_path() / "mlaserve-no-coordinator").string() +
+                          " --listen 127.0.0.1:0 > " + log.string() + " 2>&1";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 200 && port <= 0; ++i) {
+    std::this_thread::sleep_for(50ms);
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    std::smatch m;
+    if (std::regex_search(text, m, std::regex("listening on port ([0-9]+)"))) port = std::stoi(m[1]);
+  }
+  ASSERT_GT(port, 0);
+  const std::string h = RawHttp(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(StatusOf(h), 503) << h;
+  const std::string g = RawHttp(port, Post("/v1/chat/completions",
+                                           R"({"model": "m", "messages": [{"role": "user", "content": "hi"}]})"));
+  EXPECT_EQ(StatusOf(g), 503) << g;
+  EXPECT_EQ(BodyOf(g)["error"]["code"], "coordinator_unavailable");
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+}
+
 TEST_F(OpenAiServerTest, OfficialNodeClient) {
   const std::string npm = std::string(std::getenv("MLASERVE_SOURCE_DIR")) + "/third_party/npm";
   ASSERT_TRUE(std::filesystem::exists(npm + "/node_modules/openai/package.json"))
