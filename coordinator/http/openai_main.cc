@@ -71,16 +71,26 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 const char* StatusText(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 413: return "Payload Too Large";
-    case 429: return "Too Many Requests";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return status >= 500 ? "Internal Server Error" : "Error";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 413:
+      return "Payload Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return status >= 500 ? "Internal Server Error" : "Error";
   }
 }
 
@@ -94,7 +104,9 @@ int WriteJson(mg_connection* conn, int status, const json& body) {
   return status;
 }
 
-int WriteError(mg_connection* conn, const ApiError& e) { return WriteJson(conn, e.status, e.Body()); }
+int WriteError(mg_connection* conn, const ApiError& e) {
+  return WriteJson(conn, e.status, e.Body());
+}
 
 ApiError Error(int status, const std::string& type, const std::string& message,
                const std::string& code = "") {
@@ -165,9 +177,9 @@ bool ReadBody(mg_connection* conn, std::string& body, int& status) {
   const mg_request_info* ri = mg_get_request_info(conn);
   const size_t limit = g_options->max_body_bytes;
   auto too_large = [&] {
-    status = WriteError(conn, Error(413, "invalid_request_error",
-                                    "request body exceeds " + std::to_string(limit) + " bytes",
-                                    "body_too_large"));
+    status = WriteError(
+        conn, Error(413, "invalid_request_error",
+                    "request body exceeds " + std::to_string(limit) + " bytes", "body_too_large"));
     return false;
   };
   if (ri->content_length > static_cast<long long>(limit)) return too_large();
@@ -193,19 +205,22 @@ std::string RandomId(const char* prefix) {
 // Per-choice state while the replies of one HTTP request come in.
 struct Choice {
   uint64_t request_id = 0;
-  bool started = false;   // streaming: the first chunk (with the role) went out
+  bool started = false;  // streaming: the first chunk (with the role) went out
   bool finished = false;
-  std::string text;        // non-streaming: the final's whole text
+  std::string text;  // non-streaming: the final's whole text
   std::string finish_reason;
-  json logprobs;           // non-streaming: chat {"content": [...]} or the completions object
-  size_t text_bytes = 0;   // completions: text_offset of the next token
+  json logprobs;          // non-streaming: chat {"content": [...]} or the completions object
+  size_t text_bytes = 0;  // completions: text_offset of the next token
   uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
 
 class Generation {
  public:
   Generation(mg_connection* conn, Client& client, const ParsedRequest& req, std::string model)
-      : conn_(conn), client_(client), req_(req), model_(std::move(model)),
+      : conn_(conn),
+        client_(client),
+        req_(req),
+        model_(std::move(model)),
         chat_(req.endpoint == Endpoint::kChat),
         id_(RandomId(chat_ ? "chatcmpl-" : "cmpl-")),
         created_(static_cast<int64_t>(std::time(nullptr))) {}
@@ -227,9 +242,10 @@ class Generation {
       auto r = client_.Next(timeout);
       if (!r.ok()) {
         AbortOpen();
-        return Fail(Error(504, "timeout", "no reply from the coordinator within " +
-                                              std::to_string(timeout.count()) + " s: " +
-                                              std::string(r.status().message())));
+        return Fail(Error(504, "timeout",
+                          "no reply from the coordinator within " +
+                              std::to_string(timeout.count()) +
+                              " s: " + std::string(r.status().message())));
       }
       auto it = index_.find(r->request_id);
       if (it == index_.end()) continue;  // an earlier, aborted request of this thread
@@ -251,9 +267,9 @@ class Generation {
       --open;
       if (r->finish_reason == "error" || r->finish_reason == "abort") {
         AbortOpen();
-        return Fail(Error(r->finish_reason == "abort" ? 503 : 500, "server_error",
-                          "generation " + r->finish_reason +
-                              (r->message.empty() ? "" : ": " + r->message)));
+        return Fail(Error(
+            r->finish_reason == "abort" ? 503 : 500, "server_error",
+            "generation " + r->finish_reason + (r->message.empty() ? "" : ": " + r->message)));
       }
       c.finish_reason = FinishReasonName(r->finish_reason);
       c.text = r->text;
@@ -438,13 +454,13 @@ int HandleGenerate(mg_connection* conn, Endpoint endpoint) {
   json body = json::parse(*body_text, nullptr, /*allow_exceptions=*/false);
   body_text.reset();
   if (body.is_discarded()) {
-    return WriteError(conn, Error(400, "invalid_request_error", "the request body is not valid JSON",
-                                  "invalid_json"));
+    return WriteError(conn, Error(400, "invalid_request_error",
+                                  "the request body is not valid JSON", "invalid_json"));
   }
-  auto parsed = std::make_unique<ParseResult>(
-      ParseRequest(endpoint, body, endpoint == Endpoint::kCompletions
-                                       ? std::min<uint32_t>(16, g_options->default_max_tokens)
-                                       : g_options->default_max_tokens));
+  auto parsed = std::make_unique<ParseResult>(ParseRequest(
+      endpoint, body,
+      endpoint == Endpoint::kCompletions ? std::min<uint32_t>(16, g_options->default_max_tokens)
+                                         : g_options->default_max_tokens));
   if (!parsed->ok) return WriteError(conn, parsed->error);
   Client* client = ThreadClient();
   if (client == nullptr) return WriteError(conn, Unavailable("cannot connect"));
@@ -452,8 +468,11 @@ int HandleGenerate(mg_connection* conn, Endpoint endpoint) {
   if (!model.ok()) return WriteError(conn, Unavailable(std::string(model.status().message())));
   if (parsed->request.model != *model) {
     ApiError e = Error(404, "not_found_error",
-                       "the model '" + parsed->request.model + "' does not exist; this server "
-                       "serves '" + *model + "'", "model_not_found");
+                       "the model '" + parsed->request.model +
+                           "' does not exist; this server "
+                           "serves '" +
+                           *model + "'",
+                       "model_not_found");
     e.param = "model";
     return WriteError(conn, e);
   }
@@ -510,8 +529,8 @@ int Route(mg_connection* conn, void*) {
   if (uri == "/v1/completions") {
     return only("POST", [&] { return HandleGenerate(conn, Endpoint::kCompletions); });
   }
-  return WriteError(conn, Error(404, "not_found_error", "no route " + method + " " + uri,
-                                "route_not_found"));
+  return WriteError(
+      conn, Error(404, "not_found_error", "no route " + method + " " + uri, "route_not_found"));
 }
 
 int Usage() {
@@ -568,12 +587,11 @@ int main(int argc, char** argv) {
 
   mg_init_library(0);
   const std::string threads = std::to_string(o.threads);
-  const char* civet_options[] = {"listening_ports", o.listen.c_str(),
-                                 "num_threads", threads.c_str(),
+  const char* civet_options[] = {"listening_ports", o.listen.c_str(), "num_threads",
+                                 threads.c_str(),
                                  // Slow-loris clients: a request's headers and body must arrive
                                  // within this; streams write, so they are not cut by it.
-                                 "request_timeout_ms", "30000",
-                                 nullptr};
+                                 "request_timeout_ms", "30000", nullptr};
   mg_callbacks callbacks{};
   mg_context* ctx = mg_start(&callbacks, nullptr, civet_options);
   if (ctx == nullptr) {

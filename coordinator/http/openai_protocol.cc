@@ -39,9 +39,8 @@ double Number(const json& body, const char* key, double lo, double hi) {
 int64_t Integer(const json& body, const char* key, int64_t lo, int64_t hi) {
   const json& v = body.at(key);
   if (!v.is_number_integer()) Fail(key, std::string("'") + key + "' must be an integer");
-  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX
-                        ? INT64_MAX
-                        : v.get<int64_t>();
+  const int64_t x =
+      v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX ? INT64_MAX : v.get<int64_t>();
   if (x < lo || x > hi) {
     Fail(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
                   std::to_string(hi) + ", got " + v.dump());
@@ -88,7 +87,8 @@ json Messages(const json& body) {
     const json& m = msgs[i];
     const std::string p = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) Fail(p, "a message must be an object");
-    if (!m.contains("role") || !m["role"].is_string() || !kRoles.count(m["role"].get<std::string>())) {
+    if (!m.contains("role") || !m["role"].is_string() ||
+        !kRoles.count(m["role"].get<std::string>())) {
       Fail(p + ".role", "role must be one of system, developer, user, assistant, tool");
     }
     json o = {{"role", m["role"]}};
@@ -186,7 +186,8 @@ void RejectUnsupported(const json& body, Endpoint endpoint) {
   if (Has(body, "response_format")) {
     const json& rf = body["response_format"];
     if (!rf.is_object() || rf.value("type", "") != "text") {
-      unsupported("response_format", "only {\"type\": \"text\"} (structured output is not implemented)");
+      unsupported("response_format",
+                  "only {\"type\": \"text\"} (structured output is not implemented)");
     }
   }
   if (Has(body, "logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
@@ -233,7 +234,8 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
     if (endpoint == Endpoint::kChat) {
       GenerateInput in;
       in.chat = Messages(body);
-      if (Has(body, "add_generation_prompt")) in.add_generation_prompt = Bool(body, "add_generation_prompt");
+      if (Has(body, "add_generation_prompt"))
+        in.add_generation_prompt = Bool(body, "add_generation_prompt");
       prompts.push_back(std::move(in));
     } else {
       prompts = Prompts(body);
@@ -242,7 +244,8 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
     ClientSampling s;
     s.temperature = 1.0f;  // OpenAI's default
     s.max_tokens = default_max_tokens;
-    if (Has(body, "temperature")) s.temperature = static_cast<float>(Number(body, "temperature", 0, 2));
+    if (Has(body, "temperature"))
+      s.temperature = static_cast<float>(Number(body, "temperature", 0, 2));
     if (Has(body, "top_p")) s.top_p = static_cast<float>(Number(body, "top_p", 0, 1));
     if (s.top_p <= 0) Fail("top_p", "'top_p' must be greater than 0");
     if (Has(body, "top_k")) s.top_k = static_cast<int>(Integer(body, "top_k", -1, INT32_MAX));
@@ -258,15 +261,18 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
       s.repetition_penalty = static_cast<float>(Number(body, "repetition_penalty", 0, 10));
       if (s.repetition_penalty <= 0) Fail("repetition_penalty", "'repetition_penalty' must be > 0");
     }
-    if (Has(body, "seed")) s.seed = static_cast<uint64_t>(Integer(body, "seed", INT64_MIN, INT64_MAX));
+    if (Has(body, "seed"))
+      s.seed = static_cast<uint64_t>(Integer(body, "seed", INT64_MIN, INT64_MAX));
     // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI's API.
     for (const char* k : {"max_tokens", "max_completion_tokens"}) {
       if (Has(body, k)) s.max_tokens = static_cast<uint32_t>(Integer(body, k, 1, UINT32_MAX >> 1));
     }
-    if (Has(body, "min_tokens")) s.min_tokens = static_cast<uint32_t>(Integer(body, "min_tokens", 0, s.max_tokens));
+    if (Has(body, "min_tokens"))
+      s.min_tokens = static_cast<uint32_t>(Integer(body, "min_tokens", 0, s.max_tokens));
     if (Has(body, "stop")) s.stop = Stops(body);
     if (Has(body, "stop_token_ids")) {
-      if (!body["stop_token_ids"].is_array()) Fail("stop_token_ids", "'stop_token_ids' must be an array");
+      if (!body["stop_token_ids"].is_array())
+        Fail("stop_token_ids", "'stop_token_ids' must be an array");
       for (const json& t : body["stop_token_ids"]) {
         if (!t.is_number_integer()) Fail("stop_token_ids", "'stop_token_ids' must hold integers");
         s.stop_token_ids.push_back(t.get<int32_t>());
@@ -274,7 +280,8 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
     }
     if (Has(body, "ignore_eos")) s.ignore_eos = Bool(body, "ignore_eos");
     if (Has(body, "skip_special_tokens")) s.skip_special_tokens = Bool(body, "skip_special_tokens");
-    if (Has(body, "priority")) s.priority = static_cast<int32_t>(Integer(body, "priority", INT32_MIN, INT32_MAX));
+    if (Has(body, "priority"))
+      s.priority = static_cast<int32_t>(Integer(body, "priority", INT32_MIN, INT32_MAX));
 
     if (endpoint == Endpoint::kChat) {
       if (Has(body, "logprobs")) r.logprobs = Bool(body, "logprobs");

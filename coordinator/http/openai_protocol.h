@@ -64,8 +64,7 @@ nlohmann::json ChatLogprobEntry(const TokenLogprobInfo& lp, const std::string& t
 // Appends one token to a completions-format logprobs object
 // ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}); `offset` is in bytes.
 void AppendCompletionLogprob(nlohmann::json& obj, const TokenLogprobInfo& lp,
-                             const std::string& token_text, size_t offset,
-                             uint32_t top_logprobs);
+                             const std::string& token_text, size_t offset, uint32_t top_logprobs);
 nlohmann::json EmptyCompletionLogprobs();
 
 // "stop" / "length" as OpenAI spells them (the coordinator's names are the same).

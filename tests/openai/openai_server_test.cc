@@ -44,7 +44,8 @@ std::string RawHttp(int port, const std::string& request) {
 
 int StatusOf(const std::string& response) {
   std::smatch m;
-  if (std::regex_search(response, m, std::regex("^HTTP/1\\.[01] ([0-9]{3})"))) return std::stoi(m[1]);
+  if (std::regex_search(response, m, std::regex("^HTTP/1\\.[01] ([0-9]{3})")))
+    return std::stoi(m[1]);
   return -1;
 }
 
@@ -84,7 +85,8 @@ class OpenAiServerTest : public ::testing::Test {
       std::ifstream in(log_);
       const std::string text((std::istreambuf_iterator<char>(in)), {});
       std::smatch m;
-      if (std::regex_search(text, m, std::regex("listening on port ([0-9]+)"))) port_ = std::stoi(m[1]);
+      if (std::regex_search(text, m, std::regex("listening on port ([0-9]+)")))
+        port_ = std::stoi(m[1]);
       std::this_thread::sleep_for(50ms);
     }
     if (port_ <= 0) start_error_ = "mlaserve-openai did not start: " + Log();
@@ -110,12 +112,14 @@ class OpenAiServerTest : public ::testing::Test {
 };
 
 TEST_F(OpenAiServerTest, HealthIsOpenAndOk) {
-  const std::string r = RawHttp(port_, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string r =
+      RawHttp(port_, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(StatusOf(r), 200) << r;
 }
 
 TEST_F(OpenAiServerTest, MalformedJsonIs400) {
-  const std::string r = RawHttp(port_, Post("/v1/chat/completions", "{\"model\": \"x\", \"messages\": ["));
+  const std::string r =
+      RawHttp(port_, Post("/v1/chat/completions", "{\"model\": \"x\", \"messages\": ["));
   EXPECT_EQ(StatusOf(r), 400) << r;
   const auto body = BodyOf(r);
   ASSERT_TRUE(body.is_object()) << r;
@@ -123,7 +127,8 @@ TEST_F(OpenAiServerTest, MalformedJsonIs400) {
   EXPECT_EQ(body["error"]["code"], "invalid_json");
   EXPECT_TRUE(body["error"]["message"].is_string());
   // Valid JSON of the wrong shape is a 400 naming the field.
-  const std::string r2 = RawHttp(port_, Post("/v1/chat/completions", "{\"model\": 3, \"messages\": []}"));
+  const std::string r2 =
+      RawHttp(port_, Post("/v1/chat/completions", "{\"model\": 3, \"messages\": []}"));
   EXPECT_EQ(StatusOf(r2), 400) << r2;
   EXPECT_EQ(BodyOf(r2)["error"]["param"], "model");
 }
@@ -132,16 +137,17 @@ TEST_F(OpenAiServerTest, UnknownRouteIs404AndWrongMethodIs405) {
   const std::string r = RawHttp(port_, Post("/v1/nothing-here", "{}"));
   EXPECT_EQ(StatusOf(r), 404) << r;
   EXPECT_EQ(BodyOf(r)["error"]["code"], "route_not_found");
-  const std::string r2 = RawHttp(port_, std::string("GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\n") +
-                                           "Authorization: Bearer " + kApiKey + "\r\nConnection: close\r\n\r\n");
+  const std::string r2 =
+      RawHttp(port_, std::string("GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\n") +
+                         "Authorization: Bearer " + kApiKey + "\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(StatusOf(r2), 405) << r2;
 }
 
 TEST_F(OpenAiServerTest, BodyOverLimitIs413) {
   // Announces 9 MiB and sends none of it: refused from the header alone.
   const std::string r = RawHttp(port_, std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n") +
-                                          "Authorization: Bearer " + kApiKey + "\r\n" +
-                                          "Content-Length: 9437184\r\nConnection: close\r\n\r\n");
+                                           "Authorization: Bearer " + kApiKey + "\r\n" +
+                                           "Content-Length: 9437184\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(StatusOf(r), 413) << r;
 }
 
@@ -155,9 +161,10 @@ TEST_F(OpenAiServerTest, MissingKeyIs401) {
 TEST_F(OpenAiServerTest, CoordinatorDownIs503) {
   const auto log = std::filesystem::temp_directory_path() /
                    ("mlaserve-openai-down-" + std::to_string(getpid()) + ".log");
-  const std::string cmd = std::string("exec ") + MLASERVE_OPENAI_BIN + " --coordinator ipc://" +
-                          (std::filesystem::temp_directory_path() / "mlaserve-no-coordinator").string() +
-                          " --listen 127.0.0.1:0 > " + log.string() + " 2>&1";
+  const std::string cmd =
+      std::string("exec ") + MLASERVE_OPENAI_BIN + " --coordinator ipc://" +
+      (std::filesystem::temp_directory_path() / "mlaserve-no-coordinator").string() +
+      " --listen 127.0.0.1:0 > " + log.string() + " 2>&1";
   const pid_t pid = fork();
   if (pid == 0) {
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -169,13 +176,16 @@ TEST_F(OpenAiServerTest, CoordinatorDownIs503) {
     std::ifstream in(log);
     const std::string text((std::istreambuf_iterator<char>(in)), {});
     std::smatch m;
-    if (std::regex_search(text, m, std::regex("listening on port ([0-9]+)"))) port = std::stoi(m[1]);
+    if (std::regex_search(text, m, std::regex("listening on port ([0-9]+)")))
+      port = std::stoi(m[1]);
   }
   ASSERT_GT(port, 0);
-  const std::string h = RawHttp(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string h =
+      RawHttp(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(StatusOf(h), 503) << h;
-  const std::string g = RawHttp(port, Post("/v1/chat/completions",
-                                           R"({"model": "m", "messages": [{"role": "user", "content": "hi"}]})"));
+  const std::string g =
+      RawHttp(port, Post("/v1/chat/completions",
+                         R"({"model": "m", "messages": [{"role": "user", "content": "hi"}]})"));
   EXPECT_EQ(StatusOf(g), 503) << g;
   EXPECT_EQ(BodyOf(g)["error"]["code"], "coordinator_unavailable");
   kill(pid, SIGTERM);
@@ -187,7 +197,8 @@ TEST_F(OpenAiServerTest, OfficialNodeClient) {
   ASSERT_TRUE(std::filesystem::exists(npm + "/node_modules/openai/package.json"))
       << "the openai npm package is missing: run scripts/install_npm_assets.sh";
   const std::string out = (std::filesystem::temp_directory_path() /
-                           ("mlaserve-openai-node-" + std::to_string(getpid()) + ".log")).string();
+                           ("mlaserve-openai-node-" + std::to_string(getpid()) + ".log"))
+                              .string();
   const std::string cmd = "OPENAI_BASE_URL=http://127.0.0.1:" + std::to_string(port_) +
                           "/v1 OPENAI_API_KEY=" + kApiKey + " MLASERVE_NPM_DIR=" + npm + " " +
                           MLASERVE_NODE + " " + std::getenv("MLASERVE_SOURCE_DIR") +
