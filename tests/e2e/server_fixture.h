@@ -126,6 +126,27 @@ class ServerProcesses {
     std::system(("pkill -9 -f '" + E2eBin("MLASERVE_WORKER_BIN", MLASERVE_WORKER_BIN) + ".*" + dir_.filename().string() + "' >/dev/null 2>&1").c_str());
   }
 
+  // The worker ranks' process ids: processes whose argv[0] is the worker binary and whose
+  // command line names this server's folder (mpirun's own command line names both, but not as
+  // argv[0]).
+  std::vector<pid_t> WorkerPids() const {
+    namespace fs = std::filesystem;
+    const std::string bin = E2eBin("MLASERVE_WORKER_BIN", MLASERVE_WORKER_BIN);
+    std::vector<pid_t> pids;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/proc", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(e.path() / "cmdline");
+      const std::string cmd((std::istreambuf_iterator<char>(in)), {});
+      const bool is_worker = cmd.compare(0, cmd.find('\0'), bin) == 0;
+      if (is_worker && cmd.find(dir_.filename().string()) != std::string::npos) {
+        pids.push_back(static_cast<pid_t>(std::stol(name)));
+      }
+    }
+    return pids;
+  }
+
   int WaitCoordinator(std::chrono::seconds timeout) {
     const int rc = Wait(coordinator_, timeout);
     if (rc != -1) coordinator_ = -1;

@@ -38,6 +38,7 @@
 #include "worker/backend/cuda_backend_module.h"
 #include "worker/model/memory_plan.h"
 #include "worker/comm/mpi_communicator.h"
+#include "worker/comm/mpi_wait.h"
 #include "worker/server/step_executor.h"
 #include "worker/server/worker_metrics.h"
 #include "zmq.hpp"
@@ -283,8 +284,23 @@ int main(int argc, char** argv) {
       }
     }
     (void)orphaned;
+    // The length goes out as a non-blocking broadcast that the ranks wait for with sleeps
+    // (worker/comm/mpi_wait.h): a blocking MPI_Bcast busy-polls a core for as long as the server
+    // is idle. Every rank calls MPI_Ibcast, since a non-blocking collective matches only its own
+    // kind. The bytes follow right after the length, so a blocking MPI_Bcast is fine for them.
     uint64_t len = bytes.size();
-    MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    MPI_Request len_request = MPI_REQUEST_NULL;
+    absl::Status len_status = MpiCallStatus(
+        MPI_Ibcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, &len_request), "MPI_Ibcast");
+    if (len_status.ok()) len_status = WaitMpiRequest(&len_request, "step plan length broadcast");
+    if (!len_status.ok()) {
+      // A peer rank is gone or MPI failed: no step can run; stop this rank (mpirun then ends
+      // the job, and the coordinator sees rank 0's heartbeat stop).
+      std::fprintf(stderr, "mlaserve-worker: rank %d: %s; stopping\n", rank,
+                   std::string(len_status.message()).c_str());
+      exit_code = 1;
+      break;
+    }
     bytes.resize(len);
     MPI_Bcast(bytes.data(), static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
     if (len % sizeof(capnp::word) != 0 || len == 0) {
