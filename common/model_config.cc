@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -135,6 +136,151 @@ absl::Status ParseRope(const json& text, Reader& r, RopeConfig& rope, int max_po
   return p.status();
 }
 
+// DeepSeek-V3/R1: {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+// "activation_scheme": "dynamic"} (format: kernels/linear/fp8_block_ref.h). The activation scheme
+// is how DeepSeek's own GEMMs quantize activations (per 128 columns, at run time); it does not
+// change the weights, and mlaserve multiplies unquantized activations.
+absl::Status ParseFp8Block(const json& qc, QuantConfig& q) {
+  Reader r(qc, "quantization config (fp8)");
+  q.method = QuantConfig::Method::kFp8Block;
+  const std::string fmt = r.StringOr("fmt", "e4m3");
+  if (!r.status().ok()) return r.status();
+  if (fmt != "e4m3") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantization config (fp8): fmt \"", fmt, "\" is not supported (expected \"e4m3\")"));
+  }
+  const std::string act = r.StringOr("activation_scheme", "dynamic");
+  if (!r.status().ok()) return r.status();
+  if (act != "dynamic") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantization config (fp8): activation_scheme \"", act,
+        "\" is not supported (expected \"dynamic\"; static activation scales are not read)"));
+  }
+  if (!qc.contains("weight_block_size")) {
+    return absl::InvalidArgumentError(
+        "quantization config (fp8): missing \"weight_block_size\" (per-tensor FP8 is not "
+        "supported; DeepSeek's releases use [128, 128])");
+  }
+  const json& b = qc["weight_block_size"];
+  if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+      b[0].get<int>() <= 0 || b[1].get<int>() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantization config (fp8): \"weight_block_size\" must be two positive integers, found ",
+        b.dump()));
+  }
+  q.weight_block_size = {b[0].get<int>(), b[1].get<int>()};
+  return absl::OkStatus();
+}
+
+// compressed-tensors (neuralmagic/compressed-tensors, quantization/quant_config.py and
+// quant_args.py): {"quant_method": "compressed-tensors", "format": "pack-quantized",
+// "quantization_status": "compressed", "config_groups": {"group_0": {"targets": ["Linear"],
+// "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+// "symmetric": true, "dynamic": false, "actorder": null}, "input_activations": null}},
+// "ignore": [...]}. Accepted: weight-only INT4 groups, symmetric, every group the same scheme
+// (format: kernels/linear/int4_group_ref.h).
+absl::Status ParseCompressedTensors(const json& qc, QuantConfig& q) {
+  const std::string where = "quantization config (compressed-tensors)";
+  Reader r(qc, where);
+  const std::string format = r.StringOr("format", "");
+  const std::string status = r.StringOr("quantization_status", "compressed");
+  if (!r.status().ok()) return r.status();
+  auto fail = [&](const std::string& msg) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", msg));
+  };
+  if (format != "pack-quantized") {
+    return fail(absl::StrCat("format \"", format,
+                             "\" is not supported (mlaserve reads \"pack-quantized\" INT4)"));
+  }
+  if (status != "compressed") {
+    return fail(absl::StrCat("quantization_status \"", status,
+                             "\" is not supported (expected \"compressed\": packed weights)"));
+  }
+  if (!qc.contains("config_groups") || !qc["config_groups"].is_object() ||
+      qc["config_groups"].empty()) {
+    return fail("missing \"config_groups\" (an object of quantization schemes)");
+  }
+  bool first = true;
+  for (const auto& [name, group] : qc["config_groups"].items()) {
+    const std::string gw = absl::StrCat("config_groups.", name);
+    if (!group.is_object()) return fail(absl::StrCat(gw, " is not an object"));
+    if (group.contains("format") && group["format"].is_string() &&
+        group["format"].get<std::string>() != "pack-quantized") {
+      return fail(absl::StrCat(gw, ".format \"", group["format"].get<std::string>(),
+                               "\" is not supported (expected \"pack-quantized\")"));
+    }
+    for (const char* act : {"input_activations", "output_activations"}) {
+      if (group.contains(act) && !group[act].is_null()) {
+        return fail(absl::StrCat(gw, ".", act,
+                                 " is set: activation quantization is not supported (mlaserve "
+                                 "reads weight-only INT4)"));
+      }
+    }
+    if (!group.contains("weights") || !group["weights"].is_object()) {
+      return fail(absl::StrCat(gw, ".weights is missing or not an object"));
+    }
+    const json& w = group["weights"];
+    Reader wr(w, absl::StrCat(where, ": ", gw, ".weights"));
+    const int bits = wr.Int("num_bits");
+    const std::string type = wr.StringOr("type", "int");
+    const std::string strategy = wr.StringOr("strategy", "");
+    const int gsize = wr.IntOr("group_size", 0);
+    const bool symmetric = wr.BoolOr("symmetric", true);
+    const bool dynamic = wr.BoolOr("dynamic", false);
+    if (!wr.status().ok()) return wr.status();
+    if (bits != 4) {
+      return fail(absl::StrCat(gw, ".weights.num_bits ", bits, " is not supported (expected 4)"));
+    }
+    if (type != "int") {
+      return fail(absl::StrCat(gw, ".weights.type \"", type,
+                               "\" is not supported (expected \"int\")"));
+    }
+    if (strategy != "group") {
+      return fail(absl::StrCat(gw, ".weights.strategy \"", strategy,
+                               "\" is not supported (expected \"group\")"));
+    }
+    if (gsize <= 0) {
+      return fail(absl::StrCat(gw, ".weights.group_size must be positive, found ", gsize));
+    }
+    if (!symmetric) {
+      return fail(absl::StrCat(gw, ".weights.symmetric is false: zero points "
+                                   "(weight_zero_point) are not supported"));
+    }
+    if (dynamic) return fail(absl::StrCat(gw, ".weights.dynamic is true (expected false)"));
+    if (w.contains("actorder") && !w["actorder"].is_null()) {
+      return fail(absl::StrCat(gw, ".weights.actorder is set: weight_g_idx column orders are "
+                                   "not supported"));
+    }
+    if (!first && gsize != q.group_size) {
+      return fail(absl::StrCat(gw, ".weights.group_size ", gsize, " differs from another group's ",
+                               q.group_size, " (one scheme for every group is supported)"));
+    }
+    q.group_size = gsize;
+    first = false;
+  }
+  q.method = QuantConfig::Method::kInt4Group;
+  q.symmetric = true;
+  if (qc.contains("ignore") && !qc["ignore"].is_null()) {
+    if (!qc["ignore"].is_array()) return fail("\"ignore\" is not a list of module names");
+    for (const auto& m : qc["ignore"]) {
+      if (!m.is_string()) {
+        return fail(absl::StrCat("\"ignore\" entry ", m.dump(), " is not a string"));
+      }
+      const std::string entry = m.get<std::string>();
+      if (entry.rfind("re:", 0) == 0) {
+        try {
+          std::regex check(entry.substr(3));
+        } catch (const std::regex_error&) {
+          return fail(absl::StrCat("\"ignore\" entry \"", entry,
+                                   "\" is not a valid regular expression"));
+        }
+      }
+      q.exclude_modules.push_back(entry);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseQuant(const json& root, const json& text, const json* hf_quant, QuantConfig& q) {
   // hf_quant_config.json: {"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8",
   //  "group_size": 16, "exclude_modules": [...]}}; newer exports: config.json
@@ -152,18 +298,13 @@ absl::Status ParseQuant(const json& root, const json& text, const json* hf_quant
   Reader r(*qc, "quantization config");
   const std::string method = r.StringOr("quant_method", "modelopt");
   std::string algo = r.StringOr("quant_algo", "");
-  if (method == "fp8") {
-    q.method = QuantConfig::Method::kFp8Block;
-    if (qc->contains("weight_block_size") && (*qc)["weight_block_size"].is_array()) {
-      for (const auto& v : (*qc)["weight_block_size"]) {
-        if (v.is_number_integer()) q.weight_block_size.push_back(v.get<int>());
-      }
-    }
-    return r.status();
-  }
+  if (method == "fp8") return ParseFp8Block(*qc, q);
+  if (method == "compressed-tensors") return ParseCompressedTensors(*qc, q);
   if (method != "modelopt") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "quantization method \"", method, "\" is not supported (mlaserve loads BF16, ModelOpt NVFP4 and reads DeepSeek FP8 configs)"));
+        "quantization method \"", method,
+        "\" is not supported (mlaserve loads BF16, ModelOpt NVFP4, compressed-tensors INT4 "
+        "pack-quantized and DeepSeek FP8 block-quantized checkpoints)"));
   }
   if (algo == "NVFP4") {
     q.method = QuantConfig::Method::kNvfp4;
@@ -190,6 +331,20 @@ absl::Status ParseQuant(const json& root, const json& text, const json* hf_quant
 }  // namespace
 
 bool QuantConfig::IsExcluded(const std::string& module) const {
+  if (method == Method::kInt4Group) {
+    for (const auto& entry : exclude_modules) {
+      if (entry.rfind("re:", 0) == 0) {
+        // Python's re.match: anchored at the start only.
+        if (std::regex_search(module, std::regex(entry.substr(3)),
+                              std::regex_constants::match_continuous)) {
+          return true;
+        }
+      } else if (entry == module) {
+        return true;
+      }
+    }
+    return false;
+  }
   for (const auto& pattern : exclude_modules) {
     if (WildcardMatch(pattern, module)) return true;
   }

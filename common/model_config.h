@@ -34,16 +34,22 @@ struct RopeConfig {
 };
 
 struct QuantConfig {
-  // kFp8Block: DeepSeek's own FP8 release format (e4m3 weights, 128x128 block scales); parsed so
-  // that the loader can say clearly that it is not served, rather than misread the tensors.
-  enum class Method { kNone, kNvfp4, kFp8Block };
+  // kNvfp4: ModelOpt NVFP4. kInt4Group: compressed-tensors "pack-quantized" INT4 weight-only,
+  // symmetric, one scale per group_size columns (Kimi-K2 Thinking / K2.5). kFp8Block: DeepSeek's
+  // FP8 release format (e4m3 weights, weight_block_size block scales). Formats in
+  // kernels/moe/nvfp4_ref.h, kernels/linear/int4_group_ref.h, kernels/linear/fp8_block_ref.h.
+  enum class Method { kNone, kNvfp4, kInt4Group, kFp8Block };
   Method method = Method::kNone;
-  int group_size = 16;
-  std::vector<int> weight_block_size;  // kFp8Block
+  int group_size = 16;                 // kNvfp4: 16; kInt4Group: the config group's group_size
+  bool symmetric = true;               // kInt4Group (only symmetric schemes are accepted)
+  std::vector<int> weight_block_size;  // kFp8Block: [rows, cols] of one scale block
   bool kv_cache_fp8 = false;
-  // Module name patterns (fnmatch-style '*' wildcards) that stay unquantized.
+  // Modules that stay unquantized. ModelOpt: fnmatch-style '*' / '?' patterns. compressed-tensors
+  // ("ignore"): an entry "re:<regex>" matches a name the regex matches from its start (Python
+  // re.match), any other entry only the identical name (compressed_tensors/utils/match.py,
+  // _match_name).
   std::vector<std::string> exclude_modules;
-  // True when `module` (e.g. "model.layers.3.self_attn.q_a_proj") matches an exclude pattern.
+  // True when `module` (e.g. "model.layers.3.self_attn.q_a_proj") matches an exclude entry.
   bool IsExcluded(const std::string& module) const;
 };
 

@@ -18,8 +18,8 @@
 namespace mlaserve {
 
 struct Fp8BlockTensor {
-  const uint8_t* weight = nullptr;     // e4m3 [rows, cols]
-  const float* scale_inv = nullptr;    // [ceil(rows / block_rows), ceil(cols / block_cols)]
+  const uint8_t* weight = nullptr;   // e4m3 [rows, cols]
+  const float* scale_inv = nullptr;  // [ceil(rows / block_rows), ceil(cols / block_cols)]
   int64_t rows = 0;
   int64_t cols = 0;
   int block_rows = 128;

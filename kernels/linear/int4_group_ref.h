@@ -16,7 +16,8 @@
 //    symmetric.
 // Kimi's config: config_groups.group_0.weights {num_bits 4, type int, strategy group,
 // group_size 32, symmetric true}, format pack-quantized, only the routed experts quantized
-// (ignore: lm_head, re:.*self_attn.*, re:.*shared_experts.*, re:.*mlp\.(gate|up|gate_up|down)_proj.*).
+// (ignore: lm_head, re:.*self_attn.*, re:.*shared_experts.*,
+// re:.*mlp\.(gate|up|gate_up|down)_proj.*).
 #pragma once
 
 #include <cstdint>

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/linear/fp8_block_ref.h"
+#include "kernels/linear/int4_group_ref.h"
 #include "kernels/moe/nvfp4_ref.h"
 
 namespace mlaserve {
@@ -121,14 +123,25 @@ class WeightReader {
     return w;
   }
 
-  // The same in host memory, in the checkpoint's format: dense, or NVFP4 when the checkpoint
-  // has module.weight_scale (ModelOpt layout).
+  // The same in host memory: dense in the checkpoint's dtype, or NVFP4 when the checkpoint has
+  // module.weight_scale (ModelOpt layout). INT4 (compressed-tensors module.weight_packed) and FP8
+  // block (DeepSeek module.weight_scale_inv) modules are dequantized here into a dense fp32
+  // weight of the shard, which both backends take as they take an fp32 checkpoint: the CPU
+  // backend as is (exact), the CUDA backend rounded once to bf16 in UploadLinear/UploadExperts.
+  // That rounding: INT4 q * bf16 scale has up to 11 significant bits, so bf16 (8) keeps it to a
+  // relative 2^-9, and the result is the bf16 product compressed-tensors' decompress_weight
+  // itself returns (dequantize() outputs the scale's dtype); FP8 e4m3 * fp32 scale_inv is
+  // rounded to fp32 then to bf16, as DeepSeek's weight_dequant stores it (relative <= 2^-9 +
+  // 2^-24). Memory: the GPU holds 2 bytes a weight (4x an INT4 checkpoint, 2x an FP8 one) until
+  // INT4 / FP8 block GEMMs exist; the host briefly holds a layer's local experts in fp32.
   absl::StatusOr<LinearWeight> HostLinear(const std::string& module, int64_t out, int64_t in,
                                       ShardRange rows, ShardRange cols) {
     LinearWeight w;
     w.out_features = rows.count;
     w.in_features = cols.count;
     const std::string wn = module + ".weight";
+    if (Has(module + ".weight_packed")) return Int4Linear(module, out, in, rows, cols);
+    if (Has(module + ".weight_scale_inv")) return Fp8BlockLinear(module, out, in, rows, cols);
     if (Has(module + ".weight_scale")) {
       if (quant_ != nullptr && quant_->IsExcluded(module)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -171,10 +184,112 @@ class WeightReader {
     return w;
   }
 
+  // A compressed-tensors INT4 module (format: kernels/linear/int4_group_ref.h), dequantized.
+  absl::StatusOr<LinearWeight> Int4Linear(const std::string& module, int64_t out, int64_t in,
+                                          ShardRange rows, ShardRange cols) {
+    const std::string pn = Name(module + ".weight_packed");
+    if (quant_ == nullptr || quant_->method != QuantConfig::Method::kInt4Group) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", pn, ": an INT4 packed weight, but the checkpoint's quantization_config is "
+          "not compressed-tensors pack-quantized"));
+    }
+    if (quant_->IsExcluded(Name(module))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", pn, ": module ", Name(module), " is INT4 in the checkpoint but its "
+          "quantization config's \"ignore\" list keeps it unquantized"));
+    }
+    if (Has(module + ".weight_zero_point")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", Name(module + ".weight_zero_point"),
+          ": zero points (asymmetric INT4) are not supported"));
+    }
+    const int g = quant_->group_size;
+    const int64_t words = (in + kInt4PerWord - 1) / kInt4PerWord, groups = (in + g - 1) / g;
+    auto packed = ckpt_.Get(pn, DType::kI32, {out, words});
+    if (!packed.ok()) return packed.status();
+    auto shape = ckpt_.Get(Name(module + ".weight_shape"));
+    if (!shape.ok()) return shape.status();
+    {
+      std::vector<int64_t> dims;
+      const TensorInfo& si = *shape->info;
+      if ((si.dtype == DType::kI32 || si.dtype == DType::kI64) && si.NumElements() == 2) {
+        for (int i = 0; i < 2; ++i) {
+          if (si.dtype == DType::kI32) {
+            int32_t v;
+            std::memcpy(&v, shape->bytes.data() + 4 * i, 4);
+            dims.push_back(v);
+          } else {
+            int64_t v;
+            std::memcpy(&v, shape->bytes.data() + 8 * i, 8);
+            dims.push_back(v);
+          }
+        }
+      }
+      if (dims != std::vector<int64_t>{out, in}) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", Name(module + ".weight_shape"), ": expected I32 [2] holding ",
+            Shape({out, in}), ", found ", si.Describe(),
+            dims.size() == 2 ? absl::StrCat(" holding ", Shape(dims)) : ""));
+      }
+    }
+    auto scale = ckpt_.Get(Name(module + ".weight_scale"));
+    if (!scale.ok()) return scale.status();
+    if (!IsDenseFloat(scale->info->dtype) ||
+        scale->info->shape != std::vector<int64_t>{out, groups}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", Name(module + ".weight_scale"), ": expected BF16 (or F16, F32) ",
+          Shape({out, groups}), " (one scale per ", g, " columns), found ",
+          scale->info->Describe()));
+    }
+    Tensor p = ReadSlice(*packed, rows.begin, rows.count, 0, words);
+    Tensor sc = ToF32(ReadSlice(*scale, rows.begin, rows.count, 0, groups));
+    LinearWeight w;
+    w.out_features = rows.count;
+    w.in_features = cols.count;
+    w.weight = Tensor::Host(DType::kF32, {rows.count, cols.count});
+    DequantizeInt4Group({p.data<int32_t>(), sc.data<float>(), rows.count, in, g}, 0, rows.count,
+                        cols.begin, cols.count, w.weight.data<float>());
+    return w;
+  }
+
+  // A DeepSeek FP8 block-quantized module (format: kernels/linear/fp8_block_ref.h), dequantized.
+  absl::StatusOr<LinearWeight> Fp8BlockLinear(const std::string& module, int64_t out, int64_t in,
+                                              ShardRange rows, ShardRange cols) {
+    const std::string sn = Name(module + ".weight_scale_inv");
+    if (quant_ == nullptr || quant_->method != QuantConfig::Method::kFp8Block ||
+        quant_->weight_block_size.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", sn, ": an FP8 block scale, but the checkpoint's quantization_config is not "
+          "{\"quant_method\": \"fp8\", \"weight_block_size\": [..]}"));
+    }
+    const int br = quant_->weight_block_size[0], bc = quant_->weight_block_size[1];
+    auto weight = ckpt_.Get(Name(module + ".weight"), DType::kF8E4M3, {out, in});
+    if (!weight.ok()) return weight.status();
+    auto scale = ckpt_.Get(sn, DType::kF32, {(out + br - 1) / br, (in + bc - 1) / bc});
+    if (!scale.ok()) return scale.status();
+    // The mapped bytes need not be 4-aligned: copy the (small) scale grid.
+    std::vector<float> s(scale->info->NumElements());
+    std::memcpy(s.data(), scale->bytes.data(), s.size() * sizeof(float));
+    LinearWeight w;
+    w.out_features = rows.count;
+    w.in_features = cols.count;
+    w.weight = Tensor::Host(DType::kF32, {rows.count, cols.count});
+    DequantizeFp8Block({weight->bytes.data(), s.data(), out, in, br, bc}, rows.begin, rows.count,
+                       cols.begin, cols.count, w.weight.data<float>());
+    return w;
+  }
+
   // kv_b rows of the local heads as fp32 on the host: [heads, nope + v, 512].
   absl::StatusOr<Tensor> KvBHost(const std::string& module, int64_t all_heads, ShardRange heads,
                                  int nope, int v, int kv_lora) {
     const int64_t per = nope + v;
+    if (Has(module + ".weight_packed") || Has(module + ".weight_scale_inv")) {
+      const int p = static_cast<int>(per);
+      const ShardRange rows{heads.begin * p, heads.count * p};
+      auto lw = HostLinear(module, all_heads * per, kv_lora, rows, {0, kv_lora});
+      if (!lw.ok()) return lw.status();
+      return lw->weight.Reshaped({heads.count, per, kv_lora});
+    }
     if (Has(module + ".weight_scale")) {
       auto lw = HostLinear(module, all_heads * per, kv_lora,
                            {heads.begin * static_cast<int>(per), heads.count * static_cast<int>(per)},
@@ -219,11 +334,6 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const Ten
                                                                        const ModelOptions& options,
                                                                        Ops& ops, Communicator& comm) {
   const std::string origin = source.Origin();
-  if (config.quant.method == QuantConfig::Method::kFp8Block) {
-    return absl::UnimplementedError(absl::StrCat(
-        origin, ": DeepSeek's FP8 block-quantized weights are not served; use the BF16 or NVFP4 "
-                "(ModelOpt) checkpoint, or quantize a BF16 one with mlaserve-quantize"));
-  }
   if (config.kv_lora_rank != kMlaLatentDim || config.qk_rope_head_dim != kMlaRopeDim) {
     return absl::InvalidArgumentError(absl::StrCat(
         origin, ": kv_lora_rank ", config.kv_lora_rank, " and qk_rope_head_dim ",
@@ -278,8 +388,10 @@ absl::Status DeepseekV3Model::LoadWeights(const TensorSource& ckpt) {
     rope_scaling_ = static_cast<float>(c.RopeAttentionScaling());
   }
 
+  // Layers past num_hidden_layers (DeepSeek's MTP layer 61, num_nextn_predict_layers) are in
+  // the released checkpoints and are never read.
   WeightReader r(ckpt, c.tensor_prefix, ops_, weight_bytes_,
-                 c.quant.method == QuantConfig::Method::kNvfp4 ? &c.quant : nullptr);
+                 c.quant.method == QuantConfig::Method::kNone ? nullptr : &c.quant);
   const int64_t H = c.hidden_size;
   {
     auto emb = r.Dense("model.embed_tokens.weight", {c.vocab_size, H});

@@ -44,7 +44,8 @@ TEST(Fp8BlockRefTest, BlocksPartialEdgesAndWindows) {
   DequantizeFp8Block(w, 0, rows, 0, cols, out.data());
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < cols; ++c) {
-      EXPECT_EQ(out[r * cols + c], value[r * cols + c] * scale[(r / 2) * 3 + c / 3]) << r << "," << c;
+      EXPECT_EQ(out[r * cols + c], value[r * cols + c] * scale[(r / 2) * 3 + c / 3])
+          << r << "," << c;
     }
   }
   std::vector<float> win(3 * 4);

@@ -44,7 +44,8 @@ TEST(Int4GroupRefTest, GroupsPaddingAndWindows) {
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < cols; ++c) {
       // Exact: a small integer times a power-of-two multiple of 1/8.
-      EXPECT_EQ(out[r * cols + c], q[r * cols + c] * scale[r * groups + c / group]) << r << "," << c;
+      EXPECT_EQ(out[r * cols + c], q[r * cols + c] * scale[r * groups + c / group])
+          << r << "," << c;
     }
   }
   // A window [1, 3) x [13, 37) reads the same values.
