@@ -2,10 +2,20 @@
 //
 //   mlaserve-openai --coordinator tcp://HOST:PORT --listen HOST:PORT [--api-key KEY]
 //                   [--served-model-name NAME] [--threads N] [--default-max-tokens N]
-//                   [--request-timeout-s S]
+//                   [--request-timeout-s S] [--model DIR] [--reasoning-parser deepseek|kimi|none]
 //
-// GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions (streaming as
-// server-sent events with "stream": true).
+// GET /health, GET /version, GET /v1/models, POST /v1/chat/completions, POST /v1/completions
+// (streaming as server-sent events with "stream": true), POST /tokenize, POST /detokenize.
+//
+// --model DIR (the folder the coordinator serves) loads the model's tokenizer and chat template
+// here too: /tokenize and /detokenize, logprobs named by each token's own string, and the
+// model's output parsed from its token ids (tool calls, tool_calls.h; thinking,
+// reasoning_parser.h). Without it those answer 501 (the endpoints) or 400 (tools) saying the flag
+// is needed.
+// --reasoning-parser is a flag rather than read from the template: whether the output starts
+// inside the thinking depends on the rendered prompt (DeepSeek-V3.1 thinks only with
+// thinking=true; R1 always), which the coordinator renders, not this process, and a template
+// that never mentions <think> (DeepSeek-V3's) can sit in front of a model that thinks.
 //
 // Why a process of its own rather than `--http` inside the coordinator: it speaks the
 // coordinator's ZeroMQ API through the same Client every other caller uses and shares nothing
@@ -44,6 +54,9 @@
 #include "absl/strings/numbers.h"
 #include "coordinator/client/client.h"
 #include "coordinator/http/openai_protocol.h"
+#include "coordinator/http/reasoning_parser.h"
+#include "coordinator/http/tool_calls.h"
+#include "coordinator/server/request_builder.h"
 #include "nlohmann/json.hpp"
 
 namespace mlaserve::openai {
@@ -60,10 +73,17 @@ struct Options {
   uint32_t default_max_tokens = 256;
   int request_timeout_s = 600;
   size_t max_body_bytes = 8u << 20;
+  std::string model_dir;
+  ReasoningFormat reasoning = ReasoningFormat::kNone;
 };
 
 std::atomic<bool> g_stop{false};
 const Options* g_options = nullptr;
+// From --model: the tokenizer and chat template (null without the flag), the tool-call markers
+// its tokenizer has, and the ids of <think> / </think> where they are single tokens.
+const ModelText* g_text = nullptr;
+std::optional<ToolCallMarkers> g_tool_markers;
+std::vector<int32_t> g_think_ids;
 
 // Text of a JSON value, with invalid UTF-8 (a model can emit any bytes) replaced rather than
 // throwing.
@@ -83,6 +103,8 @@ const char* StatusText(int status) {
       return "Method Not Allowed";
     case 413:
       return "Payload Too Large";
+    case 501:
+      return "Not Implemented";
     case 429:
       return "Too Many Requests";
     case 503:
@@ -212,7 +234,72 @@ struct Choice {
   json logprobs;          // non-streaming: chat {"content": [...]} or the completions object
   size_t text_bytes = 0;  // completions: text_offset of the next token
   uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  // Chat with the output parsed (tools or --reasoning-parser): the parts of the answer.
+  std::unique_ptr<ToolCallParser> parser;
+  std::unique_ptr<ReasoningSplitter> splitter;
+  std::string content, reasoning;
+  json tool_calls = json::array();  // full response: [{id, type, function: {name, arguments}}]
 };
+
+// One step of parsed output as a chat delta's fields (content, reasoning, tool_calls), merged
+// into the choice's full-response parts too. Returns an empty object when nothing was added.
+json ParsedFields(Choice& c, const ParsedDelta& d) {
+  const ReasoningSplitter::Split split = c.splitter->Add(d.content);
+  json delta = json::object();
+  if (!split.content.empty()) delta["content"] = split.content;
+  if (!split.reasoning.empty()) {
+    delta["reasoning_content"] = split.reasoning;
+    delta["reasoning"] = split.reasoning;
+  }
+  c.content += split.content;
+  c.reasoning += split.reasoning;
+  json calls = json::array();
+  for (const ToolCallDelta& t : d.tool_calls) {
+    json call = {{"index", t.index}};
+    if (!t.id.empty() || !t.name.empty()) {
+      call["id"] = t.id;
+      call["type"] = "function";
+      call["function"] = {{"name", t.name}, {"arguments", t.arguments}};
+      c.tool_calls.push_back({{"id", t.id},
+                              {"type", "function"},
+                              {"function", {{"name", t.name}, {"arguments", ""}}}});
+    } else {
+      call["function"] = {{"arguments", t.arguments}};
+    }
+    if (t.index < static_cast<int>(c.tool_calls.size())) {
+      json& args = c.tool_calls[t.index]["function"]["arguments"];
+      args = args.get<std::string>() + t.arguments;
+    }
+    calls.push_back(std::move(call));
+  }
+  if (!calls.empty()) delta["tool_calls"] = std::move(calls);
+  return delta;
+}
+
+// Appends the fields of `add` to `into` (text concatenated, tool-call deltas in order).
+void MergeDelta(json& into, const json& add) {
+  for (const auto& [k, v] : add.items()) {
+    if (v.is_string()) {
+      into[k] = into.value(k, "") + v.get<std::string>();
+    } else {
+      if (!into.contains(k)) into[k] = json::array();
+      for (const json& e : v) into[k].push_back(e);
+    }
+  }
+}
+
+json FinishFields(Choice& c) {
+  json delta = ParsedFields(c, c.parser->Finish());
+  const ReasoningSplitter::Split tail = c.splitter->Finish();
+  if (!tail.content.empty()) delta["content"] = delta.value("content", "") + tail.content;
+  if (!tail.reasoning.empty()) {
+    delta["reasoning_content"] = delta.value("reasoning_content", "") + tail.reasoning;
+    delta["reasoning"] = delta["reasoning_content"];
+  }
+  c.content += tail.content;
+  c.reasoning += tail.reasoning;
+  return delta;
+}
 
 class Generation {
  public:
@@ -223,10 +310,22 @@ class Generation {
         model_(std::move(model)),
         chat_(req.endpoint == Endpoint::kChat),
         id_(RandomId(chat_ ? "chatcmpl-" : "cmpl-")),
-        created_(static_cast<int64_t>(std::time(nullptr))) {}
+        created_(static_cast<int64_t>(std::time(nullptr))),
+        parsed_(chat_ && g_text != nullptr &&
+                (!req.tools.empty() || g_options->reasoning != ReasoningFormat::kNone)) {}
 
   int Run() {
     choices_.resize(req_.inputs.size());
+    if (parsed_) {
+      for (size_t i = 0; i < choices_.size(); ++i) {
+        choices_[i].parser = std::make_unique<ToolCallParser>(
+            *g_text->tokenizer, req_.tools.empty() ? std::nullopt : g_tool_markers,
+            req_.inputs[i].sampling.skip_special_tokens,
+            g_options->reasoning == ReasoningFormat::kNone ? std::vector<int32_t>{} : g_think_ids,
+            RandomId("call_").substr(0, 29) + "_");
+        choices_[i].splitter = std::make_unique<ReasoningSplitter>(g_options->reasoning);
+      }
+    }
     for (size_t i = 0; i < req_.inputs.size(); ++i) {
       auto id = client_.Submit(req_.inputs[i]);
       if (!id.ok()) {
@@ -272,6 +371,10 @@ class Generation {
             "generation " + r->finish_reason + (r->message.empty() ? "" : ": " + r->message)));
       }
       c.finish_reason = FinishReasonName(r->finish_reason);
+      if (parsed_) {
+        final_delta_ = FinishFields(c);
+        if (c.parser->num_calls() > 0 && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+      }
       c.text = r->text;
       c.prompt_tokens = r->prompt_tokens;
       c.completion_tokens = r->completion_tokens;
@@ -330,7 +433,7 @@ class Generation {
     if (chat_) {
       json content = json::array();
       for (const TokenLogprobInfo& lp : r.logprobs) {
-        content.push_back(ChatLogprobEntry(lp, r.text, req_.top_logprobs));
+        content.push_back(ChatLogprobEntry(lp, r.text, req_.top_logprobs, Tok()));
       }
       if (!req_.stream) {
         if (c.logprobs.is_null()) c.logprobs = {{"content", json::array()}, {"refusal", nullptr}};
@@ -342,15 +445,24 @@ class Generation {
     json obj = EmptyCompletionLogprobs();
     json& into = req_.stream ? obj : (c.logprobs.is_null() ? c.logprobs = obj : c.logprobs);
     for (const TokenLogprobInfo& lp : r.logprobs) {
-      AppendCompletionLogprob(into, lp, r.text, c.text_bytes, req_.top_logprobs);
+      AppendCompletionLogprob(into, lp, r.text, c.text_bytes, req_.top_logprobs, Tok());
     }
     return req_.stream ? obj : json(nullptr);
   }
+
+  static const Tokenizer* Tok() { return g_text != nullptr ? g_text->tokenizer.get() : nullptr; }
 
   bool OnChunk(size_t index, const Reply& r) {
     Choice& c = choices_[index];
     json lp = ChunkLogprobs(c, r);
     c.text_bytes += r.text.size();
+    if (parsed_) {
+      json delta = json::object();
+      for (int32_t id : r.token_ids) MergeDelta(delta, ParsedFields(c, c.parser->Add(id)));
+      if (!req_.stream) return true;
+      if (c.started && delta.empty() && lp.is_null()) return true;
+      return SendParsedDelta(index, std::move(delta), std::move(lp));
+    }
     if (!req_.stream) return true;
     // Nothing to say: a token whose text the detokenizer holds back, after the first chunk.
     if (c.started && r.text.empty() && lp.is_null()) return true;
@@ -367,9 +479,23 @@ class Generation {
     return SendEvent(ChunkEnvelope(std::move(choice)));
   }
 
+  bool SendParsedDelta(size_t index, json delta, json lp) {
+    Choice& c = choices_[index];
+    if (!SendHeaders()) return false;
+    if (!c.started) delta["role"] = "assistant";
+    c.started = true;
+    return SendEvent(ChunkEnvelope({{"index", index},
+                                    {"delta", std::move(delta)},
+                                    {"logprobs", std::move(lp)},
+                                    {"finish_reason", nullptr}}));
+  }
+
   bool OnStreamFinal(size_t index) {
     Choice& c = choices_[index];
     if (!SendHeaders()) return false;
+    if (parsed_ && !final_delta_.empty() && !SendParsedDelta(index, final_delta_, nullptr)) {
+      return false;
+    }
     json choice = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
     if (chat_) {
       choice["delta"] = c.started ? json::object() : json{{"role", "assistant"}, {"content", ""}};
@@ -420,7 +546,18 @@ class Generation {
                    : EmptyCompletionLogprobs();
       }
       json choice = {{"index", i}, {"logprobs", lp}, {"finish_reason", c.finish_reason}};
-      if (chat_) {
+      if (chat_ && parsed_) {
+        json msg = {{"role", "assistant"}, {"content", c.content}};
+        if (!c.reasoning.empty()) {
+          msg["reasoning_content"] = c.reasoning;
+          msg["reasoning"] = c.reasoning;
+        }
+        if (!c.tool_calls.empty()) {
+          msg["tool_calls"] = c.tool_calls;
+          if (c.content.empty()) msg["content"] = nullptr;  // as OpenAI answers a call-only turn
+        }
+        choice["message"] = std::move(msg);
+      } else if (chat_) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       } else {
         choice["text"] = c.text;
@@ -445,6 +582,8 @@ class Generation {
   std::vector<Choice> choices_;
   std::map<uint64_t, size_t> index_;
   bool headers_sent_ = false;
+  const bool parsed_;  // chat output through ToolCallParser + ReasoningSplitter
+  json final_delta_;   // what the last final's Finish() added, sent before its finish_reason
 };
 
 int HandleGenerate(mg_connection* conn, Endpoint endpoint) {
@@ -462,6 +601,35 @@ int HandleGenerate(mg_connection* conn, Endpoint endpoint) {
       endpoint == Endpoint::kCompletions ? std::min<uint32_t>(16, g_options->default_max_tokens)
                                          : g_options->default_max_tokens));
   if (!parsed->ok) return WriteError(conn, parsed->error);
+  ParsedRequest& req = parsed->request;
+  if (!req.tools.empty()) {
+    ApiError e = Error(400, "invalid_request_error", "");
+    e.param = "tools";
+    if (g_text == nullptr) {
+      e.message =
+          "'tools' needs mlaserve-openai --model DIR: the model's tool-call markers are found by "
+          "the token ids of its tokenizer";
+      return WriteError(conn, e);
+    }
+    if (!g_tool_markers) {
+      e.message =
+          "this model's tokenizer has no known tool-call markers (Kimi-K2's or DeepSeek-V3's), so "
+          "its tool calls cannot be parsed";
+      return WriteError(conn, e);
+    }
+    const std::string tools = Dump(req.tools);
+    for (GenerateInput& in : req.inputs) in.tools_json = tools;
+  }
+  const bool output_parsed = endpoint == Endpoint::kChat && g_text != nullptr &&
+                             (!req.tools.empty() || g_options->reasoning != ReasoningFormat::kNone);
+  if (output_parsed && req.has_stop_strings) {
+    ApiError e = Error(400, "invalid_request_error",
+                       "'stop' strings cannot be combined with tools or a reasoning parser yet: "
+                       "the coordinator cuts its own text at a stop string, and parsed output is "
+                       "decoded here from the token ids (use stop_token_ids)");
+    e.param = "stop";
+    return WriteError(conn, e);
+  }
   Client* client = ThreadClient();
   if (client == nullptr) return WriteError(conn, Unavailable("cannot connect"));
   auto model = ModelName(*client);
@@ -504,6 +672,144 @@ int HandleModels(mg_connection* conn) {
   return WriteJson(conn, 200, {{"object", "list"}, {"data", json::array({m})}});
 }
 
+int NeedsModel(mg_connection* conn, const char* what) {
+  return WriteError(
+      conn, Error(501, "invalid_request_error",
+                  std::string(what) + " needs the model's tokenizer: start mlaserve-openai with "
+                                      "--model DIR (the folder the coordinator serves)",
+                  "tokenizer_not_loaded"));
+}
+
+// Reads a JSON object body; false (and the error written) otherwise.
+bool ReadJsonObject(mg_connection* conn, json& body, int& status) {
+  std::string text;
+  if (!ReadBody(conn, text, status)) return false;
+  body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    status = WriteError(conn, Error(400, "invalid_request_error",
+                                    "the request body must be a JSON object", "invalid_json"));
+    return false;
+  }
+  return true;
+}
+
+ApiError BadParam(const std::string& param, const std::string& message) {
+  ApiError e = Error(400, "invalid_request_error", message);
+  e.param = param;
+  return e;
+}
+
+// The chat prompt as the coordinator renders it (coordinator/server/request_builder.cc, whose
+// message fields and their order this follows: tojson output depends on key order).
+absl::StatusOr<std::string> RenderChat(const json& messages, const json& tools,
+                                       bool add_generation_prompt) {
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+  for (const json& m : messages) {
+    nlohmann::ordered_json o = {{"role", m["role"]}, {"content", m.value("content", "")}};
+    for (const char* k : {"name", "tool_call_id", "reasoning_content"}) {
+      if (m.contains(k) && !m[k].get<std::string>().empty()) o[k] = m[k];
+    }
+    if (m.contains("tool_calls") && !m["tool_calls"].empty()) {
+      nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+      for (const json& tc : m["tool_calls"]) {
+        const json f = tc.value("function", json::object());
+        const std::string args = f.value("arguments", "");
+        auto parsed = nlohmann::ordered_json::parse(args, nullptr, false);
+        calls.push_back(
+            {{"id", tc.value("id", "")},
+             {"type", "function"},
+             {"function",
+              {{"name", f.value("name", "")},
+               {"arguments", parsed.is_discarded() ? nlohmann::ordered_json(args) : parsed}}}});
+      }
+      o["tool_calls"] = std::move(calls);
+    }
+    msgs.push_back(std::move(o));
+  }
+  nlohmann::ordered_json context = {{"messages", msgs},
+                                    {"add_generation_prompt", add_generation_prompt},
+                                    {"bos_token", g_text->bos_token},
+                                    {"eos_token", g_text->eos_token},
+                                    {"tools", nullptr},
+                                    {"documents", nullptr}};
+  if (!tools.empty()) context["tools"] = nlohmann::ordered_json::parse(Dump(tools));
+  return g_text->chat_template->Render(context);
+}
+
+// POST /tokenize: {"prompt": str [, "add_special_tokens": bool]} or {"messages": [...]
+// [, "tools", "add_generation_prompt"]} -> {"tokens", "count", "max_model_len"}.
+int HandleTokenize(mg_connection* conn) {
+  if (g_text == nullptr) return NeedsModel(conn, "/tokenize");
+  int status = 0;
+  json body;
+  if (!ReadJsonObject(conn, body, status)) return status;
+  std::vector<int32_t> ids;
+  if (body.contains("messages")) {
+    if (!g_text->chat_template) {
+      return WriteError(conn, BadParam("messages", "this model folder has no chat template"));
+    }
+    json chat = body;
+    chat["model"] = "-";
+    chat.erase("max_model_len");
+    auto parsed = ParseRequest(Endpoint::kChat, chat, 1);
+    if (!parsed.ok) return WriteError(conn, parsed.error);
+    const GenerateInput& in = parsed.request.inputs.at(0);
+    absl::StatusOr<std::string> text;
+    try {
+      text = RenderChat(*in.chat, parsed.request.tools, in.add_generation_prompt);
+    } catch (const json::exception& e) {  // e.g. a tool_calls entry that is not an object
+      return WriteError(conn, BadParam("messages", std::string("malformed message: ") + e.what()));
+    }
+    if (!text.ok()) {
+      return WriteError(
+          conn, BadParam("messages", "chat template: " + std::string(text.status().message())));
+    }
+    // The template writes BOS itself, as the coordinator tokenizes it.
+    ids = g_text->tokenizer->Encode(*text, /*add_special_tokens=*/false);
+  } else if (body.contains("prompt") && body["prompt"].is_string()) {
+    bool add_special = true;  // as the coordinator encodes a completions prompt
+    if (body.contains("add_special_tokens")) {
+      if (!body["add_special_tokens"].is_boolean()) {
+        return WriteError(conn,
+                          BadParam("add_special_tokens", "'add_special_tokens' must be a boolean"));
+      }
+      add_special = body["add_special_tokens"].get<bool>();
+    }
+    ids = g_text->tokenizer->Encode(body["prompt"].get<std::string>(), add_special);
+  } else {
+    return WriteError(conn, BadParam("prompt", "give 'prompt' (a string) or 'messages'"));
+  }
+  json max_len = nullptr;
+  if (Client* client = ThreadClient(); client != nullptr && ModelName(*client).ok()) {
+    std::lock_guard<std::mutex> l(g_model_mu);
+    if (g_max_model_len > 0) max_len = g_max_model_len;
+  }
+  return WriteJson(conn, 200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_len}});
+}
+
+// POST /detokenize: {"tokens": [ids]} -> {"prompt": text}, special tokens written out so that
+// /tokenize of the text gives the ids back.
+int HandleDetokenize(mg_connection* conn) {
+  if (g_text == nullptr) return NeedsModel(conn, "/detokenize");
+  int status = 0;
+  json body;
+  if (!ReadJsonObject(conn, body, status)) return status;
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
+    return WriteError(conn, BadParam("tokens", "'tokens' must be an array of token ids"));
+  }
+  std::vector<int32_t> ids;
+  const int vocab = g_text->tokenizer->vocab_size();
+  for (const json& t : body["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
+      return WriteError(conn, BadParam("tokens", "token ids must be integers in [0, " +
+                                                     std::to_string(vocab) + ")"));
+    }
+    ids.push_back(t.get<int32_t>());
+  }
+  return WriteJson(conn, 200,
+                   {{"prompt", g_text->tokenizer->Decode(ids, /*skip_special_tokens=*/false)}});
+}
+
 // Every request comes here (registered for "/"): routes by exact path.
 int Route(mg_connection* conn, void*) {
   const mg_request_info* ri = mg_get_request_info(conn);
@@ -523,6 +829,11 @@ int Route(mg_connection* conn, void*) {
                                   "invalid_api_key"));
   }
   if (uri == "/v1/models") return only("GET", [&] { return HandleModels(conn); });
+  if (uri == "/version") {
+    return only("GET", [&] { return WriteJson(conn, 200, {{"version", MLASERVE_VERSION}}); });
+  }
+  if (uri == "/tokenize") return only("POST", [&] { return HandleTokenize(conn); });
+  if (uri == "/detokenize") return only("POST", [&] { return HandleDetokenize(conn); });
   if (uri == "/v1/chat/completions") {
     return only("POST", [&] { return HandleGenerate(conn, Endpoint::kChat); });
   }
@@ -538,7 +849,8 @@ int Usage() {
                "usage: mlaserve-openai --coordinator tcp://HOST:PORT --listen HOST:PORT "
                "[--api-key KEY]\n"
                "       [--served-model-name NAME] [--threads N] [--default-max-tokens N] "
-               "[--request-timeout-s S]\n");
+               "[--request-timeout-s S]\n"
+               "       [--model DIR] [--reasoning-parser deepseek|kimi|none]\n");
   return 2;
 }
 
@@ -565,6 +877,13 @@ int main(int argc, char** argv) {
       ok = absl::SimpleAtoi(v, &o.threads) && o.threads > 0;
     } else if (a == "--default-max-tokens") {
       ok = absl::SimpleAtoi(v, &o.default_max_tokens) && o.default_max_tokens > 0;
+    } else if (a == "--model") {
+      o.model_dir = v;
+    } else if (a == "--reasoning-parser") {
+      ok = v == "deepseek" || v == "kimi" || v == "none";
+      o.reasoning = v == "deepseek" ? ReasoningFormat::kDeepSeekR1
+                    : v == "kimi"   ? ReasoningFormat::kKimiK2
+                                    : ReasoningFormat::kNone;
     } else if (a == "--request-timeout-s") {
       ok = absl::SimpleAtoi(v, &o.request_timeout_s) && o.request_timeout_s > 0;
     } else {
@@ -580,6 +899,25 @@ int main(int argc, char** argv) {
     if (const char* k = std::getenv("MLASERVE_API_KEY"); k != nullptr) o.api_key = k;
   }
   g_options = &o;
+  std::unique_ptr<mlaserve::ModelText> text;
+  if (!o.model_dir.empty()) {
+    auto t = mlaserve::ModelText::Load(o.model_dir, 0, 0, {});
+    if (!t.ok() || t->tokenizer == nullptr) {
+      std::fprintf(stderr, "mlaserve-openai: --model %s: %s\n", o.model_dir.c_str(),
+                   t.ok() ? "no tokenizer.json or tiktoken.model there"
+                          : std::string(t.status().message()).c_str());
+      return 1;
+    }
+    text = std::make_unique<mlaserve::ModelText>(std::move(*t));
+    g_text = text.get();
+    g_tool_markers = ToolCallMarkers::FromTokenizer(*text->tokenizer);
+    for (const char* m : {"<think>", "</think>"}) {
+      if (auto id = text->tokenizer->TokenToId(m)) g_think_ids.push_back(*id);
+    }
+  } else if (o.reasoning != ReasoningFormat::kNone) {
+    std::fprintf(stderr, "mlaserve-openai: --reasoning-parser needs --model DIR\n");
+    return Usage();
+  }
 
   signal(SIGPIPE, SIG_IGN);
   signal(SIGINT, [](int) { g_stop = true; });

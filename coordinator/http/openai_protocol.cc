@@ -176,13 +176,19 @@ void RejectUnsupported(const json& body, Endpoint endpoint) {
     Fail(key, std::string("'") + key + "' is not supported by this server" +
                   (why.empty() ? "" : ": " + why));
   };
-  if (Has(body, "tools") && !(body["tools"].is_array() && body["tools"].empty())) {
-    unsupported("tools", "tool calls are not parsed yet");
+  if (Has(body, "tool_choice")) {
+    const json& tc = body["tool_choice"];
+    if (tc == "required" || tc.is_object()) {
+      unsupported("tool_choice",
+                  "only \"auto\" and \"none\": \"required\" and a named function would need "
+                  "constrained decoding to be guaranteed, and this server has none; with \"auto\" "
+                  "the model decides and its tool-call markers are parsed");
+    }
+    if (tc != "auto" && tc != "none") {
+      Fail("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or an object");
+    }
   }
-  if (Has(body, "tool_choice") && body["tool_choice"] != "none" && body["tool_choice"] != "auto") {
-    unsupported("tool_choice", "tool calls are not parsed yet");
-  }
-  if (Has(body, "functions")) unsupported("functions", "tool calls are not parsed yet");
+  if (Has(body, "functions")) unsupported("functions", "use 'tools' (the legacy field is not)");
   if (Has(body, "response_format")) {
     const json& rf = body["response_format"];
     if (!rf.is_object() || rf.value("type", "") != "text") {
@@ -236,8 +242,23 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
       in.chat = Messages(body);
       if (Has(body, "add_generation_prompt"))
         in.add_generation_prompt = Bool(body, "add_generation_prompt");
+      if (Has(body, "tools")) {
+        const json& tools = body["tools"];
+        if (!tools.is_array()) Fail("tools", "'tools' must be an array");
+        for (size_t i = 0; i < tools.size(); ++i) {
+          const json& t = tools[i];
+          const std::string p = "tools[" + std::to_string(i) + "]";
+          if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+              !t["function"].is_object() || !t["function"].contains("name") ||
+              !t["function"]["name"].is_string()) {
+            Fail(p, "a tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+          }
+        }
+        if (!(Has(body, "tool_choice") && body["tool_choice"] == "none")) r.tools = tools;
+      }
       prompts.push_back(std::move(in));
     } else {
+      if (Has(body, "tools")) Fail("tools", "'tools' is a chat completions field");
       prompts = Prompts(body);
     }
 
@@ -270,6 +291,7 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
     if (Has(body, "min_tokens"))
       s.min_tokens = static_cast<uint32_t>(Integer(body, "min_tokens", 0, s.max_tokens));
     if (Has(body, "stop")) s.stop = Stops(body);
+    r.has_stop_strings = !s.stop.empty();
     if (Has(body, "stop_token_ids")) {
       if (!body["stop_token_ids"].is_array())
         Fail("stop_token_ids", "'stop_token_ids' must be an array");
@@ -367,18 +389,33 @@ json Bytes(const std::string& s) {
 
 std::string IdName(int32_t id) { return "token_id:" + std::to_string(id); }
 
+// The name of token `id` and its bytes: decoded by the tokenizer where there is one, else the
+// chunk's text for the sampled token and "token_id:N" for the others.
+std::pair<std::string, std::string> TokenName(int32_t id, const TokenLogprobInfo& lp,
+                                              const std::string& token_text,
+                                              const Tokenizer* tokenizer) {
+  if (tokenizer != nullptr) {
+    const int32_t one[] = {id};
+    return {tokenizer->Decode(one, /*skip_special_tokens=*/false),
+            tokenizer->DecodeBytes(one, /*skip_special_tokens=*/false)};
+  }
+  const std::string name = id == lp.token_id ? token_text : IdName(id);
+  return {name, name};
+}
+
 }  // namespace
 
 json ChatLogprobEntry(const TokenLogprobInfo& lp, const std::string& token_text,
-                      uint32_t top_logprobs) {
+                      uint32_t top_logprobs, const Tokenizer* tokenizer) {
   json top = json::array();
   for (size_t i = 0; i < lp.top.size() && i < top_logprobs; ++i) {
-    const std::string name = lp.top[i].first == lp.token_id ? token_text : IdName(lp.top[i].first);
-    top.push_back({{"token", name}, {"logprob", lp.top[i].second}, {"bytes", Bytes(name)}});
+    const auto [name, bytes] = TokenName(lp.top[i].first, lp, token_text, tokenizer);
+    top.push_back({{"token", name}, {"logprob", lp.top[i].second}, {"bytes", Bytes(bytes)}});
   }
-  return {{"token", token_text},
+  const auto [name, bytes] = TokenName(lp.token_id, lp, token_text, tokenizer);
+  return {{"token", name},
           {"logprob", lp.logprob},
-          {"bytes", Bytes(token_text)},
+          {"bytes", Bytes(bytes)},
           {"top_logprobs", std::move(top)}};
 }
 
@@ -390,13 +427,12 @@ json EmptyCompletionLogprobs() {
 }
 
 void AppendCompletionLogprob(json& obj, const TokenLogprobInfo& lp, const std::string& token_text,
-                             size_t offset, uint32_t top_logprobs) {
-  obj["tokens"].push_back(token_text);
+                             size_t offset, uint32_t top_logprobs, const Tokenizer* tokenizer) {
+  obj["tokens"].push_back(TokenName(lp.token_id, lp, token_text, tokenizer).first);
   obj["token_logprobs"].push_back(lp.logprob);
   json top = json::object();
   for (size_t i = 0; i < lp.top.size() && i < top_logprobs; ++i) {
-    const std::string name = lp.top[i].first == lp.token_id ? token_text : IdName(lp.top[i].first);
-    top[name] = lp.top[i].second;
+    top[TokenName(lp.top[i].first, lp, token_text, tokenizer).first] = lp.top[i].second;
   }
   obj["top_logprobs"].push_back(std::move(top));
   obj["text_offset"].push_back(offset);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "coordinator/client/client.h"
+#include "coordinator/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace mlaserve::openai {
@@ -37,6 +38,11 @@ struct ParsedRequest {
   // Chat: logprobs (bool) + top_logprobs; completions: logprobs (int) is top_logprobs.
   bool logprobs = false;
   uint32_t top_logprobs = 0;
+  // Chat: the tool definitions (a JSON array; empty when none or tool_choice is "none"). Only
+  // tool_choice "auto" is accepted: "required" and a named function need constrained decoding to
+  // be guaranteed, which this server does not have.
+  nlohmann::json tools = nlohmann::json::array();
+  bool has_stop_strings = false;
 };
 
 // Parses a /v1/chat/completions or /v1/completions body. Fields OpenAI defines that this server
@@ -53,18 +59,20 @@ ParseResult ParseRequest(Endpoint endpoint, const nlohmann::json& body,
 // The coordinator's error reply (code, message) as an HTTP error.
 ApiError FromCoordinatorError(const std::string& code, const std::string& message);
 
-// Logprobs of one chunk, in the chat format ({"token", "logprob", "bytes", "top_logprobs"}).
-// The coordinator's chunk carries token ids and the text delta, not each token's string (its
-// ZeroMQ API has no detokenize): `token` is the chunk's text delta (one token per chunk; a delta
-// the detokenizer held back, a partial UTF-8 character, is ""), and the alternatives in
-// top_logprobs are named "token_id:N" (vLLM's convention for ids without strings).
+// Logprobs of one token, in the chat format ({"token", "logprob", "bytes", "top_logprobs"}).
+// With the model's tokenizer (mlaserve-openai --model) each token, sampled or alternative, is
+// its own decoded string and `bytes` its raw bytes (a token that ends inside a UTF-8 character
+// reads U+FFFD in `token`, its true bytes in `bytes`). Without it the coordinator's chunk is all
+// there is: `token` is the chunk's text delta (one token per chunk; "" where the detokenizer held
+// a partial character back), and alternatives are named "token_id:N" (vLLM's convention).
 nlohmann::json ChatLogprobEntry(const TokenLogprobInfo& lp, const std::string& token_text,
-                                uint32_t top_logprobs);
+                                uint32_t top_logprobs, const Tokenizer* tokenizer);
 
 // Appends one token to a completions-format logprobs object
 // ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}); `offset` is in bytes.
 void AppendCompletionLogprob(nlohmann::json& obj, const TokenLogprobInfo& lp,
-                             const std::string& token_text, size_t offset, uint32_t top_logprobs);
+                             const std::string& token_text, size_t offset, uint32_t top_logprobs,
+                             const Tokenizer* tokenizer);
 nlohmann::json EmptyCompletionLogprobs();
 
 // "stop" / "length" as OpenAI spells them (the coordinator's names are the same).

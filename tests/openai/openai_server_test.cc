@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -61,6 +62,29 @@ std::string Post(const std::string& path, const std::string& body, bool auth = t
          "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
 }
 
+// Starts another mlaserve-openai with `args`; returns its port (0 if it did not start).
+int StartFrontEnd(const std::string& args, const std::string& name, pid_t* pid) {
+  const auto log = std::filesystem::temp_directory_path() /
+                   ("mlaserve-openai-" + name + "-" + std::to_string(getpid()) + ".log");
+  const std::string cmd = std::string("exec ") + MLASERVE_OPENAI_BIN + " " + args +
+                          " --listen 127.0.0.1:0 > " + log.string() + " 2>&1";
+  *pid = fork();
+  if (*pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 200; ++i) {
+    std::this_thread::sleep_for(50ms);
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    std::smatch m;
+    if (std::regex_search(text, m, std::regex("listening on port ([0-9]+)"))) {
+      return std::stoi(m[1]);
+    }
+  }
+  return 0;
+}
+
 class OpenAiServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -74,7 +98,7 @@ class OpenAiServerTest : public ::testing::Test {
            ("mlaserve-openai-" + std::to_string(getpid()) + ".log");
     const std::string cmd = std::string("exec ") + MLASERVE_OPENAI_BIN + " --coordinator " +
                             server_->endpoint() + " --listen 127.0.0.1:0 --api-key " + kApiKey +
-                            " > " + log_.string() + " 2>&1";
+                            " --model " + MLASERVE_TINY_MODEL_DIR + " > " + log_.string() + " 2>&1";
     http_ = fork();
     if (http_ == 0) {
       execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -188,6 +212,79 @@ TEST_F(OpenAiServerTest, CoordinatorDownIs503) {
                          R"({"model": "m", "messages": [{"role": "user", "content": "hi"}]})"));
   EXPECT_EQ(StatusOf(g), 503) << g;
   EXPECT_EQ(BodyOf(g)["error"]["code"], "coordinator_unavailable");
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+}
+
+// Without --model the tokenizer endpoints say what is missing; tools are refused likewise.
+TEST_F(OpenAiServerTest, WithoutModelFlagTokenizerFeaturesSaySo) {
+  pid_t pid;
+  const int port = StartFrontEnd("--coordinator " + server_->endpoint(), "nomodel", &pid);
+  ASSERT_GT(port, 0);
+  const std::string t = RawHttp(port, Post("/tokenize", R"({"prompt": "hi"})", false));
+  EXPECT_EQ(StatusOf(t), 501) << t;
+  EXPECT_NE(BodyOf(t)["error"]["message"].get<std::string>().find("--model"), std::string::npos);
+  const std::string d = RawHttp(port, Post("/detokenize", R"({"tokens": [1]})", false));
+  EXPECT_EQ(StatusOf(d), 501) << d;
+  const std::string g = RawHttp(
+      port, Post("/v1/chat/completions",
+                 R"({"model": "tiny-deepseek-v3", "messages": [{"role": "user", "content": "hi"}],
+                     "tools": [{"type": "function", "function": {"name": "f"}}]})",
+                 false));
+  EXPECT_EQ(StatusOf(g), 400) << g;
+  EXPECT_EQ(BodyOf(g)["error"]["param"], "tools");
+  const std::string v =
+      RawHttp(port, "GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(StatusOf(v), 200) << v;
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+}
+
+// --reasoning-parser deepseek: the output starts inside the thinking (R1 / V3.1 thinking put
+// "<think>" in the prompt). The tiny model never writes "</think>" (it is not even one token of
+// DeepSeek-V3's vocabulary, and the random weights do not spell it), so all of its greedy text is
+// reasoning: reasoning_content must equal the plain front end's content, streamed or not.
+TEST_F(OpenAiServerTest, DeepSeekReasoningParserMovesTheThinking) {
+  pid_t pid;
+  const int port = StartFrontEnd(std::string("--coordinator ") + server_->endpoint() + " --model " +
+                                     MLASERVE_TINY_MODEL_DIR + " --reasoning-parser deepseek",
+                                 "reasoning", &pid);
+  ASSERT_GT(port, 0);
+  const std::string models =
+      RawHttp(port_, std::string("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ") +
+                         kApiKey + "\r\nConnection: close\r\n\r\n");
+  const std::string model = BodyOf(models)["data"][0]["id"];
+  const std::string req =
+      R"({"model": ")" + model + R"(", "messages": [{"role": "user", "content": "Why?"}],
+      "temperature": 0, "max_tokens": 12, "ignore_eos": true)";
+  const std::string plain = RawHttp(port_, Post("/v1/chat/completions", req + "}"));
+  ASSERT_EQ(StatusOf(plain), 200) << plain;
+  const std::string text = BodyOf(plain)["choices"][0]["message"]["content"];
+  ASSERT_FALSE(text.empty());
+  ASSERT_EQ(text.find("</think>"), std::string::npos);
+  const std::string split = RawHttp(port, Post("/v1/chat/completions", req + "}", false));
+  ASSERT_EQ(StatusOf(split), 200) << split;
+  const auto msg = BodyOf(split)["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], "");
+  EXPECT_EQ(msg["reasoning_content"], text);
+  EXPECT_EQ(msg["reasoning"], text);
+  const std::string stream =
+      RawHttp(port, Post("/v1/chat/completions", req + R"(, "stream": true})", false));
+  std::string reasoning, content;
+  int finishes = 0;
+  std::istringstream lines(stream.substr(stream.find("\r\n\r\n") + 4));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const auto ev = nlohmann::json::parse(line.substr(6));
+    for (const auto& c : ev["choices"]) {
+      reasoning += c["delta"].value("reasoning_content", "");
+      content += c["delta"].value("content", "");
+      if (!c["finish_reason"].is_null()) ++finishes;
+    }
+  }
+  EXPECT_EQ(reasoning, text);
+  EXPECT_EQ(content, "");
+  EXPECT_EQ(finishes, 1);
   kill(pid, SIGTERM);
   waitpid(pid, nullptr, 0);
 }
