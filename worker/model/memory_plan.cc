@@ -12,6 +12,22 @@ double MiB(size_t b) { return static_cast<double>(b) / (1 << 20); }
 
 bool Contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
+bool EndsWith(const std::string& s, const char* suffix) {
+  const size_t n = std::char_traits<char>::length(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// The N of "...layers.N...", or -1.
+int LayerIndex(const std::string& name) {
+  const size_t at = name.find("layers.");
+  if (at == std::string::npos) return -1;
+  int n = 0;
+  size_t i = at + 7;
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) n = n * 10 + (name[i] - '0');
+  return n;
+}
+
 }  // namespace
 
 std::string MemoryPlan::Describe() const {
@@ -36,6 +52,16 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const TensorSource& ckpt, const Mode
     if (!info.ok()) return info.status();
     const TensorInfo& t = **info;
     size_t bytes = t.end - t.begin;
+    // Layers past num_hidden_layers (DeepSeek's multi-token-prediction layer) are never loaded.
+    if (LayerIndex(name) >= c.num_hidden_layers) continue;
+    // INT4 (compressed-tensors) and FP8 block-128 weights are dequantized at load, to bf16 on the
+    // GPU (8 values per I32 word -> 16 bytes; 1-byte e4m3 -> 2 bytes); their scales fold in.
+    if (t.dtype == DType::kI32 && EndsWith(name, ".weight_packed")) bytes *= 4;
+    if (t.dtype == DType::kF8E4M3 && EndsWith(name, ".weight")) bytes *= 2;
+    if (EndsWith(name, ".weight_scale_inv") || EndsWith(name, ".weight_shape") ||
+        (t.dtype == DType::kBF16 && EndsWith(name, ".weight_scale"))) {
+      bytes = 0;
+    }
     const bool expert = Contains(name, ".experts.");
     if (!expert && t.dtype == DType::kU8 && Contains(name, ".weight")) bytes *= 4;
     if (!expert && Contains(name, "weight_scale")) bytes = 0;
