@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -102,11 +103,23 @@ struct CudaOps::Impl {
   void Fail(absl::Status s) {
     if (error.ok() && !s.ok()) error = std::move(s);
   }
-  void Check(cudaError_t e, const std::string& what) {
-    if (e != cudaSuccess) Fail(CudaStatus(e, what));
+  // `what` names the op and its shapes: a string, or a callable making it, which runs only on
+  // failure (ops run hundreds of times a step; their messages are formatted only when needed).
+  template <class What>
+  static std::string Describe(const What& what) {
+    if constexpr (std::is_invocable_v<const What&>) {
+      return what();
+    } else {
+      return std::string(what);
+    }
   }
-  void Check(const absl::Status& s, const std::string& what) {
-    if (!s.ok()) Fail(absl::Status(s.code(), absl::StrCat(what, ": ", s.message())));
+  template <class What>
+  void Check(cudaError_t e, const What& what) {
+    if (e != cudaSuccess) Fail(CudaStatus(e, Describe(what)));
+  }
+  template <class What>
+  void Check(const absl::Status& s, const What& what) {
+    if (!s.ok()) Fail(absl::Status(s.code(), absl::StrCat(Describe(what), ": ", s.message())));
   }
 
   void* ArenaAlloc(size_t bytes) {
@@ -448,7 +461,7 @@ absl::Status CudaOps::CopyToHost(const Tensor& src, void* dst) {
   if (!impl_->failed()) {
     impl_->Check(
         cudaMemcpyAsync(dst, src.data<void>(), src.nbytes(), cudaMemcpyDeviceToHost, impl_->stream),
-        absl::StrCat("copy of ", Shape(src), " to the host"));
+        [&] { return absl::StrCat("copy of ", Shape(src), " to the host"); });
   }
   return Synchronize();
 }
@@ -472,7 +485,7 @@ void CudaOps::Embed(const Tensor& table, int64_t vocab_begin, const StepTensors&
   p.out_dtype = out.dtype();
   p.out_stride = out.dim(1);
   impl_->Check(InvokeGatherRows(p, impl_->stream),
-               absl::StrCat("Embed ", Shape(table), " -> ", Shape(out)));
+               [&] { return absl::StrCat("Embed ", Shape(table), " -> ", Shape(out)); });
 }
 
 void CudaOps::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
@@ -487,7 +500,7 @@ void CudaOps::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& 
   p.weight = weight.data<float>();
   p.out = out.data<void>();
   p.out_stride = p.dim;
-  impl_->Check(InvokeRmsNorm(p, impl_->stream), absl::StrCat("RmsNorm ", Shape(x)));
+  impl_->Check(InvokeRmsNorm(p, impl_->stream), [&] { return absl::StrCat("RmsNorm ", Shape(x)); });
 }
 
 void CudaOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& weight, float eps,
@@ -501,7 +514,8 @@ void CudaOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& we
   p.delta = delta.data<void>();
   p.weight = weight.data<float>();
   p.out = out.data<void>();
-  impl_->Check(InvokeAddRmsNorm(p, impl_->stream), absl::StrCat("AddRmsNorm ", Shape(residual)));
+  impl_->Check(InvokeAddRmsNorm(p, impl_->stream),
+               [&] { return absl::StrCat("AddRmsNorm ", Shape(residual)); });
 }
 
 void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
@@ -517,8 +531,9 @@ void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   a.out = out.data<void>();
   a.out_dtype = out.dtype();
   a.out_stride = a.n;
-  impl_->Check(impl_->gemm->Run(a, impl_->stream),
-               absl::StrCat("Linear ", Shape(x), " x ", Shape(w.weight), "^T -> ", Shape(out)));
+  impl_->Check(impl_->gemm->Run(a, impl_->stream), [&] {
+    return absl::StrCat("Linear ", Shape(x), " x ", Shape(w.weight), "^T -> ", Shape(out));
+  });
 }
 
 void CudaOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {
@@ -531,7 +546,8 @@ void CudaOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {
   p.in_stride = p.cols;
   p.out = out.data<void>();
   p.out_stride = p.cols;
-  impl_->Check(InvokeSiluMul(p, impl_->stream), absl::StrCat("SiluMul ", Shape(gate)));
+  impl_->Check(InvokeSiluMul(p, impl_->stream),
+               [&] { return absl::StrCat("SiluMul ", Shape(gate)); });
 }
 
 void CudaOps::Columns(const Tensor& x, int64_t begin, Tensor& out) {
@@ -543,7 +559,7 @@ void CudaOps::Columns(const Tensor& x, int64_t begin, Tensor& out) {
   impl_->Check(
       cudaMemcpy2DAsync(out.data<void>(), n * es, x.data<char>() + begin * es, in_cols * es, n * es,
                         rows, cudaMemcpyDeviceToDevice, impl_->stream),
-      absl::StrCat("Columns ", Shape(x), " from ", begin, " -> ", Shape(out)));
+      [&] { return absl::StrCat("Columns ", Shape(x), " from ", begin, " -> ", Shape(out)); });
 }
 
 void CudaOps::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
@@ -553,10 +569,10 @@ void CudaOps::CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64
   if (rows == 0) return;
   const size_t es = DTypeBits(src.dtype()) / 8;
   const int64_t sc = src.numel() / rows, dc = dst.numel() / rows;
-  impl_->Check(cudaMemcpy2DAsync(dst.data<char>() + dst_col * es, dc * es,
-                                 src.data<char>() + src_col * es, sc * es, cols * es, rows,
-                                 cudaMemcpyDeviceToDevice, impl_->stream),
-               absl::StrCat("CopyColumns ", Shape(src), " -> ", Shape(dst)));
+  impl_->Check(
+      cudaMemcpy2DAsync(dst.data<char>() + dst_col * es, dc * es, src.data<char>() + src_col * es,
+                        sc * es, cols * es, rows, cudaMemcpyDeviceToDevice, impl_->stream),
+      [&] { return absl::StrCat("CopyColumns ", Shape(src), " -> ", Shape(dst)); });
 }
 
 void CudaOps::LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) {
@@ -573,7 +589,8 @@ void CudaOps::LogitsRows(const Tensor& x, const StepTensors& step, Tensor& out) 
   p.out = out.data<void>();
   p.out_dtype = out.dtype();
   p.out_stride = p.cols;
-  impl_->Check(InvokeGatherRows(p, impl_->stream), absl::StrCat("LogitsRows ", Shape(x)));
+  impl_->Check(InvokeGatherRows(p, impl_->stream),
+               [&] { return absl::StrCat("LogitsRows ", Shape(x)); });
 }
 
 void CudaOps::Rope(Tensor& x, int64_t first_col, int per_row, int64_t stride, int dim,
@@ -592,7 +609,7 @@ void CudaOps::Rope(Tensor& x, int64_t first_col, int per_row, int64_t stride, in
   p.inv_freq = inv_freq.data<float>();
   p.attention_scaling = attention_scaling;
   p.interleaved = interleaved;
-  impl_->Check(InvokeRope(p, impl_->stream), absl::StrCat("Rope ", Shape(x)));
+  impl_->Check(InvokeRope(p, impl_->stream), [&] { return absl::StrCat("Rope ", Shape(x)); });
 }
 
 void CudaOps::KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTensors& step,
@@ -608,9 +625,10 @@ void CudaOps::KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTens
   p.slots = step.slots.data<int64_t>();
   p.n = static_cast<int>(latent.dim(0));
   p.kv_pool = cache.pool.data<void>();
-  impl_->Check(
-      InvokeKvCacheWrite(p, impl_->stream),
-      absl::StrCat("KvWrite ", std::string(KvCacheFormatName(cache.format)), " ", Shape(latent)));
+  impl_->Check(InvokeKvCacheWrite(p, impl_->stream), [&] {
+    return absl::StrCat("KvWrite ", std::string(KvCacheFormatName(cache.format)), " ",
+                        Shape(latent));
+  });
 }
 
 void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& latent,
@@ -619,9 +637,11 @@ void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& laten
   MLASERVE_SKIP_IF_FAILED();
   const StepLayout::PrefillGroup& P = step.layout->prefill;
   if (P.num_seqs == 0) return;
-  const std::string what = absl::StrCat("MlaPrefill ", P.num_seqs, " sequences, ", P.num_rows,
-                                        " new tokens, ", P.total_kv, " keys, ", s.heads, " heads, ",
-                                        std::string(KvCacheFormatName(cache.format)));
+  const auto what = [&] {
+    return absl::StrCat("MlaPrefill ", P.num_seqs, " sequences, ", P.num_rows, " new tokens, ",
+                        P.total_kv, " keys, ", s.heads, " heads, ",
+                        std::string(KvCacheFormatName(cache.format)));
+  };
   const int qk = s.qk_nope + s.qk_rope;
   Tensor keys = Activation({P.total_kv, kMlaLatentDim});
   Tensor keys_rope = Activation({P.total_kv, kMlaRopeDim});
@@ -645,7 +665,7 @@ void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& laten
   g.total_kv = P.total_kv;
   g.out_latent = keys.data<void>();
   g.out_rope = keys_rope.data<void>();
-  impl_->Check(InvokeMlaPrefillGather(g, impl_->stream), what + " (gather)");
+  impl_->Check(InvokeMlaPrefillGather(g, impl_->stream), [&] { return what() + " (gather)"; });
   Linear(keys, kv_b, kv);
   MLASERVE_SKIP_IF_FAILED();
   MlaPrefillParams a;
@@ -674,12 +694,14 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
   const StepLayout::DecodeGroup& g = step.layout->decode[group];
   const int rows = g.num_seqs * g.s_q;
   const int H = s.heads, qk = s.qk_nope + s.qk_rope;
-  const std::string what =
-      absl::StrCat("MlaDecode ", g.num_seqs, " sequences x ", g.s_q, " tokens, ", H, " heads, ",
-                   std::string(KvCacheFormatName(cache.format)));
+  const auto what = [&] {
+    return absl::StrCat("MlaDecode ", g.num_seqs, " sequences x ", g.s_q, " tokens, ", H,
+                        " heads, ", std::string(KvCacheFormatName(cache.format)));
+  };
   if (g.s_q > kMaxDecodeTokens) {
-    impl_->Fail(absl::InvalidArgumentError(absl::StrCat(
-        what, ": the GPU decode kernel takes at most ", kMaxDecodeTokens, " tokens per sequence")));
+    impl_->Fail(
+        absl::InvalidArgumentError(absl::StrCat(what(), ": the GPU decode kernel takes at most ",
+                                                kMaxDecodeTokens, " tokens per sequence")));
     return;
   }
   auto plan = PlanMlaDecode(g.num_seqs, g.s_q, H, cache.format);
@@ -702,7 +724,7 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
       q_abs.data<void>(), CUDA_R_16BF, H * kMlaQkDim, kMlaQkDim, H, CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    impl_->Fail(absl::InternalError(absl::StrCat(what, ": q absorb GEMM: cuBLAS status ", st)));
+    impl_->Fail(absl::InternalError(absl::StrCat(what(), ": q absorb GEMM: cuBLAS status ", st)));
     return;
   }
   // The rope part of q goes to columns 512..575 of each head.
@@ -710,7 +732,7 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
       cudaMemcpy2DAsync(q_abs.data<uint16_t>() + kMlaLatentDim, kMlaQkDim * 2, q_rows + s.qk_nope,
                         qk * 2, kMlaRopeDim * 2, static_cast<size_t>(rows) * H,
                         cudaMemcpyDeviceToDevice, impl_->stream),
-      what + " (q rope copy)");
+      [&] { return what() + " (q rope copy)"; });
   MlaDecodeParams p;
   p.q = q_abs.data<void>();
   p.kv_pool = cache.pool.data<void>();
@@ -739,7 +761,7 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
       out.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * s.v_dim, CUDA_R_16BF,
       H * s.v_dim, s.v_dim, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    impl_->Fail(absl::InternalError(absl::StrCat(what, ": v expand GEMM: cuBLAS status ", st)));
+    impl_->Fail(absl::InternalError(absl::StrCat(what(), ": v expand GEMM: cuBLAS status ", st)));
   }
 }
 
@@ -755,15 +777,18 @@ void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& 
   p.bias = bias.empty() ? nullptr : bias.data<float>();
   p.topk_ids = ids.data<int32_t>();
   p.topk_weights = weights.data<float>();
-  impl_->Check(InvokeMoeRoute(p, impl_->stream), absl::StrCat("MoeRoute ", Shape(logits)));
+  impl_->Check(InvokeMoeRoute(p, impl_->stream),
+               [&] { return absl::StrCat("MoeRoute ", Shape(logits)); });
 }
 
 void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                          const RoutedExperts& experts, const Tensor& shared, Tensor& out) {
   MLASERVE_SKIP_IF_FAILED();
   const int tokens = static_cast<int>(x.dim(0)), top_k = static_cast<int>(ids.dim(1));
-  const std::string what = absl::StrCat("MoeExperts ", Shape(x), ", ", experts.count,
-                                        " local experts from ", experts.first_expert);
+  const auto what = [&] {
+    return absl::StrCat("MoeExperts ", Shape(x), ", ", experts.count, " local experts from ",
+                        experts.first_expert);
+  };
   if (tokens == 0) return;
   if (!experts.device) {
     // No local experts on this rank: the shared experts' output (or zeros) is its share.
@@ -891,7 +916,7 @@ absl::Status CudaOps::Sample(const Tensor& logits, const SamplingBatch& batch,
   off += AlignUp(R * kMaxTopLogprobs * 4);
   p.workspace = ws;
   p.workspace_bytes = ws_bytes;
-  const std::string what = absl::StrCat("Sample ", R, " rows of ", vocab);
+  const auto what = [&] { return absl::StrCat("Sample ", R, " rows of ", vocab); };
   impl_->Check(cudaMemcpyAsync(dev, host, out_off, cudaMemcpyHostToDevice, impl_->stream), what);
   if (!impl_->failed()) impl_->Check(InvokeSampling(p, impl_->stream), what);
   if (!impl_->failed()) {

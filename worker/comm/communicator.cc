@@ -6,11 +6,7 @@
 namespace mlaserve {
 
 absl::Status TimedCommunicator::AllReduceSum(float* data, size_t count) {
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s = inner_.AllReduceSum(data, count);
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++calls_;
-  return s;
+  return Time([&] { return inner_.AllReduceSum(data, count); });
 }
 
 absl::Status Communicator::AllReduceSum(Tensor& t) {
@@ -33,27 +29,15 @@ absl::Status Communicator::AllGatherDevice(const Tensor& send, Tensor& recv) {
 }
 
 absl::Status TimedCommunicator::AllGatherDevice(const Tensor& send, Tensor& recv) {
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s = inner_.AllGatherDevice(send, recv);
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++calls_;
-  return s;
+  return Time([&] { return inner_.AllGatherDevice(send, recv); });
 }
 
 absl::Status TimedCommunicator::AllReduceSum(Tensor& t) {
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s = inner_.AllReduceSum(t);
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++calls_;
-  return s;
+  return Time([&] { return inner_.AllReduceSum(t); });
 }
 
 absl::Status TimedCommunicator::AllGather(const float* send, size_t count, float* recv) {
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s = inner_.AllGather(send, count, recv);
-  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++calls_;
-  return s;
+  return Time([&] { return inner_.AllGather(send, count, recv); });
 }
 
 absl::Status SingleRankCommunicator::AllGather(const float* send, size_t count, float* recv) {

@@ -2,6 +2,7 @@
 // implements it on the CPU backend, NCCL on GPUs. Buffers live on the backend's device.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 
@@ -46,6 +47,16 @@ class TimedCommunicator : public Communicator {
   uint64_t calls() const { return calls_; }
 
  private:
+  // Runs one collective, adding its wall time and a call to the totals.
+  template <class F>
+  absl::Status Time(F&& collective) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status s = collective();
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++calls_;
+    return s;
+  }
+
   Communicator& inner_;
   double seconds_ = 0;
   uint64_t calls_ = 0;

@@ -6,19 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/comm/mpi_wait.h"
 
 namespace mlaserve {
-namespace {
-
-absl::Status MpiStatus(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return absl::OkStatus();
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  return absl::InternalError(absl::StrCat(what, ": ", std::string(msg, len)));
-}
-
-}  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_rank(comm_, &rank_);
@@ -31,7 +21,7 @@ absl::Status MpiCommunicator::AllReduceSum(float* data, size_t count) {
   // MPI counts are int: reduce in pieces of at most INT_MAX / 2 elements.
   for (size_t done = 0; done < count;) {
     const int n = static_cast<int>(std::min<size_t>(count - done, INT_MAX / 2));
-    if (auto s = MpiStatus(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_),
+    if (auto s = MpiCallStatus(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_),
                            "MPI_Allreduce");
         !s.ok()) {
       return s;
@@ -43,7 +33,7 @@ absl::Status MpiCommunicator::AllReduceSum(float* data, size_t count) {
 
 absl::Status MpiCommunicator::AllGather(const float* send, size_t count, float* recv) {
   if (count > INT_MAX / 2) return absl::InvalidArgumentError("AllGather: count too large for MPI");
-  return MpiStatus(MPI_Allgather(send, static_cast<int>(count), MPI_FLOAT, recv,
+  return MpiCallStatus(MPI_Allgather(send, static_cast<int>(count), MPI_FLOAT, recv,
                                  static_cast<int>(count), MPI_FLOAT, comm_),
                    "MPI_Allgather");
 }
@@ -51,7 +41,7 @@ absl::Status MpiCommunicator::AllGather(const float* send, size_t count, float* 
 absl::Status MpiCommunicator::AgreeOnStatus(const absl::Status& mine) {
   const int failed = mine.ok() ? INT_MAX : rank_;
   int first = INT_MAX;
-  if (auto s = MpiStatus(MPI_Allreduce(&failed, &first, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+  if (auto s = MpiCallStatus(MPI_Allreduce(&failed, &first, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
       !s.ok()) {
     return s;
   }
