@@ -1,22 +1,29 @@
 // GPU sampler (sampling.h). Three launches per step:
 //   1. SamplingPrepareKernel, one block per row: log-softmax normaliser and top-n of the original
-//      logits; the penalised, masked logits as 64-bit sort keys; greedy rows' argmax.
-//   2. cub::DeviceSegmentedRadixSort over the sampled rows' keys (greedy rows: empty segments).
-//   3. SamplingDrawKernel, one block per sampled row: SampleRef's softmax / min-p / top-p / draw.
-// Exactness: every fp32 and double operation that decides the token is the CPU's operation, in
-// the CPU's order, with explicit round-to-nearest intrinsics (no FMA contraction, no fast-math):
-// the penalties (sampler.cc) in fp32, logit / temperature in fp32, the softmax in double with
-// its sums accumulated serially in candidate order (one thread, over chunks the block computes
-// in parallel), as SampleRef does. The one difference is the device's double exp(), which is
-// within 1 ulp of glibc's but not always identical: a probability may move by ~1e-16 relative,
-// which changes the token only if the uniform lands within ~1e-16 of a cumulative boundary.
+//      logits; the penalised, masked logits as 64-bit sort keys; greedy rows' argmax; the race
+//      (sampling_race.h) over the whole vocabulary of sampled rows without a filter.
+//   2. cub::DeviceSegmentedRadixSort over the keys of sampled rows with a filter (top-k, top-p,
+//      min-p); every other row is an empty segment. Skipped when no row samples.
+//   3. SamplingDrawKernel, one block per filtered sampled row: SampleRef's softmax / min-p /
+//      top-p deciding the kept prefix of the sorted candidates, then the race over that prefix.
+// Exactness: every fp32 and double operation that decides the kept set is the CPU's operation,
+// in the CPU's order, with explicit round-to-nearest intrinsics (no FMA contraction, no
+// fast-math): the penalties (sampler.cc) in fp32, logit / temperature in fp32, the softmax in
+// double with its sums accumulated serially in candidate order (one thread, over chunks the
+// block computes in parallel), as SampleRef does. The race scores are computed per candidate in
+// parallel and reduced by a block max with the CPU's total order (score, then lower id), so the
+// reduction order cannot matter. The one difference is the device's double exp() and log(),
+// within 1 ulp of glibc's but not always identical: a probability may move by ~1e-16 relative
+// (the kept set changes only if a cumulative sum lands within that of top_p or a min_p
+// threshold), and a score by ~1e-15 (the pick changes only if the two best scores are that close;
+// see SamplingRaceScore).
 #include <cfloat>
 #include <cstdint>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/sampling/sampling.h"
-#include "kernels/sampling/sampling_uniform.h"
+#include "kernels/sampling/sampling_race.h"
 
 namespace mlaserve {
 namespace {
@@ -87,6 +94,37 @@ __device__ T BlockReduce(T v, Op op, T* scratch) {
   return v;
 }
 
+// The best candidate of a race so far; {-inf, INT32_MAX} is "none", as in SampleRef.
+struct RaceBest {
+  double score;
+  int32_t id;
+};
+
+__device__ __forceinline__ void RaceOffer(RaceBest* best, double score, int32_t id) {
+  if (SamplingRaceBeats(score, id, best->score, best->id)) {
+    best->score = score;
+    best->id = id;
+  }
+}
+
+// Block maximum under SamplingRaceBeats, result in every thread. NaN scores never enter a
+// RaceBest, and on the rest the order is total, so the tree finds SampleRef's serial winner.
+// `scratch`: 32 elements of shared memory. Ends with a barrier, as BlockReduce.
+__device__ RaceBest BlockRaceMax(RaceBest v, RaceBest* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    const double score = __shfl_xor_sync(0xffffffffu, v.score, o);
+    const int32_t id = __shfl_xor_sync(0xffffffffu, v.id, o);
+    RaceOffer(&v, score, id);
+  }
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = scratch[0];
+  for (int w = 1; w < warps; ++w) RaceOffer(&v, scratch[w].score, scratch[w].id);
+  __syncthreads();
+  return v;
+}
+
 struct PrepareArgs {
   SamplingParams p;
   int id_bits;
@@ -100,6 +138,7 @@ __global__ void __launch_bounds__(kPrepareThreads) SamplingPrepareKernel(Prepare
   __shared__ uint64_t s_u64[32];
   __shared__ float s_f32[32];
   __shared__ double s_f64[32];
+  __shared__ RaceBest s_race[32];
   const SamplingParams& p = a.p;
   const int row = blockIdx.x;
   const int vocab = p.vocab;
@@ -174,10 +213,26 @@ __global__ void __launch_bounds__(kPrepareThreads) SamplingPrepareKernel(Prepare
   __syncthreads();
 
   const bool sampled = rp.temperature > 0.0f;
+  const bool filtered = sampled && SamplingRowFiltered(rp.top_k, rp.top_p, rp.min_p, vocab);
   if (threadIdx.x == 0) {
     const int begin = row * vocab;
     a.seg_begin[row] = begin;
-    a.seg_end[row] = sampled ? begin + vocab : begin;
+    a.seg_end[row] = filtered ? begin + vocab : begin;  // only filtered rows need the sort
+  }
+  if (sampled && !filtered) {
+    // The race over every id (SampleRef's unfiltered candidates), on the working logits.
+    const uint64_t step_key = SamplingStepKey(rp.seed, rp.step);
+    RaceBest best{-INFINITY, INT32_MAX};
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float scaled = __fdiv_rn(KeyValue(keys[i], a.id_bits), rp.temperature);
+      RaceOffer(&best, SamplingRaceScore(scaled, step_key, i), i);
+    }
+    best = BlockRaceMax(best, s_race);
+    if (threadIdx.x == 0) {
+      const int token = best.id != INT32_MAX ? best.id : 0;  // 0: every logit NaN
+      p.tokens[row] = token;
+      if (p.logprobs != nullptr) p.logprobs[row] = __fsub_rn(x[token], log_z);
+    }
   }
   if (!sampled) {
     // Greedy: the largest key is the first maximum of the working logits.
@@ -195,7 +250,7 @@ __global__ void __launch_bounds__(kPrepareThreads) SamplingPrepareKernel(Prepare
 struct DrawArgs {
   SamplingParams p;
   int id_bits;
-  const uint64_t* sorted;  // [rows, vocab] keys, descending per sampled row
+  const uint64_t* sorted;  // [rows, vocab] keys, descending per filtered sampled row
   const float* log_z;      // [rows]
 };
 
@@ -206,13 +261,11 @@ __device__ __forceinline__ double Weight(const uint64_t* sorted, int i, int id_b
 }
 
 // SampleRef's serial loops over candidates 0..keep-1 accumulating `cum += probs[i]` (probs[i] =
-// w_i / sum, or w_i when sum == 0 means "unnormalised"), stopping after the first i where
-// cum >= bound (strict == false) or bound < cum (strict == true). Returns the number consumed
-// (i + 1 at the stop, else keep); *cum_out gets cum. The block stages each chunk's probabilities
-// in shared memory; thread 0 adds them in order.
+// w_i / sum when `normalise`, else w_i), stopping after the first i where cum >= bound. Returns
+// the number consumed (i + 1 at the stop, else keep); *cum_out gets cum. The block stages each
+// chunk's probabilities in shared memory; thread 0 adds them in order.
 __device__ int SerialScan(const uint64_t* sorted, int keep, int id_bits, float t, double mx,
-                          double sum, bool normalise, double bound, bool strict, double* buf,
-                          double* cum_out) {
+                          double sum, bool normalise, double bound, double* buf, double* cum_out) {
   __shared__ double s_cum;
   __shared__ int s_count;
   __shared__ int s_stop;
@@ -233,7 +286,7 @@ __device__ int SerialScan(const uint64_t* sorted, int keep, int id_bits, float t
       double cum = s_cum;
       for (int j = 0; j < n; ++j) {
         cum = __dadd_rn(cum, buf[j]);
-        if (strict ? (bound < cum) : (cum >= bound)) {
+        if (cum >= bound) {
           s_count = base + j + 1;
           s_stop = 1;
           break;
@@ -253,49 +306,59 @@ __device__ int SerialScan(const uint64_t* sorted, int keep, int id_bits, float t
 __global__ void __launch_bounds__(kDrawThreads) SamplingDrawKernel(DrawArgs a) {
   __shared__ double buf[kDrawChunk];
   __shared__ int s_i32[32];
+  __shared__ RaceBest s_race[32];
   const SamplingParams& p = a.p;
   const int row = blockIdx.x;
   const SamplingRow rp = p.row_params[row];
-  if (!(rp.temperature > 0.0f)) return;  // greedy: written by the prepare kernel
   const int vocab = p.vocab;
+  // Greedy and unfiltered rows: written by the prepare kernel (their segments were not sorted).
+  if (!(rp.temperature > 0.0f) || !SamplingRowFiltered(rp.top_k, rp.top_p, rp.min_p, vocab)) {
+    return;
+  }
   const uint64_t* sorted = a.sorted + static_cast<int64_t>(row) * vocab;
   const float t = rp.temperature;
   int keep = vocab;
   if (rp.top_k > 0) keep = min(keep, rp.top_k);
-  const double mx = static_cast<double>(__fdiv_rn(KeyValue(sorted[0], a.id_bits), t));
 
-  double sum = 0.0;
-  SerialScan(sorted, keep, a.id_bits, t, mx, 0.0, false, INFINITY, false, buf, &sum);
-
-  if (rp.min_p > 0.0f) {
-    // First candidate with probs[k] < min_p * probs[0] (SampleRef's while loop), found in
-    // parallel: the comparison of each candidate is independent.
-    const double threshold = __dmul_rn(static_cast<double>(rp.min_p),
-                                       __ddiv_rn(Weight(sorted, 0, a.id_bits, t, mx), sum));
-    int first = keep;
-    for (int i = threadIdx.x; i < keep; i += blockDim.x) {
-      if (!(__ddiv_rn(Weight(sorted, i, a.id_bits, t, mx), sum) >= threshold)) {
-        first = i;
-        break;  // later i of this thread are larger
+  if (rp.min_p > 0.0f || rp.top_p < 1.0f) {
+    const double mx = static_cast<double>(__fdiv_rn(KeyValue(sorted[0], a.id_bits), t));
+    double sum = 0.0;
+    SerialScan(sorted, keep, a.id_bits, t, mx, 0.0, false, INFINITY, buf, &sum);
+    if (rp.min_p > 0.0f) {
+      // First candidate with probs[k] < min_p * probs[0] (SampleRef's while loop), found in
+      // parallel: the comparison of each candidate is independent.
+      const double threshold = __dmul_rn(static_cast<double>(rp.min_p),
+                                         __ddiv_rn(Weight(sorted, 0, a.id_bits, t, mx), sum));
+      int first = keep;
+      for (int i = threadIdx.x; i < keep; i += blockDim.x) {
+        if (!(__ddiv_rn(Weight(sorted, i, a.id_bits, t, mx), sum) >= threshold)) {
+          first = i;
+          break;  // later i of this thread are larger
+        }
       }
+      first = BlockReduce(first, MinOp(), s_i32);
+      keep = max(1, first);
     }
-    first = BlockReduce(first, MinOp(), s_i32);
-    keep = max(1, first);
+    if (rp.top_p < 1.0f) {
+      double unused = 0.0;
+      const int k = SerialScan(sorted, keep, a.id_bits, t, mx, sum, true,
+                               static_cast<double>(rp.top_p), buf, &unused);
+      keep = max(1, k);
+    }
   }
-  double total = 0.0;
-  if (rp.top_p < 1.0f) {
-    // The loop's final cum is the sum of the kept probabilities, in the same order: the total.
-    const int k = SerialScan(sorted, keep, a.id_bits, t, mx, sum, true,
-                             static_cast<double>(rp.top_p), false, buf, &total);
-    keep = max(1, k);
-  } else {
-    SerialScan(sorted, keep, a.id_bits, t, mx, sum, true, INFINITY, false, buf, &total);
+
+  // The race over the kept prefix: candidate order does not matter, only (score, id).
+  const uint64_t step_key = SamplingStepKey(rp.seed, rp.step);
+  RaceBest best{-INFINITY, INT32_MAX};
+  for (int i = threadIdx.x; i < keep; i += blockDim.x) {
+    const int id = KeyId(sorted[i], a.id_bits);
+    RaceOffer(&best, SamplingRaceScore(__fdiv_rn(KeyValue(sorted[i], a.id_bits), t), step_key, id),
+              id);
   }
-  const double u = __dmul_rn(SamplingUniformOf(rp.seed, rp.step), total);
-  double unused = 0.0;
-  const int count = SerialScan(sorted, keep, a.id_bits, t, mx, sum, true, u, true, buf, &unused);
+  best = BlockRaceMax(best, s_race);
   if (threadIdx.x == 0) {
-    const int token = KeyId(sorted[count - 1], a.id_bits);
+    // No winner only if every kept logit is NaN: the first kept id, as SampleRef.
+    const int token = best.id != INT32_MAX ? best.id : KeyId(sorted[0], a.id_bits);
     p.tokens[row] = token;
     if (p.logprobs != nullptr) {
       const float* x = p.logits + static_cast<int64_t>(row) * p.logits_stride;

@@ -1,7 +1,8 @@
 // Token sampling on the GPU for one step: the same function as the worker's CPU sampler
 // (worker/model/sampler.h SampleToken: penalties, min_tokens masking, then SampleRef of
-// kernels/sampling/sampling_ref.h), computed with the same fp32/double operations in the same
-// order, so that a row's token, logprob and top-n alternatives match the CPU's.
+// kernels/sampling/sampling_ref.h: the top-k / min-p / top-p kept set, then the exponential race
+// of sampling_race.h), computed with the same fp32/double operations, so that a row's token,
+// logprob and top-n alternatives match the CPU's.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -53,8 +54,9 @@ struct SamplingParams {
   const SamplingRow* row_params = nullptr;          // [rows] device
   const SamplingPenaltyEntry* penalties = nullptr;  // [total] device
   const int32_t* masks = nullptr;                   // [total] device
-  // Whether any row has temperature > 0 (the host knows): false skips the sort. Must be true
-  // when any row samples, else those rows' tokens are not written.
+  // Whether any row has temperature > 0 (the host knows): false skips the sort and the draw.
+  // Must be true when any row samples, else rows with a filter get no token. (Sampled rows
+  // without a filter are decided before the sort; their segments are empty.)
   bool any_sampled = true;
   int32_t* tokens = nullptr;      // [rows] out
   float* logprobs = nullptr;      // [rows] out (nullable): log softmax(original logits)[token]

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "kernels/sampling/sampling_uniform.h"
+#include "kernels/sampling/sampling_race.h"
 
 namespace mlaserve {
 namespace {
@@ -19,21 +19,23 @@ float LogSoftmaxAt(const float* logits, int vocab, int token) {
 
 }  // namespace
 
-double SamplingUniform(uint64_t seed, uint64_t step) { return SamplingUniformOf(seed, step); }
+double SamplingUniform(uint64_t seed, uint64_t step, int32_t token) {
+  return SamplingUniformOf(SamplingStepKey(seed, step), token);
+}
 
-int32_t SampleRef(const float* logits, int vocab, const SamplingRefParams& p, uint64_t step,
-                  float* logprob) {
-  int32_t chosen = 0;
-  if (p.temperature <= 0.0f) {
-    chosen = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
-  } else {
-    // Candidates sorted by logit, descending; ties by lower id (a total order: reproducible).
-    std::vector<int32_t> ids(vocab);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::stable_sort(ids.begin(), ids.end(),
-                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-    int keep = vocab;
-    if (p.top_k > 0) keep = std::min(keep, p.top_k);
+std::vector<int32_t> SamplingKeptIds(const float* logits, int vocab, const SamplingRefParams& p) {
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  if (!SamplingRowFiltered(p.top_k, p.top_p, p.min_p, vocab)) return ids;
+  // Sorted by logit, descending; ties by lower id (a total order: reproducible). Only the first
+  // top_k places matter when top_k is set. The GPU sorts the same (logit, id) keys.
+  int keep = vocab;
+  if (p.top_k > 0) keep = std::min(keep, p.top_k);
+  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  if (p.min_p > 0.0f || p.top_p < 1.0f) {
+    // The softmax at temperature over the top_k candidates: logit / T in fp32, then double.
     std::vector<double> probs(keep);
     const double mx = logits[ids[0]] / p.temperature;
     double sum = 0.0;
@@ -56,18 +58,29 @@ int32_t SampleRef(const float* logits, int vocab, const SamplingRefParams& p, ui
       }
       keep = std::max(1, k);
     }
-    double total = 0.0;
-    for (int i = 0; i < keep; ++i) total += probs[i];
-    const double u = SamplingUniform(p.seed, step) * total;
-    double cum = 0.0;
-    chosen = ids[keep - 1];
-    for (int i = 0; i < keep; ++i) {
-      cum += probs[i];
-      if (u < cum) {
-        chosen = ids[i];
-        break;
+  }
+  ids.resize(keep);
+  return ids;
+}
+
+int32_t SampleRef(const float* logits, int vocab, const SamplingRefParams& p, uint64_t step,
+                  float* logprob) {
+  int32_t chosen = 0;
+  if (p.temperature <= 0.0f) {
+    chosen = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  } else {
+    const std::vector<int32_t> kept = SamplingKeptIds(logits, vocab, p);
+    const uint64_t key = SamplingStepKey(p.seed, step);
+    double best = -INFINITY;
+    int32_t best_id = INT32_MAX;
+    for (const int32_t id : kept) {
+      const double s = SamplingRaceScore(logits[id] / p.temperature, key, id);
+      if (SamplingRaceBeats(s, id, best, best_id)) {
+        best = s;
+        best_id = id;
       }
     }
+    chosen = best_id != INT32_MAX ? best_id : kept[0];
   }
   if (logprob != nullptr) *logprob = LogSoftmaxAt(logits, vocab, chosen);
   return chosen;

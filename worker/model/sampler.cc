@@ -8,8 +8,9 @@
 
 namespace mlaserve {
 
-SampledOutput SampleToken(const float* logits, int vocab, const SequenceSampling& s,
-                          const std::vector<int32_t>& history, int prompt_len, int generated) {
+std::vector<float> PenalizedLogits(const float* logits, int vocab, const SequenceSampling& s,
+                                   const std::vector<int32_t>& history, int prompt_len,
+                                   int generated) {
   std::vector<float> work(logits, logits + vocab);
   if (s.repetition_penalty != 1.0f) {
     std::vector<bool> seen(vocab, false);
@@ -17,12 +18,14 @@ SampledOutput SampleToken(const float* logits, int vocab, const SequenceSampling
       if (t >= 0 && t < vocab) seen[t] = true;
     }
     for (int i = 0; i < vocab; ++i) {
-      if (seen[i]) work[i] = work[i] > 0 ? work[i] / s.repetition_penalty : work[i] * s.repetition_penalty;
+      if (seen[i])
+        work[i] = work[i] > 0 ? work[i] / s.repetition_penalty : work[i] * s.repetition_penalty;
     }
   }
   if (s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f) {
     std::unordered_map<int32_t, int> counts;
-    for (size_t i = std::min<size_t>(prompt_len, history.size()); i < history.size(); ++i) ++counts[history[i]];
+    for (size_t i = std::min<size_t>(prompt_len, history.size()); i < history.size(); ++i)
+      ++counts[history[i]];
     for (const auto& [t, n] : counts) {
       if (t >= 0 && t < vocab) work[t] -= s.presence_penalty + s.frequency_penalty * n;
     }
@@ -35,6 +38,12 @@ SampledOutput SampleToken(const float* logits, int vocab, const SequenceSampling
       if (t >= 0 && t < vocab) work[t] = -std::numeric_limits<float>::infinity();
     }
   }
+  return work;
+}
+
+SampledOutput SampleToken(const float* logits, int vocab, const SequenceSampling& s,
+                          const std::vector<int32_t>& history, int prompt_len, int generated) {
+  const std::vector<float> work = PenalizedLogits(logits, vocab, s, history, prompt_len, generated);
   SampledOutput out;
   out.token = SampleRef(work.data(), vocab, s.base, static_cast<uint64_t>(generated), nullptr);
   // Log-probabilities of the model's own distribution.

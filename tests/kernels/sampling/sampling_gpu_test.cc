@@ -1,12 +1,19 @@
 // GPU sampler (kernels/sampling/sampling.h) against the worker's CPU sampler
 // (worker/model/sampler.h SampleToken), row by row over random logits, parameter mixes,
-// histories (penalties), min_tokens masks and tied logits.
+// histories (penalties), min_tokens masks and tied logits; rows without a filter (the race over
+// the whole vocabulary, before the sort) and with one (the race over the sorted kept prefix);
+// and one row's token wherever it sits in batches of other sizes and neighbours.
 //
 // Expected agreement:
-// - tokens and top-n ids: identical. The GPU does the CPU's fp32/double operations in the same
-//   order; only the double exp() may differ by 1 ulp (~1e-16 relative), which moves the token
-//   only if the uniform lands within ~1e-16 of a cumulative boundary (probability ~1e-13 per
-//   draw here).
+// - tokens and top-n ids: identical. The GPU does the CPU's fp32/double operations that decide
+//   the kept set in the same order, and the race's block max uses the CPU's total order (score,
+//   then lower id). Only the device's double exp() and log() may differ from glibc's by 1 ulp:
+//   a kept set moves only if a cumulative sum lands within ~1e-16 of top_p or a min_p threshold
+//   (probability ~1e-13 per row here), and a race score moves by ~1e-15, which changes the pick
+//   only if the two best scores of the row are that close. Such a near tie is accepted, and
+//   counted, when the GPU's token is in the CPU's kept set and its CPU score is within 1e-12 of
+//   the CPU winner's (scores are below ~150 in magnitude here, an ulp ~3e-14; 1e-12 leaves a
+//   margin of 30x while no bug that picks another token would land that close by chance).
 // - logprobs and top-n logprobs: within 1e-4 absolute. Both are logit - log_z in fp32; the GPU
 //   sums exp() in double in a tree rather than serially (relative difference ~1e-15 in the sum,
 //   nothing after log()), so log_z differs by at most 1 fp32 ulp (|log_z| < 64: 4e-6) and the
@@ -23,8 +30,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/kernels/device_buffer.h"
 #include "kernels/sampling/sampling.h"
+#include "kernels/sampling/sampling_race.h"
+#include "kernels/sampling/sampling_ref.h"
+#include "tests/kernels/device_buffer.h"
 #include "worker/model/sampler.h"
 
 namespace mlaserve {
@@ -38,7 +47,11 @@ struct RowCase {
   int generated = 0;
 };
 
-RowCase RandomRow(std::mt19937& rng, int vocab) {
+// Which filters the random rows get: the mix below; none (every sampled row races over the whole
+// vocabulary: top_k 0 or >= vocab, top_p 1, min_p 0); or always at least one.
+enum class Filters { kMixed, kNone, kAlways };
+
+RowCase RandomRow(std::mt19937& rng, int vocab, Filters filters) {
   auto pick = [&](std::initializer_list<double> v) {
     std::vector<double> c(v);
     return c[std::uniform_int_distribution<size_t>(0, c.size() - 1)(rng)];
@@ -48,6 +61,14 @@ RowCase RandomRow(std::mt19937& rng, int vocab) {
   r.s.base.top_k = static_cast<int>(pick({0, 0, 1, 40}));
   r.s.base.top_p = static_cast<float>(pick({1.0, 0.9, 0.5}));
   r.s.base.min_p = static_cast<float>(pick({0.0, 0.0, 0.05}));
+  if (filters == Filters::kNone) {
+    r.s.base.top_k = static_cast<int>(pick({0, 0, static_cast<double>(vocab), vocab + 7.0}));
+    r.s.base.top_p = static_cast<float>(pick({1.0, 1.5}));
+    r.s.base.min_p = static_cast<float>(pick({0.0, -0.1}));
+  } else if (filters == Filters::kAlways &&
+             !SamplingRowFiltered(r.s.base.top_k, r.s.base.top_p, r.s.base.min_p, vocab)) {
+    r.s.base.top_k = std::max(1, vocab / 3);
+  }
   r.s.base.seed = (uint64_t{rng()} << 32) | rng();
   const bool penalties = rng() % 2 == 0;
   if (penalties) {
@@ -115,14 +136,11 @@ std::string Describe(const RowCase& r) {
 }
 
 // ties: 0 = continuous logits; 1 = logits rounded to multiples of 0.5 (many duplicates, and
-// -0.0 beside +0.0); 2 = half the vocab at one value (the largest) so sorting ties decide.
-void RunCase(int rows, int vocab, int ties, bool all_greedy, int64_t stride_pad, uint32_t seed) {
-  SCOPED_TRACE("rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab) +
-               " ties=" + std::to_string(ties) + " all_greedy=" + std::to_string(all_greedy) +
-               " seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  const int64_t stride = vocab + stride_pad;
+// -0.0 beside +0.0); 2 = half the vocab at one value (the largest) so sorting ties decide; 3 = the
+// whole vocabulary at one value (only the ids and the race decide); 4 = continuous logits of
+// LM-head scale (sigma 12: scores up to ~150).
+std::vector<float> RandomLogits(std::mt19937& rng, int rows, int vocab, int64_t stride, int ties) {
+  std::normal_distribution<float> normal(0.0f, ties == 4 ? 12.0f : 3.0f);
   std::vector<float> logits(static_cast<size_t>(rows) * stride,
                             std::numeric_limits<float>::quiet_NaN());  // padding: poison
   for (int r = 0; r < rows; ++r) {
@@ -131,20 +149,32 @@ void RunCase(int rows, int vocab, int ties, bool all_greedy, int64_t stride_pad,
       float v = normal(rng);
       if (ties == 1) v = std::round(v * 2.0f) / 2.0f;
       if (ties == 2 && i % 2 == 0) v = 9.0f;
+      if (ties == 3) v = 1.5f;
       x[i] = v;
     }
   }
-  std::vector<RowCase> cases;
+  return logits;
+}
+
+struct GpuResult {
+  std::vector<int32_t> tokens, top_ids;
+  std::vector<float> logprobs, top_logprobs;
+};
+
+// InvokeSampling over `rows` rows of `logits` ([rows, stride], the first vocab of each row used).
+// any_sampled is set from the rows unless `any_sampled_override` is 0 or 1.
+void RunGpu(const std::vector<float>& logits, int64_t stride, int vocab,
+            const std::vector<RowCase>& cases, GpuResult* out, int any_sampled_override = -1) {
+  const int rows = static_cast<int>(cases.size());
   std::vector<SamplingRow> row_params(rows);
   std::vector<SamplingPenaltyEntry> penalties;
   std::vector<int32_t> masks;
   bool any_sampled = false;
   for (int r = 0; r < rows; ++r) {
-    cases.push_back(RandomRow(rng, vocab));
-    if (all_greedy) cases.back().s.base.temperature = 0.0f;
-    any_sampled = any_sampled || cases.back().s.base.temperature > 0.0f;
-    BuildRow(cases.back(), &row_params[r], &penalties, &masks);
+    any_sampled = any_sampled || cases[r].s.base.temperature > 0.0f;
+    BuildRow(cases[r], &row_params[r], &penalties, &masks);
   }
+  if (any_sampled_override >= 0) any_sampled = any_sampled_override != 0;
 
   DeviceBuffer<float> d_logits(logits.size());
   DeviceBuffer<SamplingRow> d_rows(rows);
@@ -184,38 +214,82 @@ void RunCase(int rows, int vocab, int ties, bool all_greedy, int64_t stride_pad,
   const absl::Status st = InvokeSampling(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<int32_t> tokens = d_tokens.Download(), top_ids = d_top_ids.Download();
-  const std::vector<float> logprobs = d_logprobs.Download(), top_lp = d_top_lp.Download();
-  ASSERT_EQ(tokens.size(), static_cast<size_t>(rows));
+  out->tokens = d_tokens.Download();
+  out->top_ids = d_top_ids.Download();
+  out->logprobs = d_logprobs.Download();
+  out->top_logprobs = d_top_lp.Download();
+  ASSERT_EQ(out->tokens.size(), static_cast<size_t>(rows));
+}
 
-  int mismatches = 0;
-  for (int r = 0; r < rows && mismatches < 10; ++r) {
+// Whether the GPU's `got` differs from the CPU's `want` only by a near tie of the race (see the
+// file comment): both in the CPU's kept set, CPU scores within 1e-12.
+bool NearTie(const float* x, int vocab, const RowCase& c, int32_t got, int32_t want) {
+  if (!(c.s.base.temperature > 0.0f) || got < 0 || got >= vocab) return false;
+  const std::vector<float> w = PenalizedLogits(x, vocab, c.s, c.history, c.prompt_len, c.generated);
+  const std::vector<int32_t> kept = SamplingKeptIds(w.data(), vocab, c.s.base);
+  if (std::find(kept.begin(), kept.end(), got) == kept.end()) return false;
+  const uint64_t key = SamplingStepKey(c.s.base.seed, static_cast<uint64_t>(c.generated));
+  const float t = c.s.base.temperature;
+  return std::abs(SamplingRaceScore(w[got] / t, key, got) -
+                  SamplingRaceScore(w[want] / t, key, want)) <= 1e-12;
+}
+
+// Every row of a GPU result against SampleToken; returns the number of near ties accepted.
+int CheckAgainstCpu(const std::vector<float>& logits, int64_t stride, int vocab,
+                    const std::vector<RowCase>& cases, const GpuResult& g) {
+  int mismatches = 0, near_ties = 0;
+  for (size_t r = 0; r < cases.size() && mismatches < 10; ++r) {
     const RowCase& c = cases[r];
     const float* x = logits.data() + r * stride;
     const SampledOutput want = SampleToken(x, vocab, c.s, c.history, c.prompt_len, c.generated);
     SCOPED_TRACE("row " + std::to_string(r) + ": " + Describe(c));
-    const int32_t got = tokens[r];
+    const int32_t got = g.tokens[r];
     if (got != want.token) {
+      if (NearTie(x, vocab, c, got, want.token)) {
+        ++near_ties;
+        std::printf("[sampling] near tie accepted: row %zu gpu %d cpu %d\n", r, got, want.token);
+        continue;
+      }
       ++mismatches;
       ADD_FAILURE() << "token: gpu " << got << " (logit "
                     << (got >= 0 && got < vocab ? x[got] : NAN) << "), cpu " << want.token
                     << " (logit " << x[want.token] << ")";
       continue;
     }
-    EXPECT_NEAR(logprobs[r], want.logprob, 1e-4) << "token " << got;
-    ASSERT_EQ(want.top.size(), static_cast<size_t>(std::min(c.s.top_logprobs, vocab)));
+    EXPECT_NEAR(g.logprobs[r], want.logprob, 1e-4) << "token " << got;
+    EXPECT_EQ(want.top.size(), static_cast<size_t>(std::min(c.s.top_logprobs, vocab)));
     for (int k = 0; k < kMaxTopLogprobs; ++k) {
-      const size_t o = static_cast<size_t>(r) * kMaxTopLogprobs + k;
+      const size_t o = r * kMaxTopLogprobs + k;
       if (k < static_cast<int>(want.top.size())) {
-        EXPECT_EQ(top_ids[o], want.top[k].first) << "top rank " << k;
-        EXPECT_NEAR(top_lp[o], want.top[k].second, 1e-4) << "top rank " << k;
+        EXPECT_EQ(g.top_ids[o], want.top[k].first) << "top rank " << k;
+        EXPECT_NEAR(g.top_logprobs[o], want.top[k].second, 1e-4) << "top rank " << k;
       } else {
-        EXPECT_EQ(top_ids[o], -1) << "unused top rank " << k;
-        EXPECT_EQ(top_lp[o], 0.0f) << "unused top rank " << k;
+        EXPECT_EQ(g.top_ids[o], -1) << "unused top rank " << k;
+        EXPECT_EQ(g.top_logprobs[o], 0.0f) << "unused top rank " << k;
       }
     }
   }
   EXPECT_EQ(mismatches, 0);
+  return near_ties;
+}
+
+void RunCase(int rows, int vocab, int ties, bool all_greedy, int64_t stride_pad, uint32_t seed,
+             Filters filters = Filters::kMixed) {
+  SCOPED_TRACE("rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab) +
+               " ties=" + std::to_string(ties) + " all_greedy=" + std::to_string(all_greedy) +
+               " filters=" + std::to_string(static_cast<int>(filters)) +
+               " seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int64_t stride = vocab + stride_pad;
+  const std::vector<float> logits = RandomLogits(rng, rows, vocab, stride, ties);
+  std::vector<RowCase> cases;
+  for (int r = 0; r < rows; ++r) {
+    cases.push_back(RandomRow(rng, vocab, filters));
+    if (all_greedy) cases.back().s.base.temperature = 0.0f;
+  }
+  GpuResult g;
+  ASSERT_NO_FATAL_FAILURE(RunGpu(logits, stride, vocab, cases, &g));
+  CheckAgainstCpu(logits, stride, vocab, cases, g);
 }
 
 TEST(SamplingGpuTest, MatchesCpuSampler) {
@@ -223,8 +297,17 @@ TEST(SamplingGpuTest, MatchesCpuSampler) {
   uint32_t seed = 1;
   for (int vocab : {512, 32000, 163840}) {
     for (int rows : {1, 7, 64}) {
-      for (int ties : {0, 1, 2}) RunCase(rows, vocab, ties, false, 0, seed++);
+      for (int ties : {0, 1, 2, 3, 4}) RunCase(rows, vocab, ties, false, 0, seed++);
     }
+  }
+}
+
+// Vocabularies below the block size, not a multiple of a warp, and of one token.
+TEST(SamplingGpuTest, SmallAndOddVocabularies) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 401;
+  for (int vocab : {1, 2, 5, 33, 1000, 1025, 4097}) {
+    for (int ties : {0, 1, 3}) RunCase(16, vocab, ties, false, 3, seed++);
   }
 }
 
@@ -240,11 +323,80 @@ TEST(SamplingGpuTest, AllGreedySkipsTheSort) {
   RunCase(5, 163840, 0, true, 5, 202);
 }
 
-// Many steps of one seeded row: the uniform draws cover [0, 1), so every rank of a flat top-k
-// distribution is chosen at some step; all must match the CPU.
+// Sampled rows without a filter only: the race over the whole vocabulary in the prepare kernel,
+// every segment of the sort empty. With greedy rows mixed in (RandomRow's temperature 0 share).
+TEST(SamplingGpuTest, UnfilteredRowsRaceOverTheWholeVocabulary) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 501;
+  for (int vocab : {512, 32000, 163840}) {
+    for (int ties : {0, 1, 2, 3, 4}) RunCase(64, vocab, ties, false, 0, seed++, Filters::kNone);
+  }
+  RunCase(256, 163840, 0, false, 0, seed++, Filters::kNone);
+}
+
+// Every sampled row with a filter: every sampled row goes through the sort and the draw kernel.
+TEST(SamplingGpuTest, FilteredRowsRaceOverTheSortedKeptPrefix) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 601;
+  for (int vocab : {512, 32000, 163840}) {
+    for (int ties : {0, 1, 2, 3, 4}) RunCase(64, vocab, ties, false, 0, seed++, Filters::kAlways);
+  }
+}
+
+// any_sampled = false still gives unfiltered sampled rows their token (decided before the sort).
+TEST(SamplingGpuTest, UnfilteredRowsNeedNoSort) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(701);
+  const int rows = 24, vocab = 32000;
+  const std::vector<float> logits = RandomLogits(rng, rows, vocab, vocab, 1);
+  std::vector<RowCase> cases;
+  cases.reserve(rows);
+  for (int r = 0; r < rows; ++r) cases.push_back(RandomRow(rng, vocab, Filters::kNone));
+  GpuResult g;
+  ASSERT_NO_FATAL_FAILURE(RunGpu(logits, vocab, vocab, cases, &g, /*any_sampled_override=*/0));
+  CheckAgainstCpu(logits, vocab, vocab, cases, g);
+}
+
+// Many steps of seeded rows: every rank of flat top-k distributions wins the race at some step;
+// all must match the CPU.
 TEST(SamplingGpuTest, ManySeededSteps) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   for (uint32_t s = 0; s < 4; ++s) RunCase(64, 4096, static_cast<int>(s % 3), false, 0, 301 + s);
+}
+
+// One row, fixed logits and parameters, at every position of batches of 1 to 64 rows whose other
+// rows (logits, parameters, filters) are random: always the same token, the CPU's. The batch
+// changes the grid and the sort's segments, never the row's own arithmetic.
+TEST(SamplingGpuTest, ARowsTokenDoesNotDependOnItsBatch) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const int vocab = 163840;
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    std::mt19937 rng(801 + variant);
+    const std::vector<float> mine = RandomLogits(rng, 1, vocab, vocab, variant == 1 ? 1 : 0);
+    RowCase me = RandomRow(rng, vocab, Filters::kMixed);
+    me.s.base.temperature = 0.9f;
+    me.s.base.top_k = variant == 2 ? 50 : 0;
+    me.s.base.top_p = variant == 0 ? 1.0f : 0.95f;
+    me.s.base.min_p = 0.0f;
+    const int32_t want =
+        SampleToken(mine.data(), vocab, me.s, me.history, me.prompt_len, me.generated).token;
+    for (int rows : {1, 2, 17, 64}) {
+      for (int pos : {0, rows / 2, rows - 1}) {
+        SCOPED_TRACE("rows " + std::to_string(rows) + " pos " + std::to_string(pos));
+        std::vector<float> logits = RandomLogits(rng, rows, vocab, vocab, 0);
+        std::copy(mine.begin(), mine.end(), logits.begin() + static_cast<int64_t>(pos) * vocab);
+        std::vector<RowCase> cases;
+        cases.reserve(rows);
+        for (int r = 0; r < rows; ++r) {
+          cases.push_back(r == pos ? me : RandomRow(rng, vocab, Filters::kMixed));
+        }
+        GpuResult g;
+        ASSERT_NO_FATAL_FAILURE(RunGpu(logits, vocab, vocab, cases, &g));
+        EXPECT_EQ(g.tokens[pos], want);
+      }
+    }
+  }
 }
 
 TEST(SamplingGpuTest, RejectsBadShapes) {
