@@ -4,6 +4,7 @@
 //
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
+//       [--deterministic off,on]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -21,6 +22,10 @@
 // exceed). Prefill ceiling: its GEMM FLOPs (2 x active parameters per token,
 // plus attention's 2 x heads x (qk + v) x keys per query) over the bf16 GEMM rate measured here
 // (an 8192^3 LinearGemm). Each figure is the median of the timed repetitions.
+//
+// --deterministic off,on runs every figure in each mode (ModelOptions::deterministic: batch-
+// invariant kernels, every token's attention through the decode kernel), on the same loaded
+// weights, so the mode's cost is a same-run ratio.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -162,6 +167,7 @@ int Run(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 64}, prefills = {2048, 8192};
   int context = 1024, steps = 16;
   std::vector<std::string> graph_modes = {"on", "off"};
+  std::vector<std::string> det_modes = {"off"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--model")
@@ -180,6 +186,8 @@ int Run(int argc, char** argv) {
       oracle = v;
     else if (k == "--graphs")
       graph_modes = absl::StrSplit(v, ',');
+    else if (k == "--deterministic")
+      det_modes = absl::StrSplit(v, ',');
     else if (k == "--synthetic-weights")
       synthetic_dir = v;
     else if (k == "--rank")
@@ -281,6 +289,11 @@ int Run(int argc, char** argv) {
                 experts / 1e9, m.heads_shard().count, m.experts_shard().count, blocks);
     std::mt19937 rng(7);
     std::uniform_int_distribution<int> tok(vocab.begin, vocab.begin + vocab.count - 1);
+    for (const std::string& det : det_modes) {
+    if (auto st = m.set_deterministic(det == "on"); !st.ok()) {
+      std::fprintf(stderr, "deterministic %s: %s\n", det.c_str(), std::string(st.message()).c_str());
+      return 1;
+    }
     // Prefill: one sequence of P tokens in one step.
     for (int P : prefills) {
       std::vector<double> t;
@@ -311,8 +324,9 @@ int Run(int argc, char** argv) {
                           c.num_hidden_layers;
       const double flops = (2.0 * active + attn) * P;
       std::printf(
-          "prefill kv=%s tokens=%d: %.1f ms, %.0f tok/s, %.0f TFLOP/s = %.2f of the GEMM rate\n",
-          kv.c_str(), P, sec * 1e3, P / sec, flops / sec / 1e12, flops / sec / rate);
+          "prefill kv=%s det=%s tokens=%d: %.1f ms, %.0f tok/s, %.0f TFLOP/s = %.2f of the GEMM "
+          "rate\n",
+          kv.c_str(), det.c_str(), P, sec * 1e3, P / sec, flops / sec / 1e12, flops / sec / rate);
     }
     // Decode: B sequences of `context` tokens (filled first), then `steps` greedy steps, with
     // the steps replayed as CUDA graphs and run eagerly (the launch time graphs save).
@@ -372,12 +386,14 @@ int Run(int argc, char** argv) {
         // write rate is also the ceiling of a read-only step.
         const double floor = bytes / bw;
         std::printf(
-            "decode kv=%s graphs=%s batch=%d context=%d: step %.2f ms, %.0f tok/s; reads %.2f GB "
-            "(weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f ms, ratio %.2f\n",
-            kv.c_str(), graphs.c_str(), B, context, sec * 1e3, B / sec, bytes / 1e9,
+            "decode kv=%s det=%s graphs=%s batch=%d context=%d: step %.2f ms, %.0f tok/s; reads "
+            "%.2f GB (weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f ms, ratio %.2f\n",
+            kv.c_str(), det.c_str(), graphs.c_str(), B, context, sec * 1e3, B / sec, bytes / 1e9,
             (weights - experts) / 1e9, experts * touched / 1e9, kv_bytes / 1e9, floor * 1e3,
             sec / floor);
       }
+    }  // det_modes
+    if (auto st = m.set_deterministic(false); !st.ok()) return 1;
     // Greedy agreement with transformers (bf16 weights, bf16 KV cache on both sides).
     if (!oracle.empty()) {
       auto file = SafetensorsFile::Open(oracle);

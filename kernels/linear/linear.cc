@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <string>
@@ -31,20 +32,25 @@ struct PlanKey {
   int64_t m, n, k, x_stride, out_stride;
   DType out_dtype;
   uint32_t align_x, align_w, align_out;
-  bool operator<(const PlanKey& o) const {
-    return std::tie(m, n, k, x_stride, out_stride, out_dtype, align_x, align_w, align_out) <
-           std::tie(o.m, o.n, o.k, o.x_stride, o.out_stride, o.out_dtype, o.align_x, o.align_w,
-                    o.align_out);
+  bool w_kn;
+  int batch;
+  int64_t x_batch_stride, w_batch_stride, out_batch_stride;
+  bool invariant;
+  auto Tie() const {
+    return std::tie(m, n, k, x_stride, out_stride, out_dtype, align_x, align_w, align_out, w_kn,
+                    batch, x_batch_stride, w_batch_stride, out_batch_stride, invariant);
   }
+  bool operator<(const PlanKey& o) const { return Tie() < o.Tie(); }
 };
 
 // Descriptors and algorithm of one planned shape. Column-major view of the row-major problem:
-// D [n, m] (ld out_stride) = op_T(A = W as col-major [k, n], ld k) * (B = x as col-major [k, m],
-// ld x_stride), i.e. out^T = W x^T.
+// D [n, m] (ld out_stride) = op(A) * (B = x as col-major [k, m], ld x_stride), i.e.
+// out^T = W x^T, where A is W [n, k] row-major = col-major [k, n] (ld k) transposed, or W [k, n]
+// row-major = col-major [n, k] (ld n) as it is.
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  bool lt = false;  // false: no Lt algorithm, use cublasGemmEx
+  bool lt = false;  // false: no Lt algorithm, use cublasGemm(StridedBatched)Ex
   cublasLtMatmulAlgo_t algo{};
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -57,6 +63,18 @@ struct Plan {
   }
 };
 
+// The split-K factor an algorithm is configured with (1: none).
+uint32_t SplitK(const cublasLtMatmulAlgo_t& algo) {
+  uint32_t v = 1;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &v, sizeof(v),
+                                           &written) != CUBLAS_STATUS_SUCCESS ||
+      written != sizeof(v)) {
+    return 1;
+  }
+  return v == 0 ? 1 : v;
+}
+
 }  // namespace
 
 struct LinearGemm::Impl {
@@ -64,7 +82,10 @@ struct LinearGemm::Impl {
   cublasHandle_t blas = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  bool invariant = false;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  // Batch-invariant algorithms by their key at m = kInvariantPlanRows.
+  std::map<PlanKey, cublasLtMatmulAlgo_t> invariant_algos;
 
   ~Impl() {
     if (workspace != nullptr) cudaFree(workspace);
@@ -72,12 +93,14 @@ struct LinearGemm::Impl {
     if (lt != nullptr) cublasLtDestroy(lt);
   }
 
+  absl::Status Describe(const PlanKey& key, Plan* plan);
   absl::StatusOr<const Plan*> GetPlan(const PlanKey& key);
+  // Up to `want` heuristic results for the described plan (split-K excluded when `no_split`).
+  int Heuristic(const PlanKey& key, const Plan& plan, bool no_split,
+                cublasLtMatmulHeuristicResult_t* results, int want);
 };
 
-absl::StatusOr<const Plan*> LinearGemm::Impl::GetPlan(const PlanKey& key) {
-  if (auto it = plans.find(key); it != plans.end()) return it->second.get();
-  auto plan = std::make_unique<Plan>();
+absl::Status LinearGemm::Impl::Describe(const PlanKey& key, Plan* plan) {
   const cudaDataType_t out_type = key.out_dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   const auto fail = [&](const char* what, cublasStatus_t s) {
     return absl::InternalError(absl::StrCat("LinearGemm: ", what, " failed for m ", key.m, " n ",
@@ -85,7 +108,7 @@ absl::StatusOr<const Plan*> LinearGemm::Impl::GetPlan(const PlanKey& key) {
   };
   cublasStatus_t s = cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   if (s != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulDescCreate", s);
-  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  const cublasOperation_t trans_a = key.w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   s = cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
                                      sizeof(trans_a));
   if (s == CUBLAS_STATUS_SUCCESS) {
@@ -93,7 +116,11 @@ absl::StatusOr<const Plan*> LinearGemm::Impl::GetPlan(const PlanKey& key) {
                                        sizeof(trans_b));
   }
   if (s != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulDescSetAttribute", s);
-  s = cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, key.k, key.n, key.k);
+  if (key.w_kn) {
+    s = cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, key.n, key.k, key.n);
+  } else {
+    s = cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, key.k, key.n, key.k);
+  }
   if (s == CUBLAS_STATUS_SUCCESS) {
     s = cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, key.k, key.m, key.x_stride);
   }
@@ -101,10 +128,30 @@ absl::StatusOr<const Plan*> LinearGemm::Impl::GetPlan(const PlanKey& key) {
     s = cublasLtMatrixLayoutCreate(&plan->d, out_type, key.n, key.m, key.out_stride);
   }
   if (s != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatrixLayoutCreate", s);
+  if (key.batch > 1) {
+    const int32_t count = key.batch;
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {
+        {plan->a, key.w_batch_stride}, {plan->b, key.x_batch_stride},
+        {plan->d, key.out_batch_stride}};
+    for (const auto& [layout, stride] : layouts) {
+      if (s == CUBLAS_STATUS_SUCCESS) {
+        s = cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                             sizeof(count));
+      }
+      if (s == CUBLAS_STATUS_SUCCESS) {
+        s = cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                             &stride, sizeof(stride));
+      }
+    }
+    if (s != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatrixLayoutSetAttribute (batch)", s);
+  }
+  return absl::OkStatus();
+}
 
+int LinearGemm::Impl::Heuristic(const PlanKey& key, const Plan& plan, bool no_split,
+                                cublasLtMatmulHeuristicResult_t* results, int want) {
   cublasLtMatmulPreference_t pref = nullptr;
-  s = cublasLtMatmulPreferenceCreate(&pref);
-  if (s != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulPreferenceCreate", s);
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return 0;
   const uint64_t ws = workspace_bytes;
   // A is W, B is x, C and D are out (C is not read: beta = 0, but it shares D's layout).
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
@@ -112,34 +159,87 @@ absl::StatusOr<const Plan*> LinearGemm::Impl::GetPlan(const PlanKey& key) {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out}};
-  s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                           sizeof(ws));
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   for (const auto& [attr, value] : aligns) {
     if (s == CUBLAS_STATUS_SUCCESS) {
       s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
     }
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  if (s == CUBLAS_STATUS_SUCCESS && no_split) {
+    // No split-K reduction of any kind (in place, in the compute type, in the output type).
+    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                             &mask, sizeof(mask));
+  }
   int returned = 0;
   if (s == CUBLAS_STATUS_SUCCESS) {
-    // NOT_SUPPORTED (no algorithm for this shape and alignment) is not an error: use GemmEx.
-    const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(lt, plan->op, plan->a, plan->b, plan->d,
-                                                            plan->d, pref, 1, &result, &returned);
-    if (h != CUBLAS_STATUS_SUCCESS) returned = 0;
+    // NOT_SUPPORTED (no algorithm for this shape and alignment) is not an error: returned = 0.
+    if (cublasLtMatmulAlgoGetHeuristic(lt, plan.op, plan.a, plan.b, plan.d, plan.d, pref, want,
+                                       results, &returned) != CUBLAS_STATUS_SUCCESS) {
+      returned = 0;
+    }
   }
   cublasLtMatmulPreferenceDestroy(pref);
-  if (s != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulPreferenceSetAttribute", s);
-  plan->lt = returned > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
-             result.workspaceSize <= workspace_bytes;
-  if (plan->lt) {
-    plan->algo = result.algo;
-  } else if (key.m > std::numeric_limits<int>::max() || key.n > std::numeric_limits<int>::max() ||
-             key.k > std::numeric_limits<int>::max() ||
-             key.x_stride > std::numeric_limits<int>::max() ||
-             key.out_stride > std::numeric_limits<int>::max()) {
+  return returned;
+}
+
+absl::StatusOr<const Plan*> LinearGemm::Impl::GetPlan(const PlanKey& key) {
+  if (auto it = plans.find(key); it != plans.end()) return it->second.get();
+  auto plan = std::make_unique<Plan>();
+  if (auto s = Describe(key, plan.get()); !s.ok()) return s;
+  const auto shape = [&] {
+    return absl::StrCat("m ", key.m, " n ", key.n, " k ", key.k, " batch ", key.batch);
+  };
+  if (key.invariant) {
+    // One algorithm for every m: chosen at kInvariantPlanRows rows, then checked at this m.
+    PlanKey ref = key;
+    ref.m = kInvariantPlanRows;
+    auto it = invariant_algos.find(ref);
+    if (it == invariant_algos.end()) {
+      Plan ref_plan;
+      if (auto s = Describe(ref, &ref_plan); !s.ok()) return s;
+      cublasLtMatmulHeuristicResult_t results[8] = {};
+      const int n = Heuristic(ref, ref_plan, /*no_split=*/true, results, 8);
+      int pick = -1;
+      for (int i = 0; i < n && pick < 0; ++i) {
+        if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= workspace_bytes &&
+            SplitK(results[i].algo) == 1) {
+          pick = i;
+        }
+      }
+      if (pick < 0) {
+        return absl::UnimplementedError(absl::StrCat(
+            "LinearGemm (batch-invariant): cuBLASLt offers no algorithm without split-K for ",
+            shape()));
+      }
+      it = invariant_algos.emplace(ref, results[pick].algo).first;
+    }
+    cublasLtMatmulHeuristicResult_t check{};
+    const cublasStatus_t c = cublasLtMatmulAlgoCheck(lt, plan->op, plan->a, plan->b, plan->d,
+                                                     plan->d, &it->second, &check);
+    if (c != CUBLAS_STATUS_SUCCESS || check.workspaceSize > workspace_bytes) {
+      return absl::UnimplementedError(absl::StrCat(
+          "LinearGemm (batch-invariant): the algorithm chosen for ", kInvariantPlanRows,
+          " rows cannot run ", shape(), " (", CublasError(c), ")"));
+    }
+    plan->lt = true;
+    plan->algo = it->second;
+  } else {
+    cublasLtMatmulHeuristicResult_t result{};
+    const int returned = Heuristic(key, *plan, /*no_split=*/false, &result, 1);
+    plan->lt = returned > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
+               result.workspaceSize <= workspace_bytes;
+    if (plan->lt) plan->algo = result.algo;
+  }
+  if (!plan->lt &&
+      (key.m > std::numeric_limits<int>::max() || key.n > std::numeric_limits<int>::max() ||
+       key.k > std::numeric_limits<int>::max() ||
+       key.x_stride > std::numeric_limits<int>::max() ||
+       key.out_stride > std::numeric_limits<int>::max())) {
     return absl::UnimplementedError(
-        absl::StrCat("LinearGemm: cuBLASLt has no algorithm for m ", key.m, " n ", key.n, " k ",
-                     key.k, " and the cublasGemmEx fallback takes 32-bit sizes and strides"));
+        absl::StrCat("LinearGemm: cuBLASLt has no algorithm for ", shape(),
+                     " and the cublasGemmEx fallback takes 32-bit sizes and strides"));
   }
   const Plan* raw = plan.get();
   plans.emplace(key, std::move(plan));
@@ -171,6 +271,9 @@ absl::StatusOr<std::unique_ptr<LinearGemm>> LinearGemm::Create(size_t workspace_
 
 size_t LinearGemm::CachedPlans() const { return impl_->plans.size(); }
 
+void LinearGemm::SetBatchInvariant(bool on) { impl_->invariant = on; }
+bool LinearGemm::batch_invariant() const { return impl_->invariant; }
+
 absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
   if (a.m < 0 || a.n <= 0 || a.k <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -190,16 +293,32 @@ absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
   if (a.x == nullptr || a.w == nullptr || a.out == nullptr) {
     return absl::InvalidArgumentError("LinearGemm::Run: x, w and out must be non-null");
   }
+  if (a.batch < 1 || (a.batch > 1 && (a.x_batch_stride < 0 || a.w_batch_stride < 0 ||
+                                       a.out_batch_stride < 0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LinearGemm::Run: batch ", a.batch, " needs batch >= 1 and strides >= 0"));
+  }
   const int64_t out_bytes = a.out_dtype == DType::kF32 ? 4 : 2;
-  const PlanKey key{a.m,
-                    a.n,
-                    a.k,
-                    a.x_stride,
-                    a.out_stride,
-                    a.out_dtype,
-                    RowAlignment(a.x, a.x_stride * 2),
-                    RowAlignment(a.w, a.k * 2),
-                    RowAlignment(a.out, a.out_stride * out_bytes)};
+  uint32_t align_x = RowAlignment(a.x, a.x_stride * 2);
+  uint32_t align_w = RowAlignment(a.w, (a.w_kn ? a.n : a.k) * 2);
+  uint32_t align_out = RowAlignment(a.out, a.out_stride * out_bytes);
+  if (a.batch > 1) {
+    align_x = std::min(align_x, RowAlignment(nullptr, a.x_batch_stride * 2));
+    align_w = std::min(align_w, RowAlignment(nullptr, a.w_batch_stride * 2));
+    align_out = std::min(align_out, RowAlignment(nullptr, a.out_batch_stride * out_bytes));
+  }
+  if (impl_->invariant) {
+    // The algorithm must not change with where a step's scratch happens to start: alignments
+    // above 16 B (what the kernels need at most) are not told to the heuristic.
+    align_x = std::min(align_x, 16u);
+    align_w = std::min(align_w, 16u);
+    align_out = std::min(align_out, 16u);
+  }
+  const PlanKey key{a.m,     a.n,        a.k,     a.x_stride,       a.out_stride,
+                    a.out_dtype, align_x, align_w, align_out, a.w_kn,
+                    a.batch, a.batch > 1 ? a.x_batch_stride : 0,
+                    a.batch > 1 ? a.w_batch_stride : 0, a.batch > 1 ? a.out_batch_stride : 0,
+                    impl_->invariant};
   absl::StatusOr<const Plan*> plan = impl_->GetPlan(key);
   if (!plan.ok()) return plan.status();
   const float beta = 0.0f;
@@ -215,12 +334,21 @@ absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
     if (s == CUBLAS_STATUS_SUCCESS) {
       s = cublasSetWorkspace(impl_->blas, impl_->workspace, impl_->workspace_bytes);
     }
-    if (s == CUBLAS_STATUS_SUCCESS) {
-      s = cublasGemmEx(impl_->blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(a.n),
+    const cublasOperation_t trans_a = a.w_kn ? CUBLAS_OP_N : CUBLAS_OP_T;
+    const int lda = static_cast<int>(a.w_kn ? a.n : a.k);
+    const cudaDataType_t out_type = a.out_dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+    if (s == CUBLAS_STATUS_SUCCESS && a.batch == 1) {
+      s = cublasGemmEx(impl_->blas, trans_a, CUBLAS_OP_N, static_cast<int>(a.n),
                        static_cast<int>(a.m), static_cast<int>(a.k), &a.alpha, a.w, CUDA_R_16BF,
-                       static_cast<int>(a.k), a.x, CUDA_R_16BF, static_cast<int>(a.x_stride), &beta,
-                       a.out, a.out_dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF,
+                       lda, a.x, CUDA_R_16BF, static_cast<int>(a.x_stride), &beta, a.out, out_type,
                        static_cast<int>(a.out_stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    } else if (s == CUBLAS_STATUS_SUCCESS) {
+      s = cublasGemmStridedBatchedEx(
+          impl_->blas, trans_a, CUBLAS_OP_N, static_cast<int>(a.n), static_cast<int>(a.m),
+          static_cast<int>(a.k), &a.alpha, a.w, CUDA_R_16BF, lda, a.w_batch_stride, a.x,
+          CUDA_R_16BF, static_cast<int>(a.x_stride), a.x_batch_stride, &beta, a.out, out_type,
+          static_cast<int>(a.out_stride), a.out_batch_stride, a.batch, CUBLAS_COMPUTE_32F,
+          CUBLAS_GEMM_DEFAULT);
     }
   }
   if (s != CUBLAS_STATUS_SUCCESS) {

@@ -1,7 +1,17 @@
 // Dense projections y = alpha * x W^T on the GPU: bf16 x and W, fp32 accumulation
 // (CUBLAS_COMPUTE_32F), bf16 or fp32 output, through cuBLASLt. Covers the model's bf16
 // projections, and its non-expert NVFP4 ones run as bf16 GEMMs on weights expanded by
-// DequantizeNvfp4ToBf16Unscaled (kernels/linear/linear_ref.h) with alpha = weight_scale_2.
+// DequantizeNvfp4ToBf16Unscaled (kernels/linear/linear_ref.h) with alpha = weight_scale_2; and,
+// batched over heads with strides, MLA's absorbed q (x W_kb[h], W stored [k, n]) and output
+// (x W_vb[h]^T) products.
+//
+// Batch invariance (SetBatchInvariant, the deterministic mode of issue 23): cuBLASLt's heuristic
+// picks tile shapes and split-K by the row count, so a row's bits change with the batch it is
+// in. Invariant plans take one algorithm per (n, k, strides, dtype, alignment), chosen once for
+// kInvariantPlanRows rows with split-K and its reduction schemes excluded, and use it for every
+// m: every output element is then one fixed kernel's K loop in one order, whatever the other
+// rows are (the GPU test checks every row's bits across m and row positions). A shape for which
+// that algorithm is not usable at some m fails with an error rather than computing differently.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,11 +42,16 @@ class LinearGemm {
     int64_t k = 0;                   // in_features
     const void* x = nullptr;         // bf16 [m, k], row stride x_stride elements
     int64_t x_stride = 0;            // >= k
-    const void* w = nullptr;         // bf16 [n, k] row-major (PyTorch Linear layout)
+    const void* w = nullptr;         // bf16 [n, k] row-major (PyTorch Linear layout), or [k, n]
+    bool w_kn = false;               // true: w is [k, n] row-major (out = x W)
     float alpha = 1.0f;              // e.g. NVFP4 weight_scale_2 when w holds e2m1 * block_scale
     void* out = nullptr;             // out_dtype [m, n], row stride out_stride elements
     DType out_dtype = DType::kBF16;  // kBF16 or kF32
     int64_t out_stride = 0;          // >= n
+    // Strided batch: `batch` independent products, the i-th at x + i * x_batch_stride,
+    // w + i * w_batch_stride, out + i * out_batch_stride (elements).
+    int batch = 1;
+    int64_t x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
   };
 
   // out = alpha * x W^T (out's columns n..out_stride are not touched). m = 0 is a no-op. The
@@ -45,6 +60,13 @@ class LinearGemm {
   // (graph-capturable, once each shape has been seen or also during capture, since the
   // heuristic query does not touch the stream).
   absl::Status Run(const Args& a, cudaStream_t stream);
+
+  // Batch-invariant plans from now on (see the file comment); off by default.
+  void SetBatchInvariant(bool on);
+  bool batch_invariant() const;
+  // The row count invariant plans choose their algorithm for: a decode-sized batch, so that the
+  // steps the deterministic mode spends most of its time in get a kernel sized for them.
+  static constexpr int64_t kInvariantPlanRows = 64;
 
   // Number of distinct shapes planned so far (for tests: repeated shapes must not add plans).
   size_t CachedPlans() const;

@@ -83,7 +83,8 @@ std::string MlaDecodeVariantName(int variant) {
 }
 
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
-                                            int variant, int max_workers) {
+                                            int variant, int max_workers,
+                                            int invariant_max_seq_len) {
   if (batch < 1)
     return absl::InvalidArgumentError(absl::StrCat("MLA decode: batch ", batch, " < 1"));
   if (format == KvCacheFormat::kF32) {
@@ -99,8 +100,14 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
     return absl::InvalidArgumentError(
         absl::StrCat("MLA decode: max_workers ", max_workers, " < 0 (0 = no cap)"));
   }
+  if (invariant_max_seq_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("MLA decode: invariant_max_seq_len ",
+                                                   invariant_max_seq_len, " < 0 (0 = off)"));
+  }
   const int rows = s_q * heads;
-  if (variant < 0) variant = DefaultVariant(batch, rows, format);
+  // The batch-invariant schedule takes one variant whatever the batch (the variants differ in
+  // pipeline depth only, but one kernel is the simplest statement of invariance).
+  if (variant < 0) variant = invariant_max_seq_len > 0 ? 0 : DefaultVariant(batch, rows, format);
   if (variant >= kNumVariants) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MLA decode: variant ", variant, " >= ", kNumVariants, " (MlaDecodeVariantCount)"));
@@ -124,13 +131,26 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
   plan.rows_per_cta = rows_per_cta;
   plan.num_workers = std::max(1, sms * per_sm / row_tiles);
   if (max_workers > 0) plan.num_workers = std::min(plan.num_workers, max_workers);
+  if (invariant_max_seq_len > 0) {
+    // One worker per piece of every sequence, as long as the longest may be.
+    const int64_t pieces =
+        mla::MlaScheduledCost(invariant_max_seq_len, mla::kInvariantShareCost) /
+        mla::kInvariantShareCost;
+    const int64_t workers = pieces * batch;
+    if (workers > (int64_t{1} << 24)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MLA decode: batch-invariant schedule of ", batch, " sequences of up to ",
+          invariant_max_seq_len, " tokens needs ", workers, " workers (limit 2^24)"));
+    }
+    plan.num_workers = static_cast<int>(workers);
+  }
   plan.workspace_bytes = Layout(batch, rows, plan.num_workers).total;
   return plan;
 }
 
 absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
-  absl::StatusOr<MlaDecodePlan> plan =
-      PlanMlaDecode(p.batch, p.s_q, p.heads, p.format, p.variant, p.max_workers);
+  absl::StatusOr<MlaDecodePlan> plan = PlanMlaDecode(p.batch, p.s_q, p.heads, p.format, p.variant,
+                                                     p.max_workers, p.invariant_max_seq_len);
   if (!plan.ok()) return plan.status();
   if (p.q == nullptr || p.kv_pool == nullptr || p.block_table == nullptr || p.seq_lens == nullptr ||
       p.out == nullptr || p.workspace == nullptr) {
@@ -169,6 +189,7 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   k.heads = p.heads;
   k.rows = rows;
   k.num_workers = plan->num_workers;
+  k.fixed_share = p.invariant_max_seq_len > 0 ? mla::kInvariantShareCost : 0;
   const float kv = p.format == KvCacheFormat::kFp8 ? p.kv_scale : 1.0f;
   k.score_scale_log2 = static_cast<float>(static_cast<double>(p.softmax_scale) * kv * M_LOG2E);
   k.out_scale = kv;

@@ -48,6 +48,13 @@ struct MlaDecodeParams {
   // A lower cap leaves SMs to kernels running beside the decode (communication overlap) and
   // means fewer partial outputs; PlanMlaDecode must be given the same value.
   int max_workers = 0;
+  // > 0: the batch-invariant schedule (issue 23's deterministic mode) for sequences of at most
+  // this many tokens: every sequence is cut into pieces of fixed token counts (512, the first
+  // 464) that depend on its length alone, one worker per piece, and partials are merged in piece
+  // order, so a sequence's output bits do not depend on the other sequences of the call nor on
+  // their number. The grid then covers batch x pieces(max_seq_len) workers (most exit at once
+  // for short sequences); PlanMlaDecode must be given the same value. 0: the balanced split.
+  int invariant_max_seq_len = 0;
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.
@@ -61,7 +68,8 @@ struct MlaDecodePlan {
 
 // The launch shape for the current device; depends on shapes, not on sequence lengths.
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
-                                            int variant = -1, int max_workers = 0);
+                                            int variant = -1, int max_workers = 0,
+                                            int invariant_max_seq_len = 0);
 
 // Kernel variants (cp.async ring depths), for tests and benchmarks that cover each one.
 int MlaDecodeVariantCount();

@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kScheduleThreads)
   const int per = (p.batch + kScheduleThreads - 1) / kScheduleThreads;
   const int begin = min(tid * per, p.batch), end = min(begin + per, p.batch);
   int local = 0;
-  for (int b = begin; b < end; ++b) local += MlaSequenceCost(p.seq_lens[b]);
+  for (int b = begin; b < end; ++b) local += MlaScheduledCost(p.seq_lens[b], p.fixed_share);
   sums[tid] = local;
   __syncthreads();
   for (int off = 1; off < kScheduleThreads; off <<= 1) {  // Inclusive scan (Hillis-Steele).
@@ -32,12 +32,14 @@ __global__ void __launch_bounds__(kScheduleThreads)
   int run = sums[tid] - local;
   for (int b = begin; b < end; ++b) {
     p.schedule[b] = run;
-    run += MlaSequenceCost(p.seq_lens[b]);
+    run += MlaScheduledCost(p.seq_lens[b], p.fixed_share);
   }
   if (tid == kScheduleThreads - 1) {
     const int total = sums[tid];
     p.schedule[p.batch] = total;
-    p.schedule[p.batch + 1] = max((total + p.num_workers - 1) / p.num_workers, kMinTilesPerWorker);
+    p.schedule[p.batch + 1] =
+        p.fixed_share > 0 ? p.fixed_share
+                          : max((total + p.num_workers - 1) / p.num_workers, kMinTilesPerWorker);
   }
 }
 
@@ -145,7 +147,9 @@ cudaError_t LaunchMlaDecodeSchedule(const MlaDecodeKernelParams& p, cudaStream_t
 
 cudaError_t LaunchMlaDecodeCombine(const MlaDecodeKernelParams& p, cudaStream_t stream) {
   const int blocks = p.batch * p.rows * kCombineChunks;
-  if (p.batch * p.rows <= kWideCombineRows) {
+  // Batch-invariant schedules always take the narrow form: the wide one sums a row's partials
+  // in another order, and which one runs would depend on the batch.
+  if (p.fixed_share == 0 && p.batch * p.rows <= kWideCombineRows) {
     MlaDecodeCombineKernel<16, 8><<<blocks, 16 * 32, 0, stream>>>(p);
   } else {
     MlaDecodeCombineKernel<8, 4><<<blocks, 8 * 32, 0, stream>>>(p);

@@ -18,6 +18,15 @@ constexpr int kMinTilesPerWorker = 4;  // Smallest share: below it partials cost
 constexpr int MlaSequenceCost(int len) {
   return (len + kCostTokens - 1) / kCostTokens + kSeqFixedCost;
 }
+// Batch-invariant schedules (MlaDecodeKernelParams::fixed_share > 0): a sequence's cost is
+// rounded up to whole shares, so that no worker spans two sequences and a sequence's pieces are
+// cut at offsets that depend on its own length alone. The share is kInvariantShareCost units:
+// the first piece covers 512 - 48 tokens (the fixed cost), the others 512.
+constexpr int kInvariantShareCost = 32;
+constexpr int MlaScheduledCost(int len, int fixed_share) {
+  const int c = MlaSequenceCost(len);
+  return fixed_share > 0 ? (c + fixed_share - 1) / fixed_share * fixed_share : c;
+}
 // Batches up to this size have their schedule computed inside the sliced kernel (no separate
 // schedule launch); the prefix lives in shared memory.
 constexpr int kInlineScheduleMaxBatch = 512;
@@ -30,6 +39,7 @@ struct MlaDecodeKernelParams {
   int max_blocks_per_seq;
   int batch, s_q, heads, rows;  // rows = s_q * heads
   int num_workers;
+  int fixed_share;             // 0: shares balanced over num_workers; > 0: batch-invariant.
   int inline_schedule;         // 1: the (sliced) split kernel computes the schedule itself.
   float score_scale_log2;      // softmax_scale * log2(e) (* kv_scale for kFp8)
   float out_scale;             // kv_scale for kFp8, else 1

@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(sliced::kThreads,
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int bb = tid * kPer + i;
-      cost[i] = bb < p.batch ? MlaSequenceCost(p.seq_lens[bb]) : 0;
+      cost[i] = bb < p.batch ? MlaScheduledCost(p.seq_lens[bb], p.fixed_share) : 0;
       local += cost[i];
     }
     int incl = local;  // inclusive scan over the warp, then over the 4 warp totals
@@ -194,7 +194,9 @@ __global__ void __launch_bounds__(sliced::kThreads,
     }
     if (tid == 0) {
       sched[p.batch] = total;
-      sched[p.batch + 1] = max((total + p.num_workers - 1) / p.num_workers, kMinTilesPerWorker);
+      sched[p.batch + 1] =
+          p.fixed_share > 0 ? p.fixed_share
+                            : max((total + p.num_workers - 1) / p.num_workers, kMinTilesPerWorker);
     }
     __syncthreads();
     if (blockIdx.x == 0) {

@@ -28,20 +28,17 @@ extern char** environ;
 namespace mlaserve {
 
 // MLASERVE_E2E_DEVICE=cuda runs the same tests against one GPU worker rank (ranks 1, and the
-// lossless f32 cache, a CPU-only format, becomes bf16); unset or cpu: the CPU backend.
+// lossless f32 cache, a CPU-only format, becomes bf16) in the deterministic mode (--deterministic
+// on: the invariants below compare a request with itself in other batches, which the GPU's
+// default kernels do not promise); unset or cpu: the CPU backend.
 inline std::string E2eDevice() {
   const char* d = std::getenv("MLASERVE_E2E_DEVICE");
   return d != nullptr && std::string(d) == "cuda" ? "cuda" : "cpu";
 }
 inline bool E2eOnGpu() { return E2eDevice() == "cuda"; }
-// The model the suites serve: kimi-tiny on the CPU (exact against its golden continuation). On
-// a GPU, noqlora-tiny: the invariants here (a request's tokens do not depend on its batch, on
-// preemption or on prefix reuse) are checked by equality, and kimi-tiny's routing near-ties turn
-// the GPU's batch-size-dependent summation order (cuBLAS picks its kernels by the row count) into
-// different tokens within a few steps, where noqlora-tiny's greedy margins hold
-// (tests/model/gpu_model_test.cc measures both). Prompts come from kimi-tiny's golden file either
-// way (the vocabularies are the same size).
-inline const char* E2eModel() { return E2eOnGpu() ? "noqlora-tiny" : "kimi-tiny"; }
+// The model the suites serve: kimi-tiny (on the CPU exact against its golden continuation; on a
+// GPU, in bf16, its own continuation run alone is the reference).
+inline const char* E2eModel() { return "kimi-tiny"; }
 // The binaries: the build's, unless the environment names others (a copy of the build run on
 // another machine, as the GPU check does).
 inline std::string E2eBin(const char* env, const char* built) {
@@ -55,6 +52,7 @@ struct ServerOptions {
   std::string kv_format = "f32";
   int kv_blocks = 64;
   std::vector<std::string> coordinator_args;
+  std::vector<std::string> worker_args;
 };
 
 class ServerProcesses {
@@ -86,6 +84,11 @@ class ServerProcesses {
                                  std::string("--device"), E2eDevice()}) {
       workers.push_back(s);
     }
+    if (gpu) {
+      workers.push_back("--deterministic");
+      workers.push_back("on");
+    }
+    workers.insert(workers.end(), o.worker_args.begin(), o.worker_args.end());
     workers_ = Spawn(workers, (dir_ / "workers.log").string());
     // Ready when health answers ok.
     auto c = Client::Connect(client_endpoint_);

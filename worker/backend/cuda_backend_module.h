@@ -38,7 +38,7 @@ struct CudaBackendApi {
   Communicator* (*create_nccl)(void* mpi_comm, Ops* ops, std::string* error);
 };
 
-inline constexpr int kCudaBackendAbiVersion = 2;
+inline constexpr int kCudaBackendAbiVersion = 3;
 
 // The module's one export (extern "C", so dlsym finds it by this name).
 extern "C" const CudaBackendApi* MlaserveCudaBackend();

@@ -1,6 +1,5 @@
 #include "worker/backend/cuda_ops.h"
 
-#include <cublas_v2.h>
 
 #include <algorithm>
 #include <cstring>
@@ -67,8 +66,8 @@ absl::Status CudaMemoryInfo(size_t* free_bytes, size_t* total_bytes) {
 struct CudaOps::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
   std::unique_ptr<LinearGemm> gemm;
+  bool batch_invariant = false;  // SetBatchInvariant
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 
@@ -91,7 +90,6 @@ struct CudaOps::Impl {
   // Moves of the arena or the step buffers (graphs captured before are stale), and the graphs.
   uint64_t epoch = 0;
   bool capturing = false;
-  void* cublas_workspace = nullptr;
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     size_t arena_used = 0;  // the bump offset after the captured ops' scratch
@@ -181,12 +179,10 @@ struct CudaOps::Impl {
     for (Graph& g : graphs) {
       if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
     }
-    cudaFree(cublas_workspace);
     for (Chunk& c : chunks) cudaFree(c.base);
     cudaFree(step_dev);
     cudaFreeHost(step_host);
     cudaFreeHost(sample_host);
-    if (cublas != nullptr) cublasDestroy(cublas);
     gemm.reset();
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -203,17 +199,6 @@ absl::StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create() {
       !s.ok()) {
     return s;
   }
-  if (cublasCreate(&impl->cublas) != CUBLAS_STATUS_SUCCESS) {
-    return absl::InternalError("cublasCreate failed");
-  }
-  cublasSetStream(impl->cublas, impl->stream);
-  // A workspace of its own, so that cuBLAS allocates nothing while a graph is captured.
-  const size_t ws = 32 << 20;
-  if (auto s = CudaStatus(cudaMalloc(&impl->cublas_workspace, ws), "cuBLAS workspace"); !s.ok())
-    return s;
-  if (cublasSetWorkspace(impl->cublas, impl->cublas_workspace, ws) != CUBLAS_STATUS_SUCCESS) {
-    return absl::InternalError("cublasSetWorkspace failed");
-  }
   auto gemm = LinearGemm::Create();
   if (!gemm.ok()) return gemm.status();
   impl->gemm = *std::move(gemm);
@@ -228,6 +213,12 @@ size_t CudaOps::persistent_bytes() const { return impl_->persistent; }
 size_t CudaOps::arena_bytes() const { return impl_->arena_total; }
 
 uint64_t CudaOps::memory_epoch() const { return impl_->epoch; }
+
+absl::Status CudaOps::SetBatchInvariant(bool on) {
+  impl_->batch_invariant = on;
+  impl_->gemm->SetBatchInvariant(on);
+  return absl::OkStatus();
+}
 
 absl::Status CudaOps::BeginCapture() {
   if (impl_->failed()) return impl_->error;
@@ -692,7 +683,6 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
                         Tensor& out) {
   MLASERVE_SKIP_IF_FAILED();
   const StepLayout::DecodeGroup& g = step.layout->decode[group];
-  const int rows = g.num_seqs * g.s_q;
   const int H = s.heads, qk = s.qk_nope + s.qk_rope;
   const auto what = [&] {
     return absl::StrCat("MlaDecode ", g.num_seqs, " sequences x ", g.s_q, " tokens, ", H,
@@ -704,65 +694,96 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
                                                 kMaxDecodeTokens, " tokens per sequence")));
     return;
   }
-  auto plan = PlanMlaDecode(g.num_seqs, g.s_q, H, cache.format);
+  // Batch-invariant: the fixed-piece schedule, for sequences as long as the block tables allow,
+  // in slices of sequences whose partials fit kPerTokenAttentionWorkspaceBytes (a slice's bits
+  // are those of any other grouping: that is what invariance means).
+  const bool invariant = impl_->batch_invariant;
+  const int max_len = step.layout->max_blocks * kKvBlockTokens;
+  int slice = g.num_seqs;
+  absl::StatusOr<MlaDecodePlan> plan =
+      PlanMlaDecode(slice, g.s_q, H, cache.format, -1, 0, invariant ? max_len : 0);
+  if (invariant && plan.ok()) {
+    auto one = PlanMlaDecode(1, g.s_q, H, cache.format, -1, 0, max_len);
+    if (!one.ok()) {
+      plan = one.status();
+    } else {
+      slice = static_cast<int>(std::clamp<size_t>(
+          kPerTokenAttentionWorkspaceBytes / std::max<size_t>(one->workspace_bytes, 1), 1,
+          static_cast<size_t>(g.num_seqs)));
+      plan = PlanMlaDecode(slice, g.s_q, H, cache.format, -1, 0, max_len);
+    }
+  }
   if (!plan.ok()) {
     impl_->Check(plan.status(), what);
     return;
   }
+  const int rows = g.num_seqs * g.s_q;
   Tensor q_abs = Activation({rows, H, kMlaQkDim});
   Tensor latent_out = Activation({rows, H, kMlaLatentDim});
   void* workspace = impl_->ArenaAlloc(plan->workspace_bytes);
   MLASERVE_SKIP_IF_FAILED();
   const uint16_t* q_rows = q.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * qk;
-  const float one = 1.0f, zero = 0.0f;
-  // q_abs[r, h, :512] = q_nope[r, h, :] W_kb[h] for every head (column-major view: C^T = B^T A^T
-  // with B^T = W_kb[h] as 512 x nope, A^T = q_nope rows as nope x rows).
-  cublasStatus_t st = cublasGemmStridedBatchedEx(
-      impl_->cublas, CUBLAS_OP_N, CUBLAS_OP_N, kMlaLatentDim, rows, s.qk_nope, &one,
-      w_kb.data<void>(), CUDA_R_16BF, kMlaLatentDim,
-      static_cast<long long>(s.qk_nope) * kMlaLatentDim, q_rows, CUDA_R_16BF, H * qk, qk, &zero,
-      q_abs.data<void>(), CUDA_R_16BF, H * kMlaQkDim, kMlaQkDim, H, CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    impl_->Fail(absl::InternalError(absl::StrCat(what(), ": q absorb GEMM: cuBLAS status ", st)));
-    return;
-  }
+  // q_abs[r, h, :512] = q_nope[r, h, :] W_kb[h] for every head (W_kb[h] is [nope, 512]).
+  LinearGemm::Args absorb;
+  absorb.m = rows;
+  absorb.n = kMlaLatentDim;
+  absorb.k = s.qk_nope;
+  absorb.x = q_rows;
+  absorb.x_stride = static_cast<int64_t>(H) * qk;
+  absorb.w = w_kb.data<void>();
+  absorb.w_kn = true;
+  absorb.out = q_abs.data<void>();
+  absorb.out_stride = static_cast<int64_t>(H) * kMlaQkDim;
+  absorb.batch = H;
+  absorb.x_batch_stride = qk;
+  absorb.w_batch_stride = static_cast<int64_t>(s.qk_nope) * kMlaLatentDim;
+  absorb.out_batch_stride = kMlaQkDim;
+  impl_->Check(impl_->gemm->Run(absorb, impl_->stream), [&] { return what() + " (q absorb)"; });
   // The rope part of q goes to columns 512..575 of each head.
   impl_->Check(
       cudaMemcpy2DAsync(q_abs.data<uint16_t>() + kMlaLatentDim, kMlaQkDim * 2, q_rows + s.qk_nope,
                         qk * 2, kMlaRopeDim * 2, static_cast<size_t>(rows) * H,
                         cudaMemcpyDeviceToDevice, impl_->stream),
       [&] { return what() + " (q rope copy)"; });
-  MlaDecodeParams p;
-  p.q = q_abs.data<void>();
-  p.kv_pool = cache.pool.data<void>();
-  p.block_table = step.block_tables.data<int32_t>() +
-                  static_cast<int64_t>(g.seq_begin) * step.layout->max_blocks;
-  p.max_blocks_per_seq = step.layout->max_blocks;
-  p.seq_lens = step.seq_lens.data<int32_t>() + g.seq_begin;
-  p.batch = g.num_seqs;
-  p.s_q = g.s_q;
-  p.heads = H;
-  p.format = cache.format;
-  p.kv_scale = cache.fp8_scale;
-  p.softmax_scale = s.softmax_scale;
-  p.out = latent_out.data<void>();
-  p.lse = nullptr;
-  p.workspace = workspace;
-  p.workspace_bytes = plan->workspace_bytes;
-  impl_->Check(InvokeMlaDecode(p, impl_->stream), what);
-  MLASERVE_SKIP_IF_FAILED();
-  // out[r, h, :v] = latent_out[r, h, :] W_vb[h]^T (C^T = W_vb[h] (v x 512) L^T (512 x rows)).
-  st = cublasGemmStridedBatchedEx(
-      impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, s.v_dim, rows, kMlaLatentDim, &one,
-      w_vb.data<void>(), CUDA_R_16BF, kMlaLatentDim,
-      static_cast<long long>(s.v_dim) * kMlaLatentDim, latent_out.data<void>(), CUDA_R_16BF,
-      H * kMlaLatentDim, kMlaLatentDim, &zero,
-      out.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * s.v_dim, CUDA_R_16BF,
-      H * s.v_dim, s.v_dim, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    impl_->Fail(absl::InternalError(absl::StrCat(what(), ": v expand GEMM: cuBLAS status ", st)));
+  for (int first = 0; first < g.num_seqs; first += slice) {
+    const int n = std::min(slice, g.num_seqs - first);
+    const int64_t row0 = static_cast<int64_t>(first) * g.s_q;
+    MlaDecodeParams p;
+    p.q = q_abs.data<uint16_t>() + row0 * H * kMlaQkDim;
+    p.kv_pool = cache.pool.data<void>();
+    p.block_table = step.block_tables.data<int32_t>() +
+                    static_cast<int64_t>(g.seq_begin + first) * step.layout->max_blocks;
+    p.max_blocks_per_seq = step.layout->max_blocks;
+    p.seq_lens = step.seq_lens.data<int32_t>() + g.seq_begin + first;
+    p.batch = n;
+    p.s_q = g.s_q;
+    p.heads = H;
+    p.format = cache.format;
+    p.kv_scale = cache.fp8_scale;
+    p.softmax_scale = s.softmax_scale;
+    p.out = latent_out.data<uint16_t>() + row0 * H * kMlaLatentDim;
+    p.lse = nullptr;
+    p.workspace = workspace;
+    p.workspace_bytes = plan->workspace_bytes;
+    p.invariant_max_seq_len = invariant ? max_len : 0;
+    impl_->Check(InvokeMlaDecode(p, impl_->stream), what);
+    MLASERVE_SKIP_IF_FAILED();
   }
+  // out[r, h, :v] = latent_out[r, h, :] W_vb[h]^T (W_vb[h] is [v, 512]).
+  LinearGemm::Args expand;
+  expand.m = rows;
+  expand.n = s.v_dim;
+  expand.k = kMlaLatentDim;
+  expand.x = latent_out.data<void>();
+  expand.x_stride = static_cast<int64_t>(H) * kMlaLatentDim;
+  expand.w = w_vb.data<void>();
+  expand.out = out.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * s.v_dim;
+  expand.out_stride = static_cast<int64_t>(H) * s.v_dim;
+  expand.batch = H;
+  expand.x_batch_stride = kMlaLatentDim;
+  expand.w_batch_stride = static_cast<int64_t>(s.v_dim) * kMlaLatentDim;
+  expand.out_batch_stride = s.v_dim;
+  impl_->Check(impl_->gemm->Run(expand, impl_->stream), [&] { return what() + " (v expand)"; });
 }
 
 void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& bias, Tensor& ids,

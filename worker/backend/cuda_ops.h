@@ -77,6 +77,7 @@ class CudaOps : public Ops {
                       std::vector<SampledOutput>* out) override;
 
   bool SupportsGraphs() const override { return true; }
+  absl::Status SetBatchInvariant(bool on) override;
   absl::Status BeginCapture() override;
   absl::StatusOr<int> EndCapture() override;
   absl::Status LaunchGraph(int graph) override;

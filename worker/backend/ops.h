@@ -211,6 +211,19 @@ class Ops {
     return absl::UnimplementedError("no graphs on this backend");
   }
   virtual uint64_t memory_epoch() const { return 0; }
+
+  // Batch invariance (the deterministic mode, issue 23): when on, every op computes a row (a
+  // token, a sequence's attention) with the same arithmetic in the same order whatever the
+  // other rows of the step are and however many there are: no algorithm chosen by the row
+  // count, no split sizes derived from the batch. The CPU backend always is (its loops are per
+  // row); the GPU backend trades speed for it (bench/RESULTS.md measures the cost).
+  // A batch-invariant GPU backend's per-token attention may hold this much scratch for split-KV
+  // partials (the memory plan reserves it in the deterministic mode).
+  static constexpr size_t kPerTokenAttentionWorkspaceBytes = size_t{256} << 20;
+  virtual absl::Status SetBatchInvariant(bool on) {
+    (void)on;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace mlaserve

@@ -66,6 +66,32 @@ absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLay
   for (int32_t row : batch.logits_rows) {
     if (row < 0 || row >= T) return absl::InvalidArgumentError("logits row outside the step");
   }
+  if (o.per_token_attention) {
+    // One sequence per token, in the caller's sequence order (validated above as a whole).
+    StepBatch split;
+    split.tokens = batch.tokens;
+    split.positions = batch.positions;
+    split.slots = batch.slots;
+    split.logits_rows = batch.logits_rows;
+    split.seqs.reserve(static_cast<size_t>(T));
+    for (const SequenceSlice& s : batch.seqs) {
+      for (int i = 0; i < s.num_tokens; ++i) {
+        SequenceSlice one;
+        one.token_begin = s.token_begin + i;
+        one.num_tokens = 1;
+        one.context_len = s.context_len + i;
+        // Only the blocks up to this token's position: the table width (and so a graph's
+        // bucket) then depends on the longest context, as in an ordinary decode step.
+        const size_t need = static_cast<size_t>(one.context_len) / kKvBlockTokens + 1;
+        one.block_table.assign(s.block_table.begin(), s.block_table.begin() + need);
+        split.seqs.push_back(std::move(one));
+      }
+    }
+    StepLayoutOptions inner = o;
+    inner.per_token_attention = false;
+    inner.force_absorbed = true;
+    return BuildStepLayout(split, inner);
+  }
 
   // Canonical order: decode groups by s_q ascending, then prefills; stable within a group.
   auto decode_sq = [&](const SequenceSlice& s) {

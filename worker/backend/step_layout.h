@@ -74,11 +74,20 @@ struct StepLayout {
 
 // force_absorbed sends every sequence, fresh or not, whatever its token count, to the decode
 // groups (the absorbed, cache-reading attention; the CPU backend takes any count, tests use it).
+//
+// per_token_attention (the deterministic mode, issue 23) splits every sequence of n new tokens
+// into n one-token sequences (the token at position p attends to cache positions 0..p through
+// its sequence's block table), all in one decode group of s_q = 1. A token's attention is then
+// the same computation whether it is decoded, prefilled or recomputed after preemption, and
+// whatever else shares the step: the cache write of the whole step precedes attention in every
+// layer, so the prefix a one-token sequence reads is in the cache. The logits rows and the row
+// order are those of the ordinary layout; only the attention sees more, shorter sequences.
 struct StepLayoutOptions {
   int vocab_size = 0;
   int64_t num_slots = 0;  // KV blocks * 64
   int num_blocks = 0;
   bool force_absorbed = false;
+  bool per_token_attention = false;
 };
 
 absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch,

@@ -350,6 +350,7 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const Ten
   std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model(ops, comm));
   m->config_ = config;
   m->options_ = options;
+  if (auto s = ops.SetBatchInvariant(options.deterministic); !s.ok()) return s;
   if (auto s = m->LoadWeights(source); !s.ok()) return s;
   return m;
 }
@@ -559,6 +560,13 @@ absl::Status DeepseekV3Model::LoadWeights(const TensorSource& ckpt) {
   return absl::OkStatus();
 }
 
+absl::Status DeepseekV3Model::set_deterministic(bool on) {
+  if (auto s = ops_.SetBatchInvariant(on); !s.ok()) return s;
+  if (on != options_.deterministic) graphs_.clear();
+  options_.deterministic = on;
+  return absl::OkStatus();
+}
+
 float DeepseekV3Model::kv_fp8_scale(int layer) const { return layers_[layer]->kv.fp8_scale; }
 
 size_t DeepseekV3Model::expert_bytes() const {
@@ -653,6 +661,7 @@ absl::StatusOr<Tensor> DeepseekV3Model::Forward(const StepBatch& batch) {
   lo.num_blocks = options_.num_kv_blocks;
   lo.num_slots = static_cast<int64_t>(options_.num_kv_blocks) * kKvBlockTokens;
   lo.force_absorbed = options_.force_absorbed;
+  lo.per_token_attention = options_.deterministic;
   auto layout = BuildStepLayout(batch, lo);
   if (!layout.ok()) return layout.status();
   layout_ = *std::move(layout);

@@ -32,6 +32,12 @@ struct ModelOptions {
   // Replay single-token decode steps as graphs (backends that have them, one rank), one graph
   // per (batch bucket, block-table width bucket), captured on the second step of its shape.
   bool graphs = false;
+  // The deterministic mode (issue 23): a request's logits do not depend on what shares its steps
+  // nor on whether its tokens were decoded, prefilled or recomputed after preemption. Every
+  // token's attention runs as a one-token decode over the cache (StepLayoutOptions::
+  // per_token_attention) and the backend's ops are batch-invariant (Ops::SetBatchInvariant).
+  // Prefill then costs O(prompt x context) attention through the decode kernel.
+  bool deterministic = false;
   // Load the shard of rank `shard_rank` of `shard_world` (heads, vocabulary, MLP slices and
   // experts split as a world of that size splits them) instead of the communicator's own rank
   // and size, when shard_world > 0. Meant for a single-rank communicator (a one-GPU benchmark of
@@ -77,6 +83,9 @@ class DeepseekV3Model {
   Communicator& comm() { return comm_; }
   // Turns graph replay of decode steps on or off (benchmarks compare the two).
   void set_graphs(bool on) { options_.graphs = on; }
+  // Switches the deterministic mode (ModelOptions::deterministic) between steps; the graphs
+  // captured so far hold the other mode's kernels and are dropped (captured again as needed).
+  absl::Status set_deterministic(bool on);
 
   // This rank's shard: attention heads, vocabulary rows, routed experts (all of them under
   // tensor-parallel MoE) and each expert's intermediate slice.

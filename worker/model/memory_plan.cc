@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/backend/ops.h"
 
 namespace mlaserve {
 namespace {
@@ -93,6 +94,7 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const TensorSource& ckpt, const Mode
   const size_t vocab = static_cast<size_t>(c.vocab_size);
   const size_t logits = rows * (vocab / world + 1) * 4 + rows * vocab * (4 + 16);
   p.workspace = T * per_token + prefill + logits + (512u << 20);
+  if (in.deterministic) p.workspace += Ops::kPerTokenAttentionWorkspaceBytes;
   p.budget = static_cast<size_t>(static_cast<double>(in.free_bytes) * in.memory_fraction);
   const size_t fixed = p.weights + p.workspace;
   if (fixed >= p.budget) {

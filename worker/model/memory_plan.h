@@ -24,6 +24,7 @@ struct MemoryPlanInput {
   int max_step_tokens = 2048;    // the scheduler's tokens per step
   int max_seqs = 256;            // the scheduler's running sequences (logits rows per step)
   int max_prefill_keys = 32768;  // keys (cached prefix + new) one step's prefills decompress
+  bool deterministic = false;    // adds Ops::kPerTokenAttentionWorkspaceBytes
 };
 
 struct MemoryPlan {

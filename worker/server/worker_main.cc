@@ -3,8 +3,11 @@
 //   mpirun -np N mlaserve-worker --model DIR --coordinator tcp://HOST:PORT
 //       [--device cuda|cpu] [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N]
 //       [--gpu-memory-fraction F] [--max-step-tokens N] [--max-seqs N]
-//       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off]
+//       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off] [--deterministic on|off]
 //
+// --deterministic on (issue 23): a request's tokens do not depend on what it is batched with nor
+// on preemption: batch-invariant kernels and every token's attention through the decode path
+// (ModelOptions::deterministic; its cost is in bench/RESULTS.md).
 // --device defaults to cuda where the build has the CUDA backend and a GPU is visible, else cpu.
 // On a GPU the memory plan (worker/model/memory_plan.h) is made before loading: the KV pool gets
 // what the weights and the largest step's workspace leave of the free memory times
@@ -53,6 +56,7 @@ struct Args {
   double gpu_memory_fraction = 0.9;
   int max_step_tokens = 2048, max_seqs = 256;
   bool cuda_graphs = true;  // single-token decode steps replayed as CUDA graphs
+  bool deterministic = false;
   std::string metrics_host = "127.0.0.1";
   int metrics_port = 0;  // rank r serves on metrics_port + r; 0: off
   int coordinator_timeout_s = 15;  // no message (plans or idle pings) for this long: exit
@@ -100,6 +104,7 @@ int main(int argc, char** argv) {
     else if (k == "--max-step-tokens") ok = absl::SimpleAtoi(v, &a.max_step_tokens) && a.max_step_tokens > 0;
     else if (k == "--max-seqs") ok = absl::SimpleAtoi(v, &a.max_seqs) && a.max_seqs > 0;
     else if (k == "--cuda-graphs") ok = (v == "on" || v == "off") && ((a.cuda_graphs = v == "on"), true);
+    else if (k == "--deterministic") ok = (v == "on" || v == "off") && ((a.deterministic = v == "on"), true);
     else if (k == "--threads") ok = absl::SimpleAtoi(v, &a.threads) && a.threads > 0;
     else if (k == "--metrics-port") ok = absl::SimpleAtoi(v, &a.metrics_port) && a.metrics_port >= 0;
     else if (k == "--metrics-host") a.metrics_host = v;
@@ -122,6 +127,7 @@ int main(int argc, char** argv) {
   if (a.device != "cpu" && a.device != "cuda") return Fail(rank, "--device must be cuda or cpu");
   ModelOptions options;
   options.moe = a.moe == "tensor" ? MoeParallelism::kTensor : MoeParallelism::kExpert;
+  options.deterministic = a.deterministic;
   std::unique_ptr<Ops> ops;
   std::string plan_note;
   // The model's collectives: MPI on the CPU backend, NCCL between GPU ranks.
@@ -161,6 +167,7 @@ int main(int argc, char** argv) {
       in.kv_blocks = a.kv_blocks;
       in.max_step_tokens = a.max_step_tokens;
       in.max_seqs = a.max_seqs;
+      in.deterministic = a.deterministic;
       auto plan = PlanDeviceMemory(*ckpt, *config, in);
       if (!plan.ok()) return plan.status();
       plan_note = plan->Describe();

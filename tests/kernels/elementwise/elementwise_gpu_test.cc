@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -638,6 +639,169 @@ TEST(ElementwiseGpuTest, LinearGemm) {
   STATUS_OK((*gemm)->Run(a, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   for (const uint16_t v : d_out.Download()) EXPECT_EQ(v, kBf16Poison);
+}
+
+// Strided-batch LinearGemm (MLA's per-head absorb with W as [k, n], and expand with W as [n, k])
+// against LinearRef per batch entry, with the tolerance of the LinearGemm test above.
+TEST(ElementwiseGpuTest, LinearGemmStridedBatch) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<LinearGemm>> gemm = LinearGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  struct Case {
+    int64_t m, n, k;
+    int heads;
+    bool w_kn;
+  };
+  // m rows x heads; x rows hold heads * k (stride), out rows heads * n.
+  const Case cases[] = {{1, 512, 128, 16, true}, {37, 512, 128, 8, true}, {5, 128, 512, 16, false},
+                        {64, 128, 512, 3, false}, {2, 512, 16, 4, true},  {9, 16, 512, 4, false}};
+  FastRandom rng(11);
+  for (const Case& c : cases) {
+    const int64_t x_row = c.heads * c.k + 64, out_row = c.heads * c.n;  // x rows padded (q_rope)
+    const std::vector<uint16_t> x = RandomBf16(rng, c.m * x_row, 1.0f);
+    const std::vector<uint16_t> w = RandomBf16(rng, c.heads * c.n * c.k, 1.0f / std::sqrt(c.k));
+    DeviceBuffer<uint16_t> d_x(x.size()), d_w(w.size()), d_out(c.m * out_row);
+    CUDA_OK(d_x.Upload(x));
+    CUDA_OK(d_w.Upload(w));
+    CUDA_OK(d_out.Poison());
+    LinearGemm::Args a;
+    a.m = c.m;
+    a.n = c.n;
+    a.k = c.k;
+    a.x = d_x.ptr;
+    a.x_stride = x_row;
+    a.w = d_w.ptr;
+    a.w_kn = c.w_kn;
+    a.out = d_out.ptr;
+    a.out_stride = out_row;
+    a.batch = c.heads;
+    a.x_batch_stride = c.k;
+    a.w_batch_stride = c.n * c.k;
+    a.out_batch_stride = c.n;
+    STATUS_OK((*gemm)->Run(a, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = d_out.Download();
+    const std::string what = "batched m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
+                             " k " + std::to_string(c.k) + (c.w_kn ? " W[k,n]" : " W[n,k]");
+    Mismatches bad(what);
+    for (int h = 0; h < c.heads; ++h) {
+      // This head's weight as [n, k] for LinearRef.
+      std::vector<uint16_t> wh(c.n * c.k), wabs(c.n * c.k);
+      for (int64_t j = 0; j < c.n; ++j) {
+        for (int64_t i = 0; i < c.k; ++i) {
+          const uint16_t v = c.w_kn ? w[h * c.n * c.k + i * c.n + j] : w[h * c.n * c.k + j * c.k + i];
+          wh[j * c.k + i] = v;
+          wabs[j * c.k + i] = v & 0x7fff;
+        }
+      }
+      std::vector<float> xin(c.m * c.k), xabs(c.m * c.k);
+      for (int64_t r = 0; r < c.m; ++r) {
+        for (int64_t i = 0; i < c.k; ++i) {
+          xin[r * c.k + i] = Bf16ToFloat(x[r * x_row + h * c.k + i]);
+          xabs[r * c.k + i] = std::fabs(xin[r * c.k + i]);
+        }
+      }
+      LinearRefWeight rw;
+      rw.out_features = static_cast<int>(c.n);
+      rw.in_features = static_cast<int>(c.k);
+      rw.bf16 = wh.data();
+      std::vector<float> want(c.m * c.n), sabs(c.m * c.n);
+      LinearRef(xin.data(), c.m, rw, want.data(), 1);
+      rw.bf16 = wabs.data();
+      LinearRef(xabs.data(), c.m, rw, sabs.data(), 1);
+      for (int64_t r = 0; r < c.m; ++r) {
+        for (int64_t j = 0; j < c.n; ++j) {
+          const double y = want[r * c.n + j];
+          const double e = 2.0 * c.k * std::ldexp(1.0, -24) * sabs[r * c.n + j] + 1e-30;
+          bad.Check(r, h * c.n + j, Bf16ToFloat(got[r * out_row + h * c.n + j]), y,
+                    kBf16HalfUlp * (std::fabs(y) + e) + e);
+        }
+      }
+    }
+    bad.Expect();
+  }
+}
+
+// Batch invariance (the deterministic mode): with SetBatchInvariant, a row's output bits do not
+// depend on how many rows the call has nor on the row's position among them. Each shape runs
+// once over all M rows (the reference), then over windows [s, s + m) of the same x for many m
+// and s; every output row must equal the reference's row bit for bit. The default mode is run
+// the same way and its differing rows printed (cuBLASLt picks tiles and split-K by m), to show
+// the check can see a difference. Shapes: the projections of DeepSeek-V3/Kimi (and a vocab
+// slice as lm_head), router logits in fp32, and the strided-batch MLA absorb.
+TEST(ElementwiseGpuTest, LinearGemmBatchInvariant) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    int64_t n, k;
+    DType out;
+    int heads;  // > 1: strided batch over heads (x rows heads * k, W [k, n] per head)
+  };
+  const Case cases[] = {{7168, 2048, DType::kBF16, 1}, {2048, 7168, DType::kBF16, 1},
+                        {576, 7168, DType::kBF16, 1},  {1536, 7168, DType::kBF16, 1},
+                        {3072, 1536, DType::kBF16, 1}, {256, 7168, DType::kF32, 1},
+                        {20480, 7168, DType::kF32, 1}, {512, 128, DType::kBF16, 16},
+                        {96, 24, DType::kBF16, 1}};
+  const int64_t M = 300;
+  const int64_t ms[] = {1, 2, 3, 5, 8, 16, 31, 64, 65, 100, 128, 200, 256, 299};
+  FastRandom rng(12);
+  for (bool invariant : {true, false}) {
+    absl::StatusOr<std::unique_ptr<LinearGemm>> gemm = LinearGemm::Create();
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    (*gemm)->SetBatchInvariant(invariant);
+    for (const Case& c : cases) {
+      const int64_t x_row = c.heads * c.k, out_row = c.heads * c.n;
+      const size_t osize = c.out == DType::kF32 ? 4 : 2;
+      const std::vector<uint16_t> x = RandomBf16(rng, M * x_row, 1.0f);
+      const std::vector<uint16_t> w =
+          RandomBf16(rng, c.heads * c.n * c.k, 1.0f / std::sqrt(c.k));
+      DeviceBuffer<uint16_t> d_x(x.size()), d_w(w.size());
+      DeviceBuffer<uint8_t> d_ref(M * out_row * osize), d_out(M * out_row * osize);
+      ASSERT_NE(d_w.ptr, nullptr);
+      CUDA_OK(d_x.Upload(x));
+      CUDA_OK(d_w.Upload(w));
+      auto run = [&](int64_t first, int64_t m, void* out) {
+        LinearGemm::Args a;
+        a.m = m;
+        a.n = c.n;
+        a.k = c.k;
+        a.x = d_x.ptr + first * x_row;
+        a.x_stride = x_row;
+        a.w = d_w.ptr;
+        a.w_kn = c.heads > 1;
+        a.out = static_cast<uint8_t*>(out) + first * out_row * osize;
+        a.out_dtype = c.out;
+        a.out_stride = out_row;
+        a.batch = c.heads;
+        a.x_batch_stride = c.k;
+        a.w_batch_stride = c.n * c.k;
+        a.out_batch_stride = c.n;
+        return (*gemm)->Run(a, nullptr);
+      };
+      STATUS_OK(run(0, M, d_ref.ptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint8_t> ref = d_ref.Download();
+      int differ = 0, checked = 0;
+      for (int64_t m : ms) {
+        for (int64_t first : {int64_t{0}, (M - m) / 2, M - m}) {
+          CUDA_OK(d_out.Poison());
+          STATUS_OK(run(first, m, d_out.ptr));
+          CUDA_OK(cudaDeviceSynchronize());
+          const std::vector<uint8_t> got = d_out.Download();
+          for (int64_t r = first; r < first + m; ++r) {
+            ++checked;
+            differ += std::memcmp(got.data() + r * out_row * osize,
+                                  ref.data() + r * out_row * osize, out_row * osize) != 0;
+          }
+        }
+      }
+      const std::string what = std::string(invariant ? "invariant" : "default") + " n " +
+                               std::to_string(c.n) + " k " + std::to_string(c.k) + " heads " +
+                               std::to_string(c.heads) + " " + std::string(DTypeName(c.out));
+      std::printf("[linear] %s: %d of %d rows differ from the %lld-row call\n", what.c_str(),
+                  differ, checked, static_cast<long long>(M));
+      if (invariant) EXPECT_EQ(differ, 0) << what;
+    }
+  }
 }
 
 // Bad arguments are errors, not launches.

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -49,12 +50,14 @@ struct DecodeCase {
   std::vector<int32_t> lens;
   int variant = -1;     // -1: the launcher's choice.
   int max_workers = 0;  // 0: no cap.
+  bool invariant = false;  // the batch-invariant schedule (for the longest sequence's length)
 };
 
 std::string Name(const DecodeCase& c) {
   std::string s = std::string(KvCacheFormatName(c.format)) + " heads=" + std::to_string(c.heads) +
                   " s_q=" + std::to_string(c.s_q) + " variant=" + MlaDecodeVariantName(c.variant) +
-                  " max_workers=" + std::to_string(c.max_workers) + " lens=";
+                  " max_workers=" + std::to_string(c.max_workers) +
+                  (c.invariant ? " invariant" : "") + " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -109,7 +112,9 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
                         softmax_scale, ref_out.data(), ref_lse.data()};
   MlaDecodeRef(rp);
 
-  auto plan = PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant, c.max_workers);
+  const int invariant_len = c.invariant ? max_blocks * 64 : 0;
+  auto plan = PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant, c.max_workers,
+                            invariant_len);
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<uint8_t> d_pool(pool.size()), d_ws(plan->workspace_bytes);
   DeviceBuffer<int32_t> d_table(table.size()), d_lens(c.lens.size());
@@ -144,6 +149,7 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   p.workspace_bytes = d_ws.count;
   p.variant = c.variant;
   p.max_workers = c.max_workers;
+  p.invariant_max_seq_len = invariant_len;
   const absl::Status st = InvokeMlaDecode(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_OK(cudaDeviceSynchronize());
@@ -248,6 +254,124 @@ TEST(MlaDecodeGpuTest, SkewedAndLargeBatches) {
     // and pieces of the long one.
     RunDecodeCase({f, 16, 2, skewed, -1, 3}, seed++);
     RunDecodeCase({f, 64, 1, {5000, 17, 700}, -1, 1}, seed++);
+  }
+}
+
+// The batch-invariant schedule against the reference (same bound as every case above): pieces
+// of 464 / 512 tokens, sequences of one piece, of exactly one piece's end (464, 465), of many.
+TEST(MlaDecodeGpuTest, InvariantScheduleMatchesReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 400;
+  for (KvCacheFormat f : kFormats) {
+    RunDecodeCase({f, 16, 1, {1, 63, 464, 465, 976, 977, 3000}, -1, 0, true}, seed++);
+    RunDecodeCase({f, 128, 1, {9000, 5}, -1, 0, true}, seed++);
+    RunDecodeCase({f, 8, 2, {700, 2, 1500}, -1, 0, true}, seed++);
+  }
+}
+
+// Batch invariance: with the invariant schedule a sequence's output bits are the same alone, in
+// batches of other sequences (its position and the batch size changing, and the block-table
+// width with them), and in a batch of 40. The default (balanced) schedule runs the same batches
+// and its differences are printed, which shows the comparison can see them.
+TEST(MlaDecodeGpuTest, InvariantScheduleDoesNotDependOnTheBatch) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(17);
+  const std::vector<int32_t> lens = {3000, 1, 63, 464, 465, 977, 7000, 200};
+  for (KvCacheFormat f : kFormats) {
+    for (int heads : {16, 128}) {
+      const size_t row_bytes = KvCacheBytesPerToken(f);
+      const int S = static_cast<int>(lens.size());
+      // Sequence i owns blocks [first_block[i], ...).
+      std::vector<int> first_block(S + 1, 0);
+      for (int i = 0; i < S; ++i) first_block[i + 1] = first_block[i] + (lens[i] + 63) / 64;
+      std::vector<uint8_t> pool(static_cast<size_t>(first_block[S]) * 64 * row_bytes);
+      std::vector<float> latent(kMlaLatentDim), rope(kMlaRopeDim);
+      for (int i = 0; i < S; ++i) {
+        for (int t = 0; t < lens[i]; ++t) {
+          RandomRow(rng, latent.data(), rope.data());
+          KvCacheEncodeRow(f, latent.data(), rope.data(), 0.05f,
+                           pool.data() + (static_cast<size_t>(first_block[i]) * 64 + t) * row_bytes);
+        }
+      }
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<uint16_t> q(static_cast<size_t>(S) * heads * kMlaQkDim);
+      for (auto& v : q) v = FloatToBf16(normal(rng));
+      DeviceBuffer<uint8_t> d_pool(pool.size());
+      ASSERT_NE(d_pool.ptr, nullptr);
+      CUDA_OK(d_pool.Upload(pool));
+      // Runs the decode over sequences `ids`; returns each one's output rows, by id.
+      auto run = [&](const std::vector<int>& ids, bool invariant) {
+        const int B = static_cast<int>(ids.size());
+        int width = 1;
+        for (int id : ids) width = std::max(width, (lens[id] + 63) / 64);
+        std::vector<int32_t> table(static_cast<size_t>(B) * width, 0), blens(B);
+        std::vector<uint16_t> bq(static_cast<size_t>(B) * heads * kMlaQkDim);
+        for (int b = 0; b < B; ++b) {
+          const int id = ids[b];
+          blens[b] = lens[id];
+          for (int k = 0; k < (lens[id] + 63) / 64; ++k) table[b * width + k] = first_block[id] + k;
+          std::copy(q.begin() + static_cast<size_t>(id) * heads * kMlaQkDim,
+                    q.begin() + static_cast<size_t>(id + 1) * heads * kMlaQkDim,
+                    bq.begin() + static_cast<size_t>(b) * heads * kMlaQkDim);
+        }
+        const int inv = invariant ? width * 64 : 0;
+        auto plan = PlanMlaDecode(B, 1, heads, f, -1, 0, inv);
+        EXPECT_TRUE(plan.ok()) << plan.status();
+        DeviceBuffer<int32_t> d_table(table.size()), d_lens(blens.size());
+        DeviceBuffer<uint16_t> d_q(bq.size()), d_out(static_cast<size_t>(B) * heads * kMlaLatentDim);
+        DeviceBuffer<uint8_t> d_ws(plan.ok() ? plan->workspace_bytes : 1);
+        d_table.Upload(table);
+        d_lens.Upload(blens);
+        d_q.Upload(bq);
+        MlaDecodeParams p;
+        p.q = d_q.ptr;
+        p.kv_pool = d_pool.ptr;
+        p.block_table = d_table.ptr;
+        p.max_blocks_per_seq = width;
+        p.seq_lens = d_lens.ptr;
+        p.batch = B;
+        p.heads = heads;
+        p.format = f;
+        p.kv_scale = 0.05f;
+        p.softmax_scale = 0.07f;
+        p.out = d_out.ptr;
+        p.workspace = d_ws.ptr;
+        p.workspace_bytes = d_ws.count;
+        p.invariant_max_seq_len = inv;
+        const absl::Status st = InvokeMlaDecode(p, nullptr);
+        EXPECT_TRUE(st.ok()) << st;
+        cudaDeviceSynchronize();
+        const std::vector<uint16_t> out = d_out.Download();
+        std::vector<std::vector<uint16_t>> by_id(S);
+        for (int b = 0; b < B; ++b) {
+          by_id[ids[b]].assign(out.begin() + static_cast<size_t>(b) * heads * kMlaLatentDim,
+                               out.begin() + static_cast<size_t>(b + 1) * heads * kMlaLatentDim);
+        }
+        return by_id;
+      };
+      std::vector<std::vector<int>> batches = {{0, 1, 2, 3, 4, 5, 6, 7}, {7, 6, 5, 4, 3, 2, 1, 0},
+                                               {3, 0}, {5, 1, 0, 6}, {4, 2}};
+      std::vector<int> forty;
+      for (int i = 0; i < 40; ++i) forty.push_back((i * 5 + 3) % S);
+      batches.push_back(forty);
+      for (bool invariant : {true, false}) {
+        // References: each sequence alone.
+        std::vector<std::vector<uint16_t>> alone(S);
+        for (int i = 0; i < S; ++i) alone[i] = run({i}, invariant)[i];
+        int differ = 0, checked = 0;
+        for (const auto& ids : batches) {
+          const auto got = run(ids, invariant);
+          for (int id : ids) {
+            ++checked;
+            differ += got[id] != alone[id];
+          }
+        }
+        std::printf("[mla_decode] %s heads %d %s: %d of %d sequence outputs differ from alone\n",
+                    std::string(KvCacheFormatName(f)).c_str(), heads,
+                    invariant ? "invariant" : "balanced", differ, checked);
+        if (invariant) EXPECT_EQ(differ, 0) << KvCacheFormatName(f) << " heads " << heads;
+      }
+    }
   }
 }
 
