@@ -1,12 +1,16 @@
-// mlaserve-cli: talk to a running coordinator.
+// mlaserve-cli: talk to a running coordinator, or make CURVE keys for talking to one.
 //
-//   mlaserve-cli [--endpoint tcp://127.0.0.1:5555] health
+//   mlaserve-cli [--endpoint tcp://127.0.0.1:5555] [--server-key FILE --client-key FILE] health
 //   mlaserve-cli [--endpoint ...] info
 //   mlaserve-cli [--endpoint ...] generate [options] "prompt text"     (raw text, streamed)
 //   mlaserve-cli [--endpoint ...] generate [options] --ids 1,2,3
 //   mlaserve-cli [--endpoint ...] chat [options] [--system "..."] "user message"  (chat template)
 // options: --max-tokens N --temperature T --top-p P --top-k K --min-p P --seed S --stop STR
 //          --ignore-eos --logprobs N --priority P --json (print the final reply as JSON)
+//   mlaserve-cli keygen PREFIX [--label NAME]   writes PREFIX.key (key pair, mode 0600) and
+//                                               PREFIX.pub (public key, 0644); never overwrites
+// --server-key is the coordinator's .pub file, --client-key this client's .key file (its .pub
+// must be in the server's --curve-allowed-clients); coordinator/auth/curve_keys.h: the format.
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -14,17 +18,46 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "coordinator/auth/curve_keys.h"
 #include "coordinator/client/client.h"
 
 namespace {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: mlaserve-cli [--endpoint E] (health | info | generate [opts] (TEXT | --ids 1,2) |\n"
+               "usage: mlaserve-cli [--endpoint E] [--server-key FILE --client-key FILE]\n"
+               "                    (health | info | generate [opts] (TEXT | --ids 1,2) |\n"
                "                    chat [opts] [--system TEXT] MESSAGE)\n"
+               "       mlaserve-cli keygen PREFIX [--label NAME]\n"
                "opts: --max-tokens N --temperature T --top-p P --top-k K --min-p P --seed S --stop STR\n"
                "      --ignore-eos --logprobs N --priority P --json\n");
   return 2;
+}
+
+// keygen PREFIX [--label NAME]: a fresh CURVE key pair in PREFIX.key and PREFIX.pub.
+int Keygen(int argc, char** argv, int i) {
+  std::string prefix, label;
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--label" && i + 1 < argc) {
+      label = argv[++i];
+    } else if (a.rfind("--", 0) == 0 || !prefix.empty()) {
+      return Usage();
+    } else {
+      prefix = a;
+    }
+  }
+  if (prefix.empty()) return Usage();
+  if (label.empty()) label = prefix.substr(prefix.find_last_of('/') + 1);
+  auto pair = mlaserve::GenerateCurveKeyPair();
+  absl::Status s = pair.ok() ? mlaserve::WriteCurveKeyFiles(prefix, *pair, label) : pair.status();
+  if (!s.ok()) {
+    std::fprintf(stderr, "mlaserve-cli: keygen: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  std::printf("%s.key (key pair, mode 0600: keep it secret)\n%s.pub (public key: %s)\n",
+              prefix.c_str(), prefix.c_str(), pair->public_key.c_str());
+  return 0;
 }
 
 }  // namespace
@@ -32,14 +65,19 @@ int Usage() {
 int main(int argc, char** argv) {
   using namespace mlaserve;
   std::string endpoint = "tcp://127.0.0.1:5555";
+  ClientSecurity security;
   int i = 1;
-  if (i + 1 < argc && std::string(argv[i]) == "--endpoint") {
-    endpoint = argv[i + 1];
-    i += 2;
+  for (; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--endpoint") endpoint = argv[i + 1];
+    else if (a == "--server-key") security.server_key_file = argv[i + 1];
+    else if (a == "--client-key") security.client_key_file = argv[i + 1];
+    else break;
   }
   if (i >= argc) return Usage();
   const std::string cmd = argv[i++];
-  auto client = Client::Connect(endpoint);
+  if (cmd == "keygen") return Keygen(argc, argv, i);
+  auto client = Client::Connect(endpoint, security);
   if (!client.ok()) {
     std::fprintf(stderr, "mlaserve-cli: %s\n", std::string(client.status().message()).c_str());
     return 1;

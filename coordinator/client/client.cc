@@ -1,10 +1,14 @@
 #include "coordinator/client/client.h"
 
+#include <zmq.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "capnp/message.h"
 #include "capnp/serialize.h"
+#include "coordinator/auth/curve_keys.h"
 #include "mlaserve.capnp.h"
 #include "zmq.hpp"
 
@@ -15,15 +19,6 @@ using wire::ClientRequest;
 using wire::ErrorCode;
 using wire::FinishReason;
 using wire::ServerReply;
-
-absl::Status SendMessage(zmq::socket_t& sock, capnp::MessageBuilder& msg) {
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
-  auto bytes = words.asBytes();
-  if (!sock.send(zmq::const_buffer(bytes.begin(), bytes.size()), zmq::send_flags::dontwait)) {
-    return absl::UnavailableError("coordinator socket is not accepting messages");
-  }
-  return absl::OkStatus();
-}
 
 const char* FinishName(FinishReason r) {
   switch (r) {
@@ -63,17 +58,122 @@ const char* ErrorName(ErrorCode c) {
 
 Client::~Client() = default;
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint) {
+// Handshakes the server closed without a reason, in a row, before a call gives up: a wrong
+// server key looks like that every time; a server restarting mid-handshake, once. Attempts
+// follow each other at ZeroMQ's reconnect interval (100 ms).
+constexpr int kSilentHandshakeFailures = 3;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& endpoint,
+                                                        const ClientSecurity& security) {
   std::unique_ptr<Client> c(new Client());
+  c->endpoint_ = endpoint;
+  if (security.server_key_file.empty() != security.client_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "CURVE needs both the server's public key (--server-key FILE) and this client's key "
+        "pair (--client-key FILE)");
+  }
   c->ctx_ = std::make_unique<zmq::context_t>(1);
   c->sock_ = std::make_unique<zmq::socket_t>(*c->ctx_, zmq::socket_type::dealer);
   c->sock_->set(zmq::sockopt::linger, 0);
+  if (!security.server_key_file.empty()) {
+    auto server_key = LoadCurvePublicKey(security.server_key_file);
+    if (!server_key.ok()) return server_key.status();
+    auto pair = LoadCurveKeyPair(security.client_key_file);
+    if (!pair.ok()) return pair.status();
+    c->sock_->set(zmq::sockopt::curve_serverkey, *server_key);
+    c->sock_->set(zmq::sockopt::curve_publickey, pair->public_key);
+    c->sock_->set(zmq::sockopt::curve_secretkey, pair->secret_key);
+    c->curve_ = true;
+  }
+  // The monitor is attached before connecting, so that no handshake event is missed.
+  const std::string monitor_endpoint = "inproc://mlaserve-client-monitor";
+  if (zmq_socket_monitor(c->sock_->handle(), monitor_endpoint.c_str(),
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0) {
+    return absl::InternalError(absl::StrCat("zmq_socket_monitor: ", zmq_strerror(zmq_errno())));
+  }
+  c->monitor_ = std::make_unique<zmq::socket_t>(*c->ctx_, zmq::socket_type::pair);
+  c->monitor_->set(zmq::sockopt::linger, 0);
+  c->monitor_->connect(monitor_endpoint);
   try {
     c->sock_->connect(endpoint);
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError(absl::StrCat("cannot connect to ", endpoint, ": ", e.what()));
   }
   return c;
+}
+
+absl::Status Client::SendMessage(capnp::MessageBuilder& msg) {
+  if (!handshake_error_.ok()) return handshake_error_;
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(msg);
+  auto bytes = words.asBytes();
+  if (!sock_->send(zmq::const_buffer(bytes.begin(), bytes.size()), zmq::send_flags::dontwait)) {
+    // A refused handshake closes the pipe for good: say why, rather than that it is full.
+    if (auto s = ReadHandshakeEvents(); !s.ok()) return s;
+    return absl::UnavailableError("coordinator socket is not accepting messages");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::ReadHandshakeEvents() {
+  for (;;) {
+    // A monitor event: one frame of a uint16 event and a uint32 value, one frame of the endpoint.
+    zmq::message_t event, address;
+    if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return absl::OkStatus();
+    if (monitor_->get(zmq::sockopt::rcvmore)) (void)monitor_->recv(address);
+    if (event.size() < 6) continue;
+    uint16_t kind;
+    uint32_t value;
+    std::memcpy(&kind, event.data(), sizeof(kind));
+    std::memcpy(&value, static_cast<const char*>(event.data()) + 2, sizeof(value));
+    switch (kind) {
+      case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        handshake_succeeded_ = true;
+        silent_failures_ = 0;
+        break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        silent_failures_ = 0;
+        return handshake_error_ = absl::PermissionDeniedError(absl::StrCat(
+                   "the coordinator at ", endpoint_, " refused this client (ZAP status ", value,
+                   "): its public key (--client-key) is not in the server's "
+                   "--curve-allowed-clients"));
+      case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        silent_failures_ = 0;
+        if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+          return handshake_error_ = absl::UnauthenticatedError(
+                     curve_ ? absl::StrCat("the coordinator at ", endpoint_,
+                                           " does not use CURVE, but this client was given keys "
+                                           "(--server-key, --client-key): drop them, or start the "
+                                           "server with --curve-secret-key")
+                            : absl::StrCat("the coordinator at ", endpoint_,
+                                           " requires CURVE authentication: give --server-key (its "
+                                           "public key) and --client-key (a key pair it allows)"));
+        }
+        return handshake_error_ = absl::UnauthenticatedError(absl::StrFormat(
+                   "the ZeroMQ handshake with the coordinator at %s failed: protocol "
+                   "error 0x%08x (zmq.h ZMQ_PROTOCOL_ERROR_*)%s",
+                   endpoint_, value,
+                   curve_ ? "; check that --server-key is this server's public key" : ""));
+      case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        if (++silent_failures_ < kSilentHandshakeFailures) break;
+        silent_failures_ = 0;
+        return absl::UnauthenticatedError(
+            curve_ ? absl::StrCat("the CURVE handshake with the coordinator at ", endpoint_,
+                                  " failed ", kSilentHandshakeFailures,
+                                  " times in a row (the server closed the connection): "
+                                  "--server-key is not this server's public key, or the "
+                                  "server does not use CURVE")
+                   : absl::StrCat("the coordinator at ", endpoint_,
+                                  " closed the connection during the ZeroMQ handshake ",
+                                  kSilentHandshakeFailures,
+                                  " times in a row: it most likely requires CURVE "
+                                  "authentication: give --server-key (its public key) and "
+                                  "--client-key (a key pair it allows)"));
+      default:
+        break;
+    }
+  }
 }
 
 absl::StatusOr<uint64_t> Client::Submit(const GenerateInput& in) {
@@ -145,7 +245,7 @@ absl::StatusOr<uint64_t> Client::Submit(const GenerateInput& in) {
   s.setTopLogprobs(cs.top_logprobs);
   s.setSkipSpecialTokens(cs.skip_special_tokens);
   s.setPriority(cs.priority);
-  if (auto st = SendMessage(*sock_, msg); !st.ok()) return st;
+  if (auto st = SendMessage(msg); !st.ok()) return st;
   return id;
 }
 
@@ -154,7 +254,7 @@ absl::Status Client::Abort(uint64_t request_id) {
   auto req = msg.initRoot<ClientRequest>();
   req.setRequestId(request_id);
   req.setAbort();
-  return SendMessage(*sock_, msg);
+  return SendMessage(msg);
 }
 
 absl::Status Client::SendRaw(const std::string& bytes) {
@@ -165,10 +265,24 @@ absl::Status Client::SendRaw(const std::string& bytes) {
 
 absl::StatusOr<Reply> Client::Next(std::chrono::milliseconds timeout) {
   if (pending_.empty()) {
-    zmq::pollitem_t item{sock_->handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) == 0) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no reply from the coordinator within ", timeout.count(), " ms"));
+    if (!handshake_error_.ok()) return handshake_error_;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      zmq::pollitem_t items[] = {{sock_->handle(), 0, ZMQ_POLLIN, 0},
+                                 {monitor_->handle(), 0, ZMQ_POLLIN, 0}};
+      if (left.count() <= 0 || zmq::poll(items, 2, left) == 0) {
+        if (auto s = ReadHandshakeEvents(); !s.ok()) return s;
+        return absl::DeadlineExceededError(absl::StrCat(
+            "no reply from the coordinator within ", timeout.count(), " ms",
+            handshake_succeeded_ ? ""
+                                 : absl::StrCat(" (no connection to ", endpoint_,
+                                                " completed its handshake: is the coordinator "
+                                                "running there?)")));
+      }
+      if (items[0].revents & ZMQ_POLLIN) break;  // a reply first, events after
+      if (auto s = ReadHandshakeEvents(); !s.ok()) return s;
     }
     zmq::message_t m;
     if (!sock_->recv(m, zmq::recv_flags::none)) return absl::UnavailableError("receive failed");
@@ -284,7 +398,7 @@ absl::StatusOr<Reply> Client::Health(std::chrono::milliseconds timeout) {
   const uint64_t id = next_id_++;
   req.setRequestId(id);
   req.setHealth();
-  if (auto s = SendMessage(*sock_, msg); !s.ok()) return s;
+  if (auto s = SendMessage(msg); !s.ok()) return s;
   return Call(id, timeout);
 }
 
@@ -294,7 +408,7 @@ absl::StatusOr<Reply> Client::Info(std::chrono::milliseconds timeout) {
   const uint64_t id = next_id_++;
   req.setRequestId(id);
   req.setModelInfo();
-  if (auto s = SendMessage(*sock_, msg); !s.ok()) return s;
+  if (auto s = SendMessage(msg); !s.ok()) return s;
   return Call(id, timeout);
 }
 

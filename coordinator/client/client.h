@@ -1,6 +1,10 @@
 // C++ client of the mlaserve coordinator: a ZeroMQ DEALER socket speaking the Cap'n Proto
 // messages of schema/mlaserve.capnp. Synchronous calls (Generate with a streaming callback,
 // Health, Info, Abort) and an asynchronous pair (Submit, Next) for many requests in flight.
+// With ClientSecurity's key files the connection is CURVE-authenticated and encrypted
+// (coordinator/auth/curve_keys.h has the file format); a handshake the server refuses, or one
+// that cannot succeed (wrong server key, one side without CURVE), makes the waiting call return
+// an error that says which, instead of waiting out its timeout.
 #pragma once
 
 #include <chrono>
@@ -15,6 +19,9 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 
+namespace capnp {
+class MessageBuilder;
+}  // namespace capnp
 namespace zmq {
 class context_t;
 class socket_t;
@@ -74,9 +81,16 @@ struct Reply {
   double queue_seconds = 0, ttft_seconds = 0, total_seconds = 0;
 };
 
+// CURVE key files of a client (mlaserve-cli keygen writes them): both or neither.
+struct ClientSecurity {
+  std::string server_key_file;  // the coordinator's public key (its .pub file)
+  std::string client_key_file;  // this client's key pair (.key, mode 0600), allowed by the server
+};
+
 class Client {
  public:
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint);
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& endpoint,
+                                                         const ClientSecurity& security = {});
   ~Client();
 
   // Sends a generate request; returns its id. Replies come from Next().
@@ -98,8 +112,19 @@ class Client {
  private:
   Client() = default;
   absl::StatusOr<Reply> Call(uint64_t id, std::chrono::milliseconds timeout);
+  absl::Status SendMessage(capnp::MessageBuilder& msg);
+  // Reads the socket monitor's events; an error when handshakes fail. A refusal or a protocol
+  // error ends ZeroMQ's reconnecting for good: that error is kept in handshake_error_ and
+  // returned by every later call.
+  absl::Status ReadHandshakeEvents();
+  absl::Status handshake_error_;
   std::unique_ptr<zmq::context_t> ctx_;
   std::unique_ptr<zmq::socket_t> sock_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // ZMQ_EVENT_HANDSHAKE_* of sock_
+  std::string endpoint_;
+  bool curve_ = false;
+  bool handshake_succeeded_ = false;  // at least once
+  int silent_failures_ = 0;           // handshakes in a row the server closed without a reason
   uint64_t next_id_ = 1;
   std::deque<Reply> pending_;  // replies of a multi-message frame not yet returned
 };

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "capnp/message.h"
 #include "capnp/serialize.h"
+#include "coordinator/auth/curve_keys.h"
+#include "coordinator/auth/zap_authenticator.h"
 #include "mlaserve.capnp.h"
 #include "nlohmann/json.hpp"
 #include "schema/message_scratch.h"
@@ -84,16 +86,63 @@ Coordinator::Coordinator(CoordinatorOptions options)
 
 Coordinator::~Coordinator() = default;
 
-absl::Status Coordinator::Start() {
+absl::Status Coordinator::BindSockets() {
   ctx_ = std::make_unique<zmq::context_t>(1);
+  const bool client_curve =
+      !options_.curve_secret_key_file.empty() || !options_.curve_allowed_clients_file.empty();
+  const bool worker_curve = !options_.worker_curve_key_file.empty();
+  if (!options_.curve_secret_key_file.empty() && options_.curve_allowed_clients_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--curve-secret-key needs --curve-allowed-clients FILE (the public keys of the clients "
+        "to serve)");
+  }
+  if (options_.curve_secret_key_file.empty() && !options_.curve_allowed_clients_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--curve-allowed-clients needs --curve-secret-key FILE (the server's key pair)");
+  }
+  CurveKeyPair client_pair, worker_pair;
+  std::map<std::string, std::vector<AllowedCurveKey>> domains;
+  if (client_curve || worker_curve) {
+    if (auto s = CheckCurveSupport(); !s.ok()) return s;
+  }
+  if (client_curve) {
+    auto pair = LoadCurveKeyPair(options_.curve_secret_key_file);
+    if (!pair.ok()) return pair.status();
+    client_pair = std::move(*pair);
+    auto allowed = LoadAllowedCurveKeys(options_.curve_allowed_clients_file);
+    if (!allowed.ok()) return allowed.status();
+    domains["clients"] = std::move(*allowed);
+  }
+  if (worker_curve) {
+    auto pair = LoadCurveKeyPair(options_.worker_curve_key_file);
+    if (!pair.ok()) return pair.status();
+    worker_pair = std::move(*pair);
+    // Rank 0 proves it holds the job's key pair: the same pair on both sides.
+    domains["workers"] = {{worker_pair.public_key, "worker rank 0"}};
+  }
+  if (!domains.empty()) {
+    auto zap = ZapAuthenticator::Start(*ctx_, std::move(domains), "mlaserve-coordinator");
+    if (!zap.ok()) return zap.status();
+    zap_ = std::move(*zap);
+  }
   worker_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router);
   worker_->set(zmq::sockopt::linger, 0);
+  if (worker_curve) {
+    worker_->set(zmq::sockopt::curve_server, 1);
+    worker_->set(zmq::sockopt::curve_secretkey, worker_pair.secret_key);
+    worker_->set(zmq::sockopt::zap_domain, "workers");
+  }
   clients_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router);
   clients_->set(zmq::sockopt::linger, 0);
   // Sending to a client that went away fails instead of being dropped silently: that is how a
   // disconnect is noticed (its requests are aborted at once).
   clients_->set(zmq::sockopt::router_mandatory, 1);
   clients_->set(zmq::sockopt::maxmsgsize, int64_t{64} << 20);
+  if (client_curve) {
+    clients_->set(zmq::sockopt::curve_server, 1);
+    clients_->set(zmq::sockopt::curve_secretkey, client_pair.secret_key);
+    clients_->set(zmq::sockopt::zap_domain, "clients");
+  }
   try {
     worker_->bind(options_.worker_endpoint);
     clients_->bind(options_.client_endpoint);
@@ -101,6 +150,25 @@ absl::Status Coordinator::Start() {
     return absl::UnavailableError(absl::StrCat("cannot bind ", options_.client_endpoint, " / ",
                                                options_.worker_endpoint, ": ", e.what()));
   }
+  if (!client_curve && !IsLoopbackEndpoint(options_.client_endpoint)) {
+    std::fprintf(stderr,
+                 "mlaserve-coordinator: warning: clients on %s are not authenticated: anyone who "
+                 "can reach it can submit work (CURVE: --curve-secret-key and "
+                 "--curve-allowed-clients; deploy/README.md, Security)\n",
+                 options_.client_endpoint.c_str());
+  }
+  if (!worker_curve && !IsLoopbackEndpoint(options_.worker_endpoint)) {
+    std::fprintf(stderr,
+                 "mlaserve-coordinator: warning: the worker socket %s is not on loopback and not "
+                 "authenticated: anyone who can reach it can pose as the workers "
+                 "(--worker-curve-key; deploy/README.md, Security)\n",
+                 options_.worker_endpoint.c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Start() {
+  if (auto s = BindSockets(); !s.ok()) return s;
   // Wait for rank 0: `ready` with the model's facts, or the error that stopped loading.
   const auto deadline = Clock::now() + options_.worker_start_timeout;
   nlohmann::json info;

@@ -29,6 +29,7 @@ class socket_t;
 namespace mlaserve {
 
 class MessageScratch;
+class ZapAuthenticator;
 
 struct CoordinatorOptions {
   std::string model_dir;
@@ -36,6 +37,14 @@ struct CoordinatorOptions {
   std::string client_endpoint = "tcp://127.0.0.1:5555";
   std::string worker_endpoint = "tcp://127.0.0.1:5556";
   std::string metrics_address = "127.0.0.1:9400";  // empty: no HTTP endpoint
+  // CURVE on the client socket (coordinator/auth/curve_keys.h: file formats): the server's key
+  // pair and the public keys of the clients it serves. Both or neither; neither: any peer that
+  // reaches the endpoint is served (fine on loopback or ipc://).
+  std::string curve_secret_key_file;
+  std::string curve_allowed_clients_file;
+  // CURVE on the worker socket: one key pair (the launcher makes one per job) that the
+  // coordinator serves with and worker rank 0 connects with. Empty: NULL mechanism (loopback).
+  std::string worker_curve_key_file;
   int32_t max_running_seqs = 256;
   int32_t max_tokens_per_step = 2048;
   int32_t max_waiting = 1024;
@@ -87,8 +96,14 @@ class Coordinator {
                  const std::string& message);
   void UpdateGauges();
 
+  // Binds the sockets, with CURVE and the ZAP handler where the options ask for it.
+  absl::Status BindSockets();
+
   CoordinatorOptions options_;
   std::unique_ptr<zmq::context_t> ctx_;
+  // Declared after the context and before the sockets: it outlives the CURVE sockets (libzmq
+  // accepts every CURVE peer when no ZAP handler is bound) and goes before the context.
+  std::unique_ptr<ZapAuthenticator> zap_;
   std::unique_ptr<zmq::socket_t> clients_;
   std::unique_ptr<zmq::socket_t> worker_;
   std::unique_ptr<CoordinatorMetrics> metrics_;

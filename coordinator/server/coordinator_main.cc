@@ -5,7 +5,12 @@
 //       [--max-waiting N] [--prefill-chunk N] [--max-model-len N] [--no-prefix-cache]
 //       [--heartbeat-timeout-ms N] [--step-timeout-ms N] [--drain-timeout-ms N]
 //       [--worker-start-timeout-ms N]
+//       [--curve-secret-key FILE --curve-allowed-clients FILE] [--worker-curve-key FILE]
 // SIGTERM/SIGINT drain in-flight requests up to the drain timeout, then abort the rest.
+// --curve-secret-key (the server's key pair, mode 0600) and --curve-allowed-clients (one client
+// public key a line) make the client socket CURVE-authenticated and encrypted; --worker-curve-key
+// does the same for the worker socket with the job's key pair (deploy/mlaserve-launch makes one
+// when the worker socket is not on loopback). Key files: coordinator/auth/curve_keys.h.
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -47,6 +52,9 @@ int main(int argc, char** argv) {
     else if (a == "--worker-listen") o.worker_endpoint = v;
     else if (a == "--metrics") o.metrics_address = v == "off" ? "" : v;
     else if (a == "--name") o.model_name = v;
+    else if (a == "--curve-secret-key") o.curve_secret_key_file = v;
+    else if (a == "--curve-allowed-clients") o.curve_allowed_clients_file = v;
+    else if (a == "--worker-curve-key") o.worker_curve_key_file = v;
     else if (a == "--max-running") ok = num(&o.max_running_seqs);
     else if (a == "--max-step-tokens") ok = num(&o.max_tokens_per_step);
     else if (a == "--max-waiting") ok = num(&o.max_waiting);
@@ -69,8 +77,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mlaserve-coordinator: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  std::fprintf(stderr, "mlaserve-coordinator: serving %s on %s (metrics on port %d)\n", o.model_dir.c_str(),
-               o.client_endpoint.c_str(), coordinator.metrics_port());
+  std::fprintf(stderr, "mlaserve-coordinator: serving %s on %s%s (metrics on port %d)\n", o.model_dir.c_str(),
+               o.client_endpoint.c_str(), o.curve_secret_key_file.empty() ? "" : " (CURVE)",
+               coordinator.metrics_port());
   const int rc = coordinator.Run();
   std::fprintf(stderr, "mlaserve-coordinator: stopped (%s)\n", rc == 0 ? "clean" : "worker failed");
   return rc;
