@@ -51,6 +51,7 @@ class FakeWorker {
   struct Options {
     std::string endpoint;
     std::optional<CurveKeyPair> curve;  // the job's key pair, as rank 0 would use it
+    std::string server_key;             // the coordinator's public key; empty: curve's own
     std::chrono::microseconds step_delay{0};
     int vocab = 512;
     int kv_blocks = 4096;
@@ -70,7 +71,8 @@ class FakeWorker {
     s.set(zmq::sockopt::routing_id, routing_id);
     s.set(zmq::sockopt::linger, 0);
     if (o_.curve) {
-      s.set(zmq::sockopt::curve_serverkey, o_.curve->public_key);
+      s.set(zmq::sockopt::curve_serverkey,
+            o_.server_key.empty() ? o_.curve->public_key : o_.server_key);
       s.set(zmq::sockopt::curve_publickey, o_.curve->public_key);
       s.set(zmq::sockopt::curve_secretkey, o_.curve->secret_key);
     }

@@ -416,28 +416,31 @@ TEST_F(CurveAuthTest, KeyFilesAreChecked) {
 }
 
 TEST_F(CurveAuthTest, WorkerSocketTakesOnlyTheJobKey) {
-  auto start = [&](std::optional<CurveKeyPair> worker_pair) {
+  auto start = [&](std::optional<CurveKeyPair> worker_pair, const std::string& server_key) {
     FakeWorker::Options w;
     w.endpoint = "ipc://" + (dir_ / "worker");
-    w.curve = worker_pair;
+    w.curve = std::move(worker_pair);
+    w.server_key = server_key;
     worker_ = std::make_unique<FakeWorker>(w);
     CoordinatorOptions o = Options(false);
     o.worker_curve_key_file = dir_ / "job.key";
     o.worker_start_timeout = 1500ms;
-    auto s = server_.Start(o);
-    return s;
+    return server_.Start(o);
   };
-  // Rank 0 without CURVE, and with another job's pair: no `ready` gets through.
-  for (auto pair :
-       {std::optional<CurveKeyPair>(), std::optional<CurveKeyPair>(pairs_["other-job"])}) {
-    auto s = start(pair);
+  // Rank 0 without CURVE; with another job's pair; with another pair but the job's public key
+  // (refused by the ZAP handler, not by the handshake): no `ready` gets through.
+  const std::string job_public = pairs_["job"].public_key;
+  const std::vector<std::pair<std::optional<CurveKeyPair>, std::string>> impostors = {
+      {std::nullopt, ""}, {pairs_["other-job"], ""}, {pairs_["other-job"], job_public}};
+  for (const auto& [pair, server_key] : impostors) {
+    auto s = start(pair, server_key);
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
     EXPECT_NE(s.message().find("no worker connected"), std::string::npos) << s;
     server_.Stop();
     worker_.reset();
   }
   // With the job's pair it is served.
-  auto s = start(pairs_["job"]);
+  auto s = start(pairs_["job"], "");
   ASSERT_TRUE(s.ok()) << s;
   auto c = Connect();
   auto fin = c->Generate(Ids({1, 2, 3}, 4), nullptr, 20s);
