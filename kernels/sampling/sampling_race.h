@@ -52,10 +52,11 @@ MLASERVE_SAMPLING_HD double SamplingUniformOf(uint64_t step_key, int32_t token) 
 // The race score of a candidate: scaled_logit (= logit / T, divided in fp32 as the softmax of
 // the filters does) minus log(E), E = -log(u), in double. The device's double log() is within
 // 1 ulp of glibc's but not always identical, so the CPU's and the GPU's scores of one candidate
-// may differ by ~1e-15 (absolute, scores are below ~100 in magnitude): that changes the pick only
-// where the two largest scores of a row are that close, which for continuous scores has
-// probability ~1e-14 per draw (exact ties need two tokens with equal logits and equal 52-bit
-// uniforms: ~vocab^2 * 2^-53 per row, and equal logits too).
+// may differ by a few ulps of log(E) and of the score (~1e-14 absolute for scores below ~100):
+// that changes the pick only where the two largest scores of a row are that close, which for
+// continuous scores has probability ~1e-14 per draw. Exact score ties, where the id decides,
+// need equal logits and equal 52-bit uniforms (~vocab^2 * 2^-53 per row for the uniforms alone),
+// so the tie rule matters for determinism, not for the distribution.
 MLASERVE_SAMPLING_HD double SamplingRaceScore(float scaled_logit, uint64_t step_key,
                                               int32_t token) {
   const double e = -log(SamplingUniformOf(step_key, token));
