@@ -2,20 +2,23 @@
 //
 //   mlaserve-openai --coordinator tcp://HOST:PORT --listen HOST:PORT [--api-key KEY]
 //                   [--served-model-name NAME] [--threads N] [--default-max-tokens N]
-//                   [--request-timeout-s S] [--model DIR] [--reasoning-parser deepseek|kimi|none]
+//                   [--request-timeout-s S] [--keep-alive-timeout-s S] [--client-timeout-s S]
+//                   [--max-body-bytes N] [--model DIR] [--reasoning-parser deepseek|kimi|none]
 //
 // GET /health, GET /version, GET /v1/models, POST /v1/chat/completions, POST /v1/completions
 // (streaming as server-sent events with "stream": true), POST /tokenize, POST /detokenize.
 //
 // --model DIR (the folder the coordinator serves) loads the model's tokenizer and chat template
-// here too: /tokenize and /detokenize, logprobs named by each token's own string, and the
-// model's output parsed from its token ids (tool calls, tool_calls.h; thinking,
-// reasoning_parser.h). Without it those answer 501 (the endpoints) or 400 (tools) saying the flag
-// is needed.
-// --reasoning-parser is a flag rather than read from the template: whether the output starts
-// inside the thinking depends on the rendered prompt (DeepSeek-V3.1 thinks only with
-// thinking=true; R1 always), which the coordinator renders, not this process, and a template
-// that never mentions <think> (DeepSeek-V3's) can sit in front of a model that thinks.
+// here too: chat prompts are rendered here and sent as token ids (chat_prompt.h: with
+// chat_template_kwargs, and with a tool call opened for tool_choice "required" or a named
+// function), /tokenize and /detokenize answer, logprobs are named by each token's own string,
+// and the model's output is parsed from its token ids (tool calls, tool_calls.h; thinking,
+// reasoning_parser.h). Without it those answer 501 (the endpoints) or 400 (tools,
+// chat_template_kwargs) saying the flag is needed, and the coordinator renders the chat.
+// --reasoning-parser is a flag rather than read from the template: a template that never
+// mentions <think> (DeepSeek-V3's) can sit in front of a model that thinks (R1). Where the
+// rendered prompt ends in "<think>" or "</think>" (DeepSeek-V3.1 with thinking on or off), the
+// output starts inside or after the thinking accordingly.
 //
 // Why a process of its own rather than `--http` inside the coordinator: it speaks the
 // coordinator's ZeroMQ API through the same Client every other caller uses and shares nothing
@@ -31,15 +34,21 @@
 // thread-safe; a socket per thread needs no locks and no dispatcher queues). A thread handles
 // one HTTP request at a time, so its Client's replies belong to that request's choices or to
 // an earlier request it aborted, which are skipped by id. Open streams are thus bounded by
-// --threads. Civetweb's threads have a small fixed stack: per-request state lives on the heap.
+// --threads (default 1088: 1,024 streams and some room; a thread that has served a request
+// costs its stack, ~150 kB resident, and its Client's two ZeroMQ threads). Civetweb's threads
+// have a small fixed stack: per-request state lives on the heap. Connections stay open between
+// requests (HTTP keep-alive, http_exchange.h) for --keep-alive-timeout-s.
 //
-// A client that goes away mid-stream is noticed when a write fails (at the next token) and its
-// requests are aborted at once through Client::Abort.
+// A client that goes away mid-stream is noticed when a write fails (at the next token, or at
+// the SSE comment a stream silent for a second gets) and its requests are aborted at once
+// through Client::Abort. A non-streaming request's client going away is noticed only when its
+// response is written.
 #include <civetweb.h>
 #include <signal.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -53,6 +62,8 @@
 
 #include "absl/strings/numbers.h"
 #include "coordinator/client/client.h"
+#include "coordinator/http/chat_prompt.h"
+#include "coordinator/http/http_exchange.h"
 #include "coordinator/http/openai_protocol.h"
 #include "coordinator/http/reasoning_parser.h"
 #include "coordinator/http/tool_calls.h"
@@ -69,13 +80,22 @@ struct Options {
   std::string listen = "127.0.0.1:8000";
   std::string api_key;
   std::string served_model_name;
-  int threads = 128;
+  // Civetweb serves a connection on one thread: an open stream, or an idle kept-alive connection
+  // until --keep-alive-timeout-s, holds one. 1,024 streams plus room for other requests.
+  int threads = 1088;
   uint32_t default_max_tokens = 256;
   int request_timeout_s = 600;
+  int keep_alive_timeout_s = 5;
+  // Slow clients: a request's head and body must arrive within this, and a write that cannot
+  // go out for this long ends the connection.
+  int client_timeout_s = 30;
   size_t max_body_bytes = 8u << 20;
   std::string model_dir;
   ReasoningFormat reasoning = ReasoningFormat::kNone;
 };
+
+// How long a stream may stay silent before it gets an SSE comment (see Generation::Run).
+constexpr std::chrono::milliseconds kHeartbeat{1000};
 
 std::atomic<bool> g_stop{false};
 const Options* g_options = nullptr;
@@ -83,51 +103,20 @@ const Options* g_options = nullptr;
 // its tokenizer has, and the ids of <think> / </think> where they are single tokens.
 const ModelText* g_text = nullptr;
 std::optional<ToolCallMarkers> g_tool_markers;
+// From --model with a chat template: chat prompts are rendered here (chat_prompt.h).
+const ChatPromptBuilder* g_prompt = nullptr;
 std::vector<int32_t> g_think_ids;
 
 // Text of a JSON value, with invalid UTF-8 (a model can emit any bytes) replaced rather than
 // throwing.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-const char* StatusText(int status) {
-  switch (status) {
-    case 200:
-      return "OK";
-    case 400:
-      return "Bad Request";
-    case 401:
-      return "Unauthorized";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 413:
-      return "Payload Too Large";
-    case 501:
-      return "Not Implemented";
-    case 429:
-      return "Too Many Requests";
-    case 503:
-      return "Service Unavailable";
-    case 504:
-      return "Gateway Timeout";
-    default:
-      return status >= 500 ? "Internal Server Error" : "Error";
-  }
+int WriteJson(HttpExchange& http, int status, const json& body) {
+  return http.WriteJson(status, Dump(body));
 }
 
-int WriteJson(mg_connection* conn, int status, const json& body) {
-  const std::string text = Dump(body);
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-            "Connection: close\r\n\r\n",
-            status, StatusText(status), text.size());
-  mg_write(conn, text.data(), text.size());
-  return status;
-}
-
-int WriteError(mg_connection* conn, const ApiError& e) {
-  return WriteJson(conn, e.status, e.Body());
+int WriteError(HttpExchange& http, const ApiError& e) {
+  return WriteJson(http, e.status, e.Body());
 }
 
 ApiError Error(int status, const std::string& type, const std::string& message,
@@ -140,17 +129,88 @@ ApiError Error(int status, const std::string& type, const std::string& message,
   return e;
 }
 
+// A final with finish_reason error or abort: the coordinator aborts what it had in flight when
+// it shuts down, and ends it with "worker job failed: ..." when its workers died (its messages,
+// coordinator.cc); both are the server being unavailable, not a bad request.
+ApiError GenerationEnded(const std::string& reason, const std::string& message) {
+  const std::string why = "generation " + reason + (message.empty() ? "" : ": " + message);
+  if (reason == "abort") {
+    return Error(503, "service_unavailable", why, "draining");
+  }
+  if (message.rfind("worker job failed", 0) == 0) {
+    return Error(503, "service_unavailable", why, "worker_failed");
+  }
+  return Error(500, "server_error", why);
+}
+
 ApiError Unavailable(const std::string& why) {
   return Error(503, "service_unavailable", "the coordinator is not available: " + why,
                "coordinator_unavailable");
 }
+
+// Whether the coordinator still answers, for requests waiting on it: a thread of its own asks
+// for Health each second over its own Client. A request's replies can pause for long (queued
+// behind others, a long prefill) while the coordinator is fine; when the coordinator itself is
+// gone its requests are failed after kCoordinatorSilence instead of --request-timeout-s.
+constexpr std::chrono::seconds kCoordinatorSilence{5};
+
+class CoordinatorWatch {
+ public:
+  void Start() {
+    thread_ = std::thread([this] {
+      std::unique_ptr<Client> client;
+      while (!stop_) {
+        if (client == nullptr) {
+          auto c = Client::Connect(g_options->coordinator);
+          if (c.ok()) {
+            client = std::move(*c);
+          }
+        }
+        const auto asked = std::chrono::steady_clock::now();
+        if (client != nullptr && client->Health(std::chrono::seconds(1)).ok()) {
+          last_answer_ns_ = asked.time_since_epoch().count();
+        }
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait_until(l, asked + std::chrono::seconds(1), [this] { return stop_.load(); });
+      }
+    });
+  }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) {
+      thread_.join();
+    }
+  }
+  // How long the coordinator has not answered (0 while it answers).
+  std::chrono::steady_clock::duration Silence() const {
+    const auto now = std::chrono::steady_clock::now();
+    const auto last = std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(last_answer_ns_.load()));
+    return now - last > std::chrono::seconds(2) ? now - last : std::chrono::seconds(0);
+  }
+
+ private:
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> stop_{false};
+  // Starts "now": a front end started before its coordinator gives it time to come up.
+  std::atomic<int64_t> last_answer_ns_{std::chrono::steady_clock::now().time_since_epoch().count()};
+};
+CoordinatorWatch g_watch;
 
 // This thread's connection to the coordinator (see the top of the file).
 Client* ThreadClient() {
   thread_local std::unique_ptr<Client> client;
   if (client == nullptr) {
     auto c = Client::Connect(g_options->coordinator);
-    if (!c.ok()) return nullptr;
+    if (!c.ok()) {
+      return nullptr;
+    }
     client = std::move(*c);
   }
   return client.get();
@@ -164,13 +224,19 @@ uint32_t g_max_model_len = 0;
 absl::StatusOr<std::string> ModelName(Client& c) {
   {
     std::lock_guard<std::mutex> l(g_model_mu);
-    if (!g_model_name.empty()) return g_model_name;
+    if (!g_model_name.empty()) {
+      return g_model_name;
+    }
   }
   auto info = c.Info(std::chrono::seconds(5));
-  if (!info.ok()) return info.status();
+  if (!info.ok()) {
+    return info.status();
+  }
   json j = json::parse(info->text, nullptr, false);
   std::lock_guard<std::mutex> l(g_model_mu);
-  if (j.is_object()) g_max_model_len = j.value("max_model_len", 0u);
+  if (j.is_object()) {
+    g_max_model_len = j.value("max_model_len", 0u);
+  }
   g_model_name = !g_options->served_model_name.empty() ? g_options->served_model_name
                  : j.is_object() && j.contains("name") && j["name"].is_string()
                      ? j["name"].get<std::string>()
@@ -181,10 +247,14 @@ absl::StatusOr<std::string> ModelName(Client& c) {
 // Bearer token check in time independent of where the strings differ.
 bool Authorized(mg_connection* conn) {
   const std::string& key = g_options->api_key;
-  if (key.empty()) return true;
+  if (key.empty()) {
+    return true;
+  }
   const char* h = mg_get_header(conn, "Authorization");
   const std::string prefix = "Bearer ";
-  if (h == nullptr || std::strncmp(h, prefix.c_str(), prefix.size()) != 0) return false;
+  if (h == nullptr || std::strncmp(h, prefix.c_str(), prefix.size()) != 0) {
+    return false;
+  }
   const std::string given(h + prefix.size());
   unsigned diff = given.size() != key.size();
   for (size_t i = 0; i < key.size(); ++i) {
@@ -194,26 +264,24 @@ bool Authorized(mg_connection* conn) {
   return diff == 0;
 }
 
-// Reads the request body, at most max_body_bytes; false (and the error written) otherwise.
-bool ReadBody(mg_connection* conn, std::string& body, int& status) {
-  const mg_request_info* ri = mg_get_request_info(conn);
+// Reads the request body, at most --max-body-bytes; false (and the error written) otherwise.
+bool ReadBody(HttpExchange& http, std::string& body, int& status) {
   const size_t limit = g_options->max_body_bytes;
-  auto too_large = [&] {
-    status = WriteError(
-        conn, Error(413, "invalid_request_error",
-                    "request body exceeds " + std::to_string(limit) + " bytes", "body_too_large"));
-    return false;
-  };
-  if (ri->content_length > static_cast<long long>(limit)) return too_large();
-  if (ri->content_length > 0) body.reserve(static_cast<size_t>(ri->content_length));
-  std::string buf(64 << 10, '\0');
-  for (;;) {
-    const int n = mg_read(conn, buf.data(), buf.size());
-    if (n <= 0) break;
-    body.append(buf.data(), static_cast<size_t>(n));
-    if (body.size() > limit) return too_large();
+  switch (http.ReadBody(limit, body)) {
+    case HttpExchange::Body::kOk:
+      return true;
+    case HttpExchange::Body::kTooLarge:
+      status = WriteError(http, Error(413, "invalid_request_error",
+                                      "request body exceeds " + std::to_string(limit) + " bytes",
+                                      "body_too_large"));
+      return false;
+    case HttpExchange::Body::kIncomplete:
+      status = WriteError(
+          http, Error(400, "invalid_request_error",
+                      "the request body ended before its Content-Length", "incomplete_body"));
+      return false;
   }
-  return true;
+  return false;
 }
 
 std::string RandomId(const char* prefix) {
@@ -239,6 +307,7 @@ struct Choice {
   std::unique_ptr<ReasoningSplitter> splitter;
   std::string content, reasoning;
   json tool_calls = json::array();  // full response: [{id, type, function: {name, arguments}}]
+  json pending = json::object();    // stream: the forced call's opening, sent with the next delta
 };
 
 // One step of parsed output as a chat delta's fields (content, reasoning, tool_calls), merged
@@ -246,7 +315,9 @@ struct Choice {
 json ParsedFields(Choice& c, const ParsedDelta& d) {
   const ReasoningSplitter::Split split = c.splitter->Add(d.content);
   json delta = json::object();
-  if (!split.content.empty()) delta["content"] = split.content;
+  if (!split.content.empty()) {
+    delta["content"] = split.content;
+  }
   if (!split.reasoning.empty()) {
     delta["reasoning_content"] = split.reasoning;
     delta["reasoning"] = split.reasoning;
@@ -272,7 +343,9 @@ json ParsedFields(Choice& c, const ParsedDelta& d) {
     }
     calls.push_back(std::move(call));
   }
-  if (!calls.empty()) delta["tool_calls"] = std::move(calls);
+  if (!calls.empty()) {
+    delta["tool_calls"] = std::move(calls);
+  }
   return delta;
 }
 
@@ -282,8 +355,12 @@ void MergeDelta(json& into, const json& add) {
     if (v.is_string()) {
       into[k] = into.value(k, "") + v.get<std::string>();
     } else {
-      if (!into.contains(k)) into[k] = json::array();
-      for (const json& e : v) into[k].push_back(e);
+      if (!into.contains(k)) {
+        into[k] = json::array();
+      }
+      for (const json& e : v) {
+        into[k].push_back(e);
+      }
     }
   }
 }
@@ -291,7 +368,9 @@ void MergeDelta(json& into, const json& add) {
 json FinishFields(Choice& c) {
   json delta = ParsedFields(c, c.parser->Finish());
   const ReasoningSplitter::Split tail = c.splitter->Finish();
-  if (!tail.content.empty()) delta["content"] = delta.value("content", "") + tail.content;
+  if (!tail.content.empty()) {
+    delta["content"] = delta.value("content", "") + tail.content;
+  }
   if (!tail.reasoning.empty()) {
     delta["reasoning_content"] = delta.value("reasoning_content", "") + tail.reasoning;
     delta["reasoning"] = delta["reasoning_content"];
@@ -303,10 +382,12 @@ json FinishFields(Choice& c) {
 
 class Generation {
  public:
-  Generation(mg_connection* conn, Client& client, const ParsedRequest& req, std::string model)
-      : conn_(conn),
+  Generation(HttpExchange& http, Client& client, const ParsedRequest& req, const ChatPrompt& prompt,
+             std::string model)
+      : http_(http),
         client_(client),
         req_(req),
+        prompt_(prompt),
         model_(std::move(model)),
         chat_(req.endpoint == Endpoint::kChat),
         id_(RandomId(chat_ ? "chatcmpl-" : "cmpl-")),
@@ -323,22 +404,49 @@ class Generation {
             req_.inputs[i].sampling.skip_special_tokens,
             g_options->reasoning == ReasoningFormat::kNone ? std::vector<int32_t>{} : g_think_ids,
             RandomId("call_").substr(0, 29) + "_");
-        choices_[i].splitter = std::make_unique<ReasoningSplitter>(g_options->reasoning);
+        choices_[i].splitter =
+            std::make_unique<ReasoningSplitter>(g_options->reasoning, prompt_.ends_in_thinking);
+        // The forced opening of a call (tool_choice required / named) is the parser's first
+        // input, as if the model had written it: the call it starts is part of the answer.
+        for (int32_t id : prompt_.forced) {
+          MergeDelta(choices_[i].pending, ParsedFields(choices_[i], choices_[i].parser->Add(id)));
+        }
       }
     }
     for (size_t i = 0; i < req_.inputs.size(); ++i) {
       auto id = client_.Submit(req_.inputs[i]);
       if (!id.ok()) {
         AbortOpen();
-        return WriteError(conn_, Unavailable(std::string(id.status().message())));
+        return WriteError(http_, Unavailable(std::string(id.status().message())));
       }
       choices_[i].request_id = *id;
       index_[*id] = i;
     }
     size_t open = choices_.size();
     const auto timeout = std::chrono::seconds(g_options->request_timeout_s);
+    auto silent_since = std::chrono::steady_clock::now();
     while (open > 0) {
-      auto r = client_.Next(timeout);
+      // Waits in slices: a stream silent for a slice gets an SSE comment, whose failed write is
+      // how a client that went away while its request waits (queued, or in a long prefill) is
+      // noticed; without it that is noticed only at the next token.
+      auto r = client_.Next(kHeartbeat);
+      if (!r.ok() && r.status().code() == absl::StatusCode::kDeadlineExceeded &&
+          g_watch.Silence() > kCoordinatorSilence) {
+        AbortOpen();
+        return Fail(Unavailable(
+            "it stopped answering " +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::seconds>(g_watch.Silence()).count()) +
+            " s ago, with this request unfinished"));
+      }
+      if (!r.ok() && r.status().code() == absl::StatusCode::kDeadlineExceeded &&
+          std::chrono::steady_clock::now() - silent_since < timeout) {
+        if (req_.stream && !http_.SendEvents(": waiting\n\n")) {
+          AbortOpen();
+          return 499;
+        }
+        continue;
+      }
       if (!r.ok()) {
         AbortOpen();
         return Fail(Error(504, "timeout",
@@ -346,34 +454,47 @@ class Generation {
                               std::to_string(timeout.count()) +
                               " s: " + std::string(r.status().message())));
       }
+      silent_since = std::chrono::steady_clock::now();
       auto it = index_.find(r->request_id);
-      if (it == index_.end()) continue;  // an earlier, aborted request of this thread
+      if (it == index_.end()) {
+        continue;  // an earlier, aborted request of this thread
+      }
       Choice& c = choices_[it->second];
-      if (c.finished) continue;
+      if (c.finished) {
+        continue;
+      }
       if (r->kind == Reply::Kind::kError) {
         AbortOpen();
         return Fail(FromCoordinatorError(r->error_code, r->message));
       }
       if (r->kind == Reply::Kind::kChunk) {
-        if (!OnChunk(it->second, *r)) {
-          AbortOpen();  // the HTTP client went away
-          return 499;
+        if (auto e = OnChunk(it->second, *r); e.has_value()) {
+          AbortOpen();
+          return e->status == 499 ? 499 : Fail(*e);
         }
         continue;
       }
-      if (r->kind != Reply::Kind::kFinal) continue;
+      if (r->kind != Reply::Kind::kFinal) {
+        continue;
+      }
       c.finished = true;
       --open;
       if (r->finish_reason == "error" || r->finish_reason == "abort") {
         AbortOpen();
-        return Fail(Error(
-            r->finish_reason == "abort" ? 503 : 500, "server_error",
-            "generation " + r->finish_reason + (r->message.empty() ? "" : ": " + r->message)));
+        return Fail(GenerationEnded(r->finish_reason, r->message));
       }
       c.finish_reason = FinishReasonName(r->finish_reason);
       if (parsed_) {
-        final_delta_ = FinishFields(c);
-        if (c.parser->num_calls() > 0 && c.finish_reason == "stop") c.finish_reason = "tool_calls";
+        final_delta_ = std::move(c.pending);
+        c.pending = json::object();
+        MergeDelta(final_delta_, FinishFields(c));
+        if (c.parser->num_calls() > 0 && c.finish_reason == "stop") {
+          c.finish_reason = "tool_calls";
+        }
+        if (auto e = UndeclaredCall(c)) {
+          AbortOpen();
+          return Fail(*e);
+        }
       }
       c.text = r->text;
       c.prompt_tokens = r->prompt_tokens;
@@ -384,7 +505,7 @@ class Generation {
         return 499;
       }
     }
-    return req_.stream ? EndStream() : WriteJson(conn_, 200, FullResponse());
+    return req_.stream ? EndStream() : WriteJson(http_, 200, FullResponse());
   }
 
  private:
@@ -397,27 +518,18 @@ class Generation {
     }
   }
 
-  // An error before the stream's headers is an HTTP error; after them, an SSE event.
+  // An error before the stream's head is an HTTP error; after it, an SSE event.
   int Fail(const ApiError& e) {
-    if (!headers_sent_) return WriteError(conn_, e);
-    Send("data: " + Dump(e.Body()) + "\n\ndata: [DONE]\n\n");
+    if (!http_.events_started()) {
+      return WriteError(http_, e);
+    }
+    if (http_.SendEvents("data: " + Dump(e.Body()) + "\n\ndata: [DONE]\n\n")) {
+      http_.EndEvents();
+    }
     return 200;
   }
 
-  bool Send(const std::string& s) {
-    return mg_write(conn_, s.data(), s.size()) == static_cast<int>(s.size());
-  }
-
-  bool SendHeaders() {
-    if (headers_sent_) return true;
-    headers_sent_ = true;
-    static const char kHeaders[] =
-        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-        "Connection: close\r\n\r\n";
-    return Send(kHeaders);
-  }
-
-  bool SendEvent(const json& j) { return Send("data: " + Dump(j) + "\n\n"); }
+  bool SendEvent(const json& j) { return http_.SendEvents("data: " + Dump(j) + "\n\n"); }
 
   json ChunkEnvelope(json choice) const {
     return {{"id", id_},
@@ -429,15 +541,21 @@ class Generation {
 
   // Logprobs of this chunk's token, appended to the choice (non-streaming) or returned (stream).
   json ChunkLogprobs(Choice& c, const Reply& r) {
-    if (!req_.logprobs || r.logprobs.empty()) return nullptr;
+    if (!req_.logprobs || r.logprobs.empty()) {
+      return nullptr;
+    }
     if (chat_) {
       json content = json::array();
       for (const TokenLogprobInfo& lp : r.logprobs) {
         content.push_back(ChatLogprobEntry(lp, r.text, req_.top_logprobs, Tok()));
       }
       if (!req_.stream) {
-        if (c.logprobs.is_null()) c.logprobs = {{"content", json::array()}, {"refusal", nullptr}};
-        for (json& e : content) c.logprobs["content"].push_back(std::move(e));
+        if (c.logprobs.is_null()) {
+          c.logprobs = {{"content", json::array()}, {"refusal", nullptr}};
+        }
+        for (json& e : content) {
+          c.logprobs["content"].push_back(std::move(e));
+        }
         return nullptr;
       }
       return {{"content", std::move(content)}, {"refusal", nullptr}};
@@ -452,37 +570,86 @@ class Generation {
 
   static const Tokenizer* Tok() { return g_text != nullptr ? g_text->tokenizer.get() : nullptr; }
 
-  bool OnChunk(size_t index, const Reply& r) {
+  // nullopt, or why the request ends: status 499 when the HTTP client went away.
+  std::optional<ApiError> OnChunk(size_t index, const Reply& r) {
+    static const ApiError kGone = Error(499, "client_closed", "the client went away");
     Choice& c = choices_[index];
     json lp = ChunkLogprobs(c, r);
     c.text_bytes += r.text.size();
     if (parsed_) {
-      json delta = json::object();
-      for (int32_t id : r.token_ids) MergeDelta(delta, ParsedFields(c, c.parser->Add(id)));
-      if (!req_.stream) return true;
-      if (c.started && delta.empty() && lp.is_null()) return true;
-      return SendParsedDelta(index, std::move(delta), std::move(lp));
+      json delta = std::move(c.pending);
+      c.pending = json::object();
+      for (int32_t id : r.token_ids) {
+        MergeDelta(delta, ParsedFields(c, c.parser->Add(id)));
+      }
+      if (auto e = UndeclaredCall(c)) {
+        return e;
+      }
+      if (!req_.stream) {
+        return std::nullopt;
+      }
+      if (c.started && delta.empty() && lp.is_null()) {
+        return std::nullopt;
+      }
+      if (!SendParsedDelta(index, std::move(delta), std::move(lp))) {
+        return kGone;
+      }
+      return std::nullopt;
     }
-    if (!req_.stream) return true;
+    if (!req_.stream) {
+      return std::nullopt;
+    }
     // Nothing to say: a token whose text the detokenizer holds back, after the first chunk.
-    if (c.started && r.text.empty() && lp.is_null()) return true;
-    if (!SendHeaders()) return false;
+    if (c.started && r.text.empty() && lp.is_null()) {
+      return std::nullopt;
+    }
     json choice = {{"index", index}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}};
     if (chat_) {
       json delta = {{"content", r.text}};
-      if (!c.started) delta["role"] = "assistant";
+      if (!c.started) {
+        delta["role"] = "assistant";
+      }
       choice["delta"] = std::move(delta);
     } else {
       choice["text"] = r.text;
     }
     c.started = true;
-    return SendEvent(ChunkEnvelope(std::move(choice)));
+    if (!SendEvent(ChunkEnvelope(std::move(choice)))) {
+      return kGone;
+    }
+    return std::nullopt;
+  }
+
+  // tool_choice "required": a call the model named after a function the request does not
+  // declare breaks the promise of a call to one of them (the opening is forced, the name is
+  // not constrained), and is an error rather than a response.
+  std::optional<ApiError> UndeclaredCall(const Choice& c) const {
+    if (req_.tool_choice != ToolChoice::kRequired) {
+      return std::nullopt;
+    }
+    for (const json& call : c.tool_calls) {
+      const std::string name = call["function"]["name"].get<std::string>();
+      bool declared = false;
+      for (const auto& t : req_.tools) {
+        declared = declared || t["function"]["name"] == name;
+      }
+      if (!declared) {
+        const std::string shown = name.size() > 64 ? name.substr(0, 64) + "..." : name;
+        return Error(500, "server_error",
+                     "tool_choice \"required\": the model called '" + shown +
+                         "', which is not one of the request's tools (the call is opened for "
+                         "the model; its name is the model's own choice, not constrained)",
+                     "invalid_tool_call");
+      }
+    }
+    return std::nullopt;
   }
 
   bool SendParsedDelta(size_t index, json delta, json lp) {
     Choice& c = choices_[index];
-    if (!SendHeaders()) return false;
-    if (!c.started) delta["role"] = "assistant";
+    if (!c.started) {
+      delta["role"] = "assistant";
+    }
     c.started = true;
     return SendEvent(ChunkEnvelope({{"index", index},
                                     {"delta", std::move(delta)},
@@ -492,7 +659,6 @@ class Generation {
 
   bool OnStreamFinal(size_t index) {
     Choice& c = choices_[index];
-    if (!SendHeaders()) return false;
     if (parsed_ && !final_delta_.empty() && !SendParsedDelta(index, final_delta_, nullptr)) {
       return false;
     }
@@ -523,7 +689,6 @@ class Generation {
   }
 
   int EndStream() {
-    SendHeaders();
     if (req_.include_usage) {
       SendEvent({{"id", id_},
                  {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
@@ -532,7 +697,9 @@ class Generation {
                  {"choices", json::array()},
                  {"usage", Usage()}});
     }
-    Send("data: [DONE]\n\n");
+    if (http_.SendEvents("data: [DONE]\n\n")) {
+      http_.EndEvents();
+    }
     return 200;
   }
 
@@ -554,7 +721,9 @@ class Generation {
         }
         if (!c.tool_calls.empty()) {
           msg["tool_calls"] = c.tool_calls;
-          if (c.content.empty()) msg["content"] = nullptr;  // as OpenAI answers a call-only turn
+          if (c.content.empty()) {
+            msg["content"] = nullptr;  // as OpenAI answers a call-only turn
+          }
         }
         choice["message"] = std::move(msg);
       } else if (chat_) {
@@ -572,121 +741,29 @@ class Generation {
             {"usage", Usage()}};
   }
 
-  mg_connection* conn_;
+  HttpExchange& http_;
   Client& client_;
   const ParsedRequest& req_;
+  const ChatPrompt& prompt_;
   const std::string model_;
   const bool chat_;
   const std::string id_;
   const int64_t created_;
   std::vector<Choice> choices_;
   std::map<uint64_t, size_t> index_;
-  bool headers_sent_ = false;
   const bool parsed_;  // chat output through ToolCallParser + ReasoningSplitter
   json final_delta_;   // what the last final's Finish() added, sent before its finish_reason
 };
 
-int HandleGenerate(mg_connection* conn, Endpoint endpoint) {
-  int status = 0;
-  auto body_text = std::make_unique<std::string>();
-  if (!ReadBody(conn, *body_text, status)) return status;
-  json body = json::parse(*body_text, nullptr, /*allow_exceptions=*/false);
-  body_text.reset();
-  if (body.is_discarded()) {
-    return WriteError(conn, Error(400, "invalid_request_error",
-                                  "the request body is not valid JSON", "invalid_json"));
-  }
-  auto parsed = std::make_unique<ParseResult>(ParseRequest(
-      endpoint, body,
-      endpoint == Endpoint::kCompletions ? std::min<uint32_t>(16, g_options->default_max_tokens)
-                                         : g_options->default_max_tokens));
-  if (!parsed->ok) return WriteError(conn, parsed->error);
-  ParsedRequest& req = parsed->request;
-  if (!req.tools.empty()) {
-    ApiError e = Error(400, "invalid_request_error", "");
-    e.param = "tools";
-    if (g_text == nullptr) {
-      e.message =
-          "'tools' needs mlaserve-openai --model DIR: the model's tool-call markers are found by "
-          "the token ids of its tokenizer";
-      return WriteError(conn, e);
-    }
-    if (!g_tool_markers) {
-      e.message =
-          "this model's tokenizer has no known tool-call markers (Kimi-K2's or DeepSeek-V3's), so "
-          "its tool calls cannot be parsed";
-      return WriteError(conn, e);
-    }
-    const std::string tools = Dump(req.tools);
-    for (GenerateInput& in : req.inputs) in.tools_json = tools;
-  }
-  const bool output_parsed = endpoint == Endpoint::kChat && g_text != nullptr &&
-                             (!req.tools.empty() || g_options->reasoning != ReasoningFormat::kNone);
-  if (output_parsed && req.has_stop_strings) {
-    ApiError e = Error(400, "invalid_request_error",
-                       "'stop' strings cannot be combined with tools or a reasoning parser yet: "
-                       "the coordinator cuts its own text at a stop string, and parsed output is "
-                       "decoded here from the token ids (use stop_token_ids)");
-    e.param = "stop";
-    return WriteError(conn, e);
-  }
-  Client* client = ThreadClient();
-  if (client == nullptr) return WriteError(conn, Unavailable("cannot connect"));
-  auto model = ModelName(*client);
-  if (!model.ok()) return WriteError(conn, Unavailable(std::string(model.status().message())));
-  if (parsed->request.model != *model) {
-    ApiError e = Error(404, "not_found_error",
-                       "the model '" + parsed->request.model +
-                           "' does not exist; this server "
-                           "serves '" +
-                           *model + "'",
-                       "model_not_found");
-    e.param = "model";
-    return WriteError(conn, e);
-  }
-  auto gen = std::make_unique<Generation>(conn, *client, parsed->request, *model);
-  return gen->Run();
-}
-
-int HandleHealth(mg_connection* conn) {
-  Client* client = ThreadClient();
-  if (client == nullptr) return WriteError(conn, Unavailable("cannot connect"));
-  auto h = client->Health(std::chrono::seconds(2));
-  if (!h.ok()) return WriteError(conn, Unavailable(std::string(h.status().message())));
-  if (!h->ok) return WriteError(conn, Unavailable(h->text.empty() ? "unhealthy" : h->text));
-  return WriteJson(conn, 200, {{"status", "ok"}});
-}
-
-int HandleModels(mg_connection* conn) {
-  Client* client = ThreadClient();
-  if (client == nullptr) return WriteError(conn, Unavailable("cannot connect"));
-  auto model = ModelName(*client);
-  if (!model.ok()) return WriteError(conn, Unavailable(std::string(model.status().message())));
-  uint32_t max_len;
-  {
-    std::lock_guard<std::mutex> l(g_model_mu);
-    max_len = g_max_model_len;
-  }
-  json m = {{"id", *model}, {"object", "model"}, {"created", 0}, {"owned_by", "mlaserve"}};
-  if (max_len > 0) m["max_model_len"] = max_len;
-  return WriteJson(conn, 200, {{"object", "list"}, {"data", json::array({m})}});
-}
-
-int NeedsModel(mg_connection* conn, const char* what) {
-  return WriteError(
-      conn, Error(501, "invalid_request_error",
-                  std::string(what) + " needs the model's tokenizer: start mlaserve-openai with "
-                                      "--model DIR (the folder the coordinator serves)",
-                  "tokenizer_not_loaded"));
-}
-
-// Reads a JSON object body; false (and the error written) otherwise.
-bool ReadJsonObject(mg_connection* conn, json& body, int& status) {
+// Reads a JSON object body (in the client's key order); false (and the error written) otherwise.
+bool ReadJsonObject(HttpExchange& http, nlohmann::ordered_json& body, int& status) {
   std::string text;
-  if (!ReadBody(conn, text, status)) return false;
-  body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!ReadBody(http, text, status)) {
+    return false;
+  }
+  body = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
-    status = WriteError(conn, Error(400, "invalid_request_error",
+    status = WriteError(http, Error(400, "invalid_request_error",
                                     "the request body must be a JSON object", "invalid_json"));
     return false;
   }
@@ -699,149 +776,274 @@ ApiError BadParam(const std::string& param, const std::string& message) {
   return e;
 }
 
-// The chat prompt as the coordinator renders it (coordinator/server/request_builder.cc, whose
-// message fields and their order this follows: tojson output depends on key order).
-absl::StatusOr<std::string> RenderChat(const json& messages, const json& tools,
-                                       bool add_generation_prompt) {
-  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
-  for (const json& m : messages) {
-    nlohmann::ordered_json o = {{"role", m["role"]}, {"content", m.value("content", "")}};
-    for (const char* k : {"name", "tool_call_id", "reasoning_content"}) {
-      if (m.contains(k) && !m[k].get<std::string>().empty()) o[k] = m[k];
-    }
-    if (m.contains("tool_calls") && !m["tool_calls"].empty()) {
-      nlohmann::ordered_json calls = nlohmann::ordered_json::array();
-      for (const json& tc : m["tool_calls"]) {
-        const json f = tc.value("function", json::object());
-        const std::string args = f.value("arguments", "");
-        auto parsed = nlohmann::ordered_json::parse(args, nullptr, false);
-        calls.push_back(
-            {{"id", tc.value("id", "")},
-             {"type", "function"},
-             {"function",
-              {{"name", f.value("name", "")},
-               {"arguments", parsed.is_discarded() ? nlohmann::ordered_json(args) : parsed}}}});
-      }
-      o["tool_calls"] = std::move(calls);
-    }
-    msgs.push_back(std::move(o));
+// The chat prompt of `req` rendered here (--model with a chat template; chat_prompt.h), its
+// inputs turned into token ids; false (and the error written) when it cannot be.
+bool BuildChatPrompt(HttpExchange& http, ParsedRequest& req, ChatPrompt& prompt, int& status) {
+  auto built = g_prompt->Build(req, req.inputs.at(0).add_generation_prompt);
+  if (!built.ok()) {
+    status = WriteError(http, BadParam(req.tool_choice == ToolChoice::kRequired ||
+                                               req.tool_choice == ToolChoice::kNamed
+                                           ? "tool_choice"
+                                           : "messages",
+                                       std::string(built.status().message())));
+    return false;
   }
-  nlohmann::ordered_json context = {{"messages", msgs},
-                                    {"add_generation_prompt", add_generation_prompt},
-                                    {"bos_token", g_text->bos_token},
-                                    {"eos_token", g_text->eos_token},
-                                    {"tools", nullptr},
-                                    {"documents", nullptr}};
-  if (!tools.empty()) context["tools"] = nlohmann::ordered_json::parse(Dump(tools));
-  return g_text->chat_template->Render(context);
+  prompt = std::move(*built);
+  for (GenerateInput& in : req.inputs) {
+    in.chat.reset();
+    in.tools_json.clear();
+    in.token_ids = prompt.ids;
+  }
+  return true;
+}
+
+int HandleGenerate(HttpExchange& http, Endpoint endpoint) {
+  int status = 0;
+  nlohmann::ordered_json body;
+  if (!ReadJsonObject(http, body, status)) {
+    return status;
+  }
+  auto parsed = std::make_unique<ParseResult>(ParseRequest(
+      endpoint, body,
+      endpoint == Endpoint::kCompletions ? std::min<uint32_t>(16, g_options->default_max_tokens)
+                                         : g_options->default_max_tokens));
+  body = nullptr;
+  if (!parsed->ok) {
+    return WriteError(http, parsed->error);
+  }
+  ParsedRequest& req = parsed->request;
+  if (!req.tools.empty()) {
+    ApiError e = Error(400, "invalid_request_error", "");
+    e.param = "tools";
+    if (g_text == nullptr) {
+      e.message =
+          "'tools' needs mlaserve-openai --model DIR: the model's tool-call markers are found by "
+          "the token ids of its tokenizer";
+      return WriteError(http, e);
+    }
+    if (!g_tool_markers) {
+      e.message =
+          "this model's tokenizer has no known tool-call markers (Kimi-K2's or DeepSeek-V3's), so "
+          "its tool calls cannot be parsed";
+      return WriteError(http, e);
+    }
+    const std::string tools = req.tools.dump(-1, ' ', false, json::error_handler_t::replace);
+    for (GenerateInput& in : req.inputs) {
+      in.tools_json = tools;
+    }
+    // One call at most: generation stops at the end of the first. A named function gets one.
+    if (!req.parallel_tool_calls || req.tool_choice == ToolChoice::kNamed) {
+      for (GenerateInput& in : req.inputs) {
+        in.sampling.stop_token_ids.push_back(g_tool_markers->call_end);
+      }
+    }
+  }
+  auto prompt = std::make_unique<ChatPrompt>();
+  if (endpoint == Endpoint::kChat && g_prompt != nullptr) {
+    if (!BuildChatPrompt(http, req, *prompt, status)) {
+      return status;
+    }
+  } else if (endpoint == Endpoint::kChat && !req.chat_template_kwargs.empty()) {
+    return WriteError(http, BadParam("chat_template_kwargs",
+                                     "'chat_template_kwargs' needs mlaserve-openai --model DIR "
+                                     "(the chat is then rendered here, with them)"));
+  }
+  const bool output_parsed = endpoint == Endpoint::kChat && g_text != nullptr &&
+                             (!req.tools.empty() || g_options->reasoning != ReasoningFormat::kNone);
+  if (output_parsed && req.has_stop_strings) {
+    ApiError e = Error(400, "invalid_request_error",
+                       "'stop' strings cannot be combined with tools or a reasoning parser yet: "
+                       "the coordinator cuts its own text at a stop string, and parsed output is "
+                       "decoded here from the token ids (use stop_token_ids)");
+    e.param = "stop";
+    return WriteError(http, e);
+  }
+  Client* client = ThreadClient();
+  if (client == nullptr) {
+    return WriteError(http, Unavailable("cannot connect"));
+  }
+  auto model = ModelName(*client);
+  if (!model.ok()) {
+    return WriteError(http, Unavailable(std::string(model.status().message())));
+  }
+  if (parsed->request.model != *model) {
+    ApiError e = Error(404, "not_found_error",
+                       "the model '" + parsed->request.model +
+                           "' does not exist; this server "
+                           "serves '" +
+                           *model + "'",
+                       "model_not_found");
+    e.param = "model";
+    return WriteError(http, e);
+  }
+  auto gen = std::make_unique<Generation>(http, *client, parsed->request, *prompt, *model);
+  return gen->Run();
+}
+
+int HandleHealth(HttpExchange& http) {
+  Client* client = ThreadClient();
+  if (client == nullptr) {
+    return WriteError(http, Unavailable("cannot connect"));
+  }
+  auto h = client->Health(std::chrono::seconds(2));
+  if (!h.ok()) {
+    return WriteError(http, Unavailable(std::string(h.status().message())));
+  }
+  if (!h->ok) {
+    return WriteError(http, Unavailable(h->text.empty() ? "unhealthy" : h->text));
+  }
+  return WriteJson(http, 200, {{"status", "ok"}});
+}
+
+int HandleModels(HttpExchange& http) {
+  Client* client = ThreadClient();
+  if (client == nullptr) {
+    return WriteError(http, Unavailable("cannot connect"));
+  }
+  auto model = ModelName(*client);
+  if (!model.ok()) {
+    return WriteError(http, Unavailable(std::string(model.status().message())));
+  }
+  uint32_t max_len;
+  {
+    std::lock_guard<std::mutex> l(g_model_mu);
+    max_len = g_max_model_len;
+  }
+  json m = {{"id", *model}, {"object", "model"}, {"created", 0}, {"owned_by", "mlaserve"}};
+  if (max_len > 0) {
+    m["max_model_len"] = max_len;
+  }
+  return WriteJson(http, 200, {{"object", "list"}, {"data", json::array({m})}});
+}
+
+int NeedsModel(HttpExchange& http, const char* what) {
+  return WriteError(
+      http, Error(501, "invalid_request_error",
+                  std::string(what) + " needs the model's tokenizer: start mlaserve-openai with "
+                                      "--model DIR (the folder the coordinator serves)",
+                  "tokenizer_not_loaded"));
 }
 
 // POST /tokenize: {"prompt": str [, "add_special_tokens": bool]} or {"messages": [...]
-// [, "tools", "add_generation_prompt"]} -> {"tokens", "count", "max_model_len"}.
-int HandleTokenize(mg_connection* conn) {
-  if (g_text == nullptr) return NeedsModel(conn, "/tokenize");
+// [, "tools", "tool_choice", "add_generation_prompt", "chat_template_kwargs"]} -> {"tokens",
+// "count", "max_model_len"}: the prompt a chat request with these fields is given.
+int HandleTokenize(HttpExchange& http) {
+  if (g_text == nullptr) {
+    return NeedsModel(http, "/tokenize");
+  }
   int status = 0;
-  json body;
-  if (!ReadJsonObject(conn, body, status)) return status;
+  nlohmann::ordered_json body;
+  if (!ReadJsonObject(http, body, status)) {
+    return status;
+  }
   std::vector<int32_t> ids;
   if (body.contains("messages")) {
-    if (!g_text->chat_template) {
-      return WriteError(conn, BadParam("messages", "this model folder has no chat template"));
+    if (g_prompt == nullptr) {
+      return WriteError(http, BadParam("messages", "this model folder has no chat template"));
     }
-    json chat = body;
+    nlohmann::ordered_json chat = body;
     chat["model"] = "-";
     chat.erase("max_model_len");
-    auto parsed = ParseRequest(Endpoint::kChat, chat, 1);
-    if (!parsed.ok) return WriteError(conn, parsed.error);
-    const GenerateInput& in = parsed.request.inputs.at(0);
-    absl::StatusOr<std::string> text;
-    try {
-      text = RenderChat(*in.chat, parsed.request.tools, in.add_generation_prompt);
-    } catch (const json::exception& e) {  // e.g. a tool_calls entry that is not an object
-      return WriteError(conn, BadParam("messages", std::string("malformed message: ") + e.what()));
+    auto parsed = std::make_unique<ParseResult>(ParseRequest(Endpoint::kChat, chat, 1));
+    if (!parsed->ok) {
+      return WriteError(http, parsed->error);
     }
-    if (!text.ok()) {
-      return WriteError(
-          conn, BadParam("messages", "chat template: " + std::string(text.status().message())));
+    ChatPrompt prompt;
+    if (!BuildChatPrompt(http, parsed->request, prompt, status)) {
+      return status;
     }
-    // The template writes BOS itself, as the coordinator tokenizes it.
-    ids = g_text->tokenizer->Encode(*text, /*add_special_tokens=*/false);
+    ids = std::move(prompt.ids);
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
     bool add_special = true;  // as the coordinator encodes a completions prompt
     if (body.contains("add_special_tokens")) {
       if (!body["add_special_tokens"].is_boolean()) {
-        return WriteError(conn,
+        return WriteError(http,
                           BadParam("add_special_tokens", "'add_special_tokens' must be a boolean"));
       }
       add_special = body["add_special_tokens"].get<bool>();
     }
     ids = g_text->tokenizer->Encode(body["prompt"].get<std::string>(), add_special);
   } else {
-    return WriteError(conn, BadParam("prompt", "give 'prompt' (a string) or 'messages'"));
+    return WriteError(http, BadParam("prompt", "give 'prompt' (a string) or 'messages'"));
   }
   json max_len = nullptr;
   if (Client* client = ThreadClient(); client != nullptr && ModelName(*client).ok()) {
     std::lock_guard<std::mutex> l(g_model_mu);
-    if (g_max_model_len > 0) max_len = g_max_model_len;
+    if (g_max_model_len > 0) {
+      max_len = g_max_model_len;
+    }
   }
-  return WriteJson(conn, 200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_len}});
+  return WriteJson(http, 200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_len}});
 }
 
 // POST /detokenize: {"tokens": [ids]} -> {"prompt": text}, special tokens written out so that
 // /tokenize of the text gives the ids back.
-int HandleDetokenize(mg_connection* conn) {
-  if (g_text == nullptr) return NeedsModel(conn, "/detokenize");
+int HandleDetokenize(HttpExchange& http) {
+  if (g_text == nullptr) {
+    return NeedsModel(http, "/detokenize");
+  }
   int status = 0;
-  json body;
-  if (!ReadJsonObject(conn, body, status)) return status;
+  nlohmann::ordered_json body;
+  if (!ReadJsonObject(http, body, status)) {
+    return status;
+  }
   if (!body.contains("tokens") || !body["tokens"].is_array()) {
-    return WriteError(conn, BadParam("tokens", "'tokens' must be an array of token ids"));
+    return WriteError(http, BadParam("tokens", "'tokens' must be an array of token ids"));
   }
   std::vector<int32_t> ids;
   const int vocab = g_text->tokenizer->vocab_size();
-  for (const json& t : body["tokens"]) {
+  for (const auto& t : body["tokens"]) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
-      return WriteError(conn, BadParam("tokens", "token ids must be integers in [0, " +
+      return WriteError(http, BadParam("tokens", "token ids must be integers in [0, " +
                                                      std::to_string(vocab) + ")"));
     }
     ids.push_back(t.get<int32_t>());
   }
-  return WriteJson(conn, 200,
+  return WriteJson(http, 200,
                    {{"prompt", g_text->tokenizer->Decode(ids, /*skip_special_tokens=*/false)}});
 }
 
 // Every request comes here (registered for "/"): routes by exact path.
 int Route(mg_connection* conn, void*) {
   const mg_request_info* ri = mg_get_request_info(conn);
+  HttpExchange http(conn);
   const std::string uri = ri->local_uri != nullptr ? ri->local_uri : "";
   const std::string method = ri->request_method != nullptr ? ri->request_method : "";
   auto only = [&](const char* want, auto&& handler) {
     if (method != want) {
-      return WriteError(conn, Error(405, "invalid_request_error",
+      return WriteError(http, Error(405, "invalid_request_error",
                                     method + " is not allowed on " + uri + " (use " + want + ")"));
     }
     return handler();
   };
-  if (uri == "/health") return only("GET", [&] { return HandleHealth(conn); });
+  if (uri == "/health") {
+    return only("GET", [&] { return HandleHealth(http); });
+  }
   if (!Authorized(conn)) {
-    return WriteError(conn, Error(401, "authentication_error",
+    return WriteError(http, Error(401, "authentication_error",
                                   "missing or invalid API key (send 'Authorization: Bearer KEY')",
                                   "invalid_api_key"));
   }
-  if (uri == "/v1/models") return only("GET", [&] { return HandleModels(conn); });
-  if (uri == "/version") {
-    return only("GET", [&] { return WriteJson(conn, 200, {{"version", MLASERVE_VERSION}}); });
+  if (uri == "/v1/models") {
+    return only("GET", [&] { return HandleModels(http); });
   }
-  if (uri == "/tokenize") return only("POST", [&] { return HandleTokenize(conn); });
-  if (uri == "/detokenize") return only("POST", [&] { return HandleDetokenize(conn); });
+  if (uri == "/version") {
+    return only("GET", [&] { return WriteJson(http, 200, {{"version", MLASERVE_VERSION}}); });
+  }
+  if (uri == "/tokenize") {
+    return only("POST", [&] { return HandleTokenize(http); });
+  }
+  if (uri == "/detokenize") {
+    return only("POST", [&] { return HandleDetokenize(http); });
+  }
   if (uri == "/v1/chat/completions") {
-    return only("POST", [&] { return HandleGenerate(conn, Endpoint::kChat); });
+    return only("POST", [&] { return HandleGenerate(http, Endpoint::kChat); });
   }
   if (uri == "/v1/completions") {
-    return only("POST", [&] { return HandleGenerate(conn, Endpoint::kCompletions); });
+    return only("POST", [&] { return HandleGenerate(http, Endpoint::kCompletions); });
   }
   return WriteError(
-      conn, Error(404, "not_found_error", "no route " + method + " " + uri, "route_not_found"));
+      http, Error(404, "not_found_error", "no route " + method + " " + uri, "route_not_found"));
 }
 
 int Usage() {
@@ -850,19 +1052,18 @@ int Usage() {
                "[--api-key KEY]\n"
                "       [--served-model-name NAME] [--threads N] [--default-max-tokens N] "
                "[--request-timeout-s S]\n"
+               "       [--keep-alive-timeout-s S] [--client-timeout-s S] [--max-body-bytes N]\n"
                "       [--model DIR] [--reasoning-parser deepseek|kimi|none]\n");
   return 2;
 }
 
-}  // namespace
-}  // namespace mlaserve::openai
-
-int main(int argc, char** argv) {
-  using namespace mlaserve::openai;
+int Main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (i + 1 >= argc) return Usage();
+    if (i + 1 >= argc) {
+      return Usage();
+    }
     const std::string v = argv[++i];
     bool ok = true;
     if (a == "--coordinator") {
@@ -886,6 +1087,12 @@ int main(int argc, char** argv) {
                                     : ReasoningFormat::kNone;
     } else if (a == "--request-timeout-s") {
       ok = absl::SimpleAtoi(v, &o.request_timeout_s) && o.request_timeout_s > 0;
+    } else if (a == "--keep-alive-timeout-s") {
+      ok = absl::SimpleAtoi(v, &o.keep_alive_timeout_s) && o.keep_alive_timeout_s >= 0;
+    } else if (a == "--client-timeout-s") {
+      ok = absl::SimpleAtoi(v, &o.client_timeout_s) && o.client_timeout_s > 0;
+    } else if (a == "--max-body-bytes") {
+      ok = absl::SimpleAtoi(v, &o.max_body_bytes) && o.max_body_bytes > 0;
     } else {
       ok = false;
     }
@@ -894,12 +1101,17 @@ int main(int argc, char** argv) {
       return Usage();
     }
   }
-  if (o.coordinator.empty()) return Usage();
+  if (o.coordinator.empty()) {
+    return Usage();
+  }
   if (o.api_key.empty()) {
-    if (const char* k = std::getenv("MLASERVE_API_KEY"); k != nullptr) o.api_key = k;
+    if (const char* k = std::getenv("MLASERVE_API_KEY"); k != nullptr) {
+      o.api_key = k;
+    }
   }
   g_options = &o;
   std::unique_ptr<mlaserve::ModelText> text;
+  std::unique_ptr<ChatPromptBuilder> prompt;
   if (!o.model_dir.empty()) {
     auto t = mlaserve::ModelText::Load(o.model_dir, 0, 0, {});
     if (!t.ok() || t->tokenizer == nullptr) {
@@ -911,8 +1123,14 @@ int main(int argc, char** argv) {
     text = std::make_unique<mlaserve::ModelText>(std::move(*t));
     g_text = text.get();
     g_tool_markers = ToolCallMarkers::FromTokenizer(*text->tokenizer);
+    if (text->chat_template) {
+      prompt = std::make_unique<ChatPromptBuilder>(*text, g_tool_markers);
+    }
+    g_prompt = prompt.get();
     for (const char* m : {"<think>", "</think>"}) {
-      if (auto id = text->tokenizer->TokenToId(m)) g_think_ids.push_back(*id);
+      if (auto id = text->tokenizer->TokenToId(m)) {
+        g_think_ids.push_back(*id);
+      }
     }
   } else if (o.reasoning != ReasoningFormat::kNone) {
     std::fprintf(stderr, "mlaserve-openai: --reasoning-parser needs --model DIR\n");
@@ -925,11 +1143,20 @@ int main(int argc, char** argv) {
 
   mg_init_library(0);
   const std::string threads = std::to_string(o.threads);
-  const char* civet_options[] = {"listening_ports", o.listen.c_str(), "num_threads",
-                                 threads.c_str(),
-                                 // Slow-loris clients: a request's headers and body must arrive
-                                 // within this; streams write, so they are not cut by it.
-                                 "request_timeout_ms", "30000", nullptr};
+  const std::string keep_alive_ms = std::to_string(o.keep_alive_timeout_s * 1000);
+  const std::string client_ms = std::to_string(o.client_timeout_s * 1000);
+  const std::string backlog = std::to_string(std::max(o.threads, 256));
+  const char* civet_options[] = {
+      "listening_ports", o.listen.c_str(), "num_threads", threads.c_str(),
+      // Slow-loris clients: a request's head and body must arrive within this (and a blocked
+      // write gives up after it); streams write, so they are not cut by it.
+      "request_timeout_ms", client_ms.c_str(), "enable_keep_alive",
+      o.keep_alive_timeout_s > 0 ? "yes" : "no", "keep_alive_timeout_ms", keep_alive_ms.c_str(),
+      // Each event is one small write that must go out now, not wait for the last one's ACK.
+      "tcp_nodelay", "1",
+      // Many clients connecting at once (a benchmark's 1,024 streams) wait in the backlog for
+      // the accept thread instead of seeing their SYN dropped and retried a second later.
+      "listen_backlog", backlog.c_str(), nullptr};
   mg_callbacks callbacks{};
   mg_context* ctx = mg_start(&callbacks, nullptr, civet_options);
   if (ctx == nullptr) {
@@ -937,13 +1164,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   mg_set_request_handler(ctx, "/", Route, nullptr);
+  g_watch.Start();
   mg_server_port ports[4];
   const int nports = mg_get_server_ports(ctx, 4, ports);
   std::fprintf(stderr, "mlaserve-openai: coordinator %s, listening on port %d\n",
                o.coordinator.c_str(), nports > 0 ? ports[0].port : -1);
   std::fflush(stderr);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  while (!g_stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   mg_stop(ctx);
+  g_watch.Stop();
   mg_exit_library();
   return 0;
 }
+
+}  // namespace
+}  // namespace mlaserve::openai
+
+int main(int argc, char** argv) { return mlaserve::openai::Main(argc, argv); }

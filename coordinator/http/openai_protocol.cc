@@ -7,6 +7,9 @@ namespace mlaserve::openai {
 namespace {
 
 using nlohmann::json;
+// Request bodies keep the client's key order: tools and tool-call arguments are rendered into
+// the prompt with tojson, whose output follows it (as Python dicts do in transformers / vLLM).
+using ojson = nlohmann::ordered_json;
 
 // Thrown inside ParseRequest only, turned into a ParseResult at its boundary.
 struct ParseError {
@@ -20,14 +23,16 @@ struct ParseError {
   throw ParseError{e};
 }
 
-bool Has(const json& body, const char* key) {
+bool Has(const ojson& body, const char* key) {
   auto it = body.find(key);
   return it != body.end() && !it->is_null();
 }
 
-double Number(const json& body, const char* key, double lo, double hi) {
-  const json& v = body.at(key);
-  if (!v.is_number()) Fail(key, std::string("'") + key + "' must be a number");
+double Number(const ojson& body, const char* key, double lo, double hi) {
+  const ojson& v = body.at(key);
+  if (!v.is_number()) {
+    Fail(key, std::string("'") + key + "' must be a number");
+  }
   const double x = v.get<double>();
   if (!std::isfinite(x) || x < lo || x > hi) {
     Fail(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
@@ -36,9 +41,11 @@ double Number(const json& body, const char* key, double lo, double hi) {
   return x;
 }
 
-int64_t Integer(const json& body, const char* key, int64_t lo, int64_t hi) {
-  const json& v = body.at(key);
-  if (!v.is_number_integer()) Fail(key, std::string("'") + key + "' must be an integer");
+int64_t Integer(const ojson& body, const char* key, int64_t lo, int64_t hi) {
+  const ojson& v = body.at(key);
+  if (!v.is_number_integer()) {
+    Fail(key, std::string("'") + key + "' must be an integer");
+  }
   const int64_t x =
       v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX ? INT64_MAX : v.get<int64_t>();
   if (x < lo || x > hi) {
@@ -48,19 +55,25 @@ int64_t Integer(const json& body, const char* key, int64_t lo, int64_t hi) {
   return x;
 }
 
-bool Bool(const json& body, const char* key) {
-  const json& v = body.at(key);
-  if (!v.is_boolean()) Fail(key, std::string("'") + key + "' must be a boolean");
+bool Bool(const ojson& body, const char* key) {
+  const ojson& v = body.at(key);
+  if (!v.is_boolean()) {
+    Fail(key, std::string("'") + key + "' must be a boolean");
+  }
   return v.get<bool>();
 }
 
 // Chat content: a string, or an array of {"type": "text", "text": ...} parts (concatenated).
-std::string Content(const json& content, const std::string& param) {
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) Fail(param, "message content must be a string or an array of parts");
+std::string Content(const ojson& content, const std::string& param) {
+  if (content.is_string()) {
+    return content.get<std::string>();
+  }
+  if (!content.is_array()) {
+    Fail(param, "message content must be a string or an array of parts");
+  }
   std::string out;
   for (size_t i = 0; i < content.size(); ++i) {
-    const json& part = content[i];
+    const ojson& part = content[i];
     const std::string p = param + "[" + std::to_string(i) + "]";
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
       Fail(p, "a content part must be an object with a string 'type'");
@@ -77,23 +90,63 @@ std::string Content(const json& content, const std::string& param) {
   return out;
 }
 
-json Messages(const json& body) {
-  if (!Has(body, "messages")) Fail("messages", "'messages' is required");
-  const json& msgs = body["messages"];
-  if (!msgs.is_array() || msgs.empty()) Fail("messages", "'messages' must be a non-empty array");
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments"}}], arguments a JSON string as OpenAI sends them (an object is accepted too).
+ojson ToolCalls(const ojson& calls, const std::string& param) {
+  if (!calls.is_array()) {
+    Fail(param, "tool_calls must be an array");
+  }
+  ojson out = ojson::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const ojson& tc = calls[i];
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object()) {
+      Fail(p, "a tool call must be an object with a 'function' object");
+    }
+    const ojson& f = tc["function"];
+    if (!f.contains("name") || !f["name"].is_string()) {
+      Fail(p + ".function.name", "a tool call needs a string function name");
+    }
+    if (Has(f, "arguments") && !f["arguments"].is_string() && !f["arguments"].is_object()) {
+      Fail(p + ".function.arguments", "arguments must be a JSON string (or an object)");
+    }
+    if (Has(tc, "id") && !tc["id"].is_string()) {
+      Fail(p + ".id", "a tool call id must be a string");
+    }
+    out.push_back({{"id", Has(tc, "id") ? tc["id"] : ojson("")},
+                   {"type", "function"},
+                   {"function",
+                    {{"name", f["name"]},
+                     {"arguments", Has(f, "arguments") ? f["arguments"] : ojson("{}")}}}});
+  }
+  return out;
+}
+
+ojson Messages(const ojson& body) {
+  if (!Has(body, "messages")) {
+    Fail("messages", "'messages' is required");
+  }
+  const ojson& msgs = body["messages"];
+  if (!msgs.is_array() || msgs.empty()) {
+    Fail("messages", "'messages' must be a non-empty array");
+  }
   static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant", "tool"};
-  json out = json::array();
+  ojson out = ojson::array();
   for (size_t i = 0; i < msgs.size(); ++i) {
-    const json& m = msgs[i];
+    const ojson& m = msgs[i];
     const std::string p = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) Fail(p, "a message must be an object");
+    if (!m.is_object()) {
+      Fail(p, "a message must be an object");
+    }
     if (!m.contains("role") || !m["role"].is_string() ||
         !kRoles.count(m["role"].get<std::string>())) {
       Fail(p + ".role", "role must be one of system, developer, user, assistant, tool");
     }
-    json o = {{"role", m["role"]}};
+    ojson o = {{"role", m["role"]}};
     // The chat templates know "system"; OpenAI's newer name for it is "developer".
-    if (o["role"] == "developer") o["role"] = "system";
+    if (o["role"] == "developer") {
+      o["role"] = "system";
+    }
     if (Has(m, "content")) {
       o["content"] = Content(m["content"], p + ".content");
     } else if (o["role"] != "assistant") {
@@ -101,13 +154,14 @@ json Messages(const json& body) {
     }
     for (const char* k : {"name", "tool_call_id", "reasoning_content"}) {
       if (Has(m, k)) {
-        if (!m[k].is_string()) Fail(p + "." + k, std::string("'") + k + "' must be a string");
+        if (!m[k].is_string()) {
+          Fail(p + "." + k, std::string("'") + k + "' must be a string");
+        }
         o[k] = m[k];
       }
     }
     if (Has(m, "tool_calls")) {
-      if (!m["tool_calls"].is_array()) Fail(p + ".tool_calls", "tool_calls must be an array");
-      o["tool_calls"] = m["tool_calls"];
+      o["tool_calls"] = ToolCalls(m["tool_calls"], p + ".tool_calls");
     }
     out.push_back(std::move(o));
   }
@@ -116,13 +170,15 @@ json Messages(const json& body) {
 
 // Completions prompts: a string, an array of strings, an array of token ids, or an array of
 // arrays of token ids; each is a prompt of its own.
-std::vector<GenerateInput> Prompts(const json& body) {
-  if (!Has(body, "prompt")) Fail("prompt", "'prompt' is required");
-  const json& p = body["prompt"];
+std::vector<GenerateInput> Prompts(const ojson& body) {
+  if (!Has(body, "prompt")) {
+    Fail("prompt", "'prompt' is required");
+  }
+  const ojson& p = body["prompt"];
   std::vector<GenerateInput> out;
-  auto ids = [](const json& a) {
+  auto ids = [](const ojson& a) {
     std::vector<int32_t> v;
-    for (const json& t : a) {
+    for (const ojson& t : a) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
         Fail("prompt", "token ids must be non-negative integers");
       }
@@ -135,7 +191,7 @@ std::vector<GenerateInput> Prompts(const json& body) {
   } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
     out.emplace_back().token_ids = ids(p);
   } else if (p.is_array() && !p.empty()) {
-    for (const json& e : p) {
+    for (const ojson& e : p) {
       if (e.is_string()) {
         out.emplace_back().text = e.get<std::string>();
       } else if (e.is_array() && !e.empty()) {
@@ -150,47 +206,102 @@ std::vector<GenerateInput> Prompts(const json& body) {
   return out;
 }
 
-std::vector<std::string> Stops(const json& body) {
-  const json& s = body["stop"];
+std::vector<std::string> Stops(const ojson& body) {
+  const ojson& s = body["stop"];
   std::vector<std::string> out;
   if (s.is_string()) {
     out.push_back(s.get<std::string>());
   } else if (s.is_array()) {
-    for (const json& e : s) {
-      if (!e.is_string()) Fail("stop", "'stop' must be a string or an array of strings");
+    for (const ojson& e : s) {
+      if (!e.is_string()) {
+        Fail("stop", "'stop' must be a string or an array of strings");
+      }
       out.push_back(e.get<std::string>());
     }
   } else {
     Fail("stop", "'stop' must be a string or an array of strings");
   }
   for (const std::string& x : out) {
-    if (x.empty()) Fail("stop", "stop strings must not be empty");
+    if (x.empty()) {
+      Fail("stop", "stop strings must not be empty");
+    }
   }
   return out;
 }
 
+// Chat tools: [{"type": "function", "function": {"name", ...}}]. `strict` function schemas are
+// refused: they promise arguments that match the schema, which needs constrained decoding.
+ojson Tools(const ojson& body) {
+  const ojson& tools = body["tools"];
+  if (!tools.is_array()) {
+    Fail("tools", "'tools' must be an array");
+  }
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string p = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+        !t["function"].is_object() || !t["function"].contains("name") ||
+        !t["function"]["name"].is_string()) {
+      Fail(p, "a tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (t["function"].contains("strict") && t["function"]["strict"] == true) {
+      Fail(p + ".function.strict",
+           "'strict' function schemas are not supported: arguments that are sure to match the "
+           "schema need constrained decoding, which this server does not have");
+    }
+  }
+  return tools;
+}
+
+// tool_choice: "auto" (the default with tools), "none", "required", or
+// {"type": "function", "function": {"name": NAME}} naming one of `tools`.
+void ParseToolChoice(const ojson& body, const ojson& tools, ParsedRequest& r) {
+  if (!Has(body, "tool_choice")) {
+    return;
+  }
+  const ojson& tc = body["tool_choice"];
+  if (tc == "auto") {
+    r.tool_choice = ToolChoice::kAuto;
+  } else if (tc == "none") {
+    r.tool_choice = ToolChoice::kNone;
+  } else if (tc == "required") {
+    r.tool_choice = ToolChoice::kRequired;
+  } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("function") &&
+             tc["function"].is_object() && tc["function"].contains("name") &&
+             tc["function"]["name"].is_string()) {
+    r.tool_choice = ToolChoice::kNamed;
+    r.tool_choice_name = tc["function"]["name"].get<std::string>();
+    bool declared = false;
+    for (const ojson& t : tools) {
+      declared = declared || t["function"]["name"] == r.tool_choice_name;
+    }
+    if (!declared) {
+      Fail("tool_choice",
+           "tool_choice names '" + r.tool_choice_name + "', which is not in 'tools'");
+    }
+  } else {
+    Fail("tool_choice",
+         "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+         "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  if ((r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kNamed) &&
+      tools.empty()) {
+    Fail("tool_choice", "tool_choice \"required\" or a named function needs 'tools'");
+  }
+}
+
 // Fields OpenAI (or its common extensions) define that this server does not honour yet: each
 // is a 400 that says so unless its value is the default.
-void RejectUnsupported(const json& body, Endpoint endpoint) {
+void RejectUnsupported(const ojson& body, Endpoint endpoint) {
   auto unsupported = [](const char* key, const std::string& why) {
     Fail(key, std::string("'") + key + "' is not supported by this server" +
                   (why.empty() ? "" : ": " + why));
   };
-  if (Has(body, "tool_choice")) {
-    const json& tc = body["tool_choice"];
-    if (tc == "required" || tc.is_object()) {
-      unsupported("tool_choice",
-                  "only \"auto\" and \"none\": \"required\" and a named function would need "
-                  "constrained decoding to be guaranteed, and this server has none; with \"auto\" "
-                  "the model decides and its tool-call markers are parsed");
-    }
-    if (tc != "auto" && tc != "none") {
-      Fail("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or an object");
-    }
+  if (Has(body, "functions") || Has(body, "function_call")) {
+    unsupported("functions", "use 'tools' and 'tool_choice' (the legacy fields are not)");
   }
-  if (Has(body, "functions")) unsupported("functions", "use 'tools' (the legacy field is not)");
   if (Has(body, "response_format")) {
-    const json& rf = body["response_format"];
+    const ojson& rf = body["response_format"];
     if (!rf.is_object() || rf.value("type", "") != "text") {
       unsupported("response_format",
                   "only {\"type\": \"text\"} (structured output is not implemented)");
@@ -199,17 +310,39 @@ void RejectUnsupported(const json& body, Endpoint endpoint) {
   if (Has(body, "logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty())) {
     unsupported("logit_bias", "");
   }
-  if (Has(body, "chat_template_kwargs") &&
-      !(body["chat_template_kwargs"].is_object() && body["chat_template_kwargs"].empty())) {
-    unsupported("chat_template_kwargs", "the coordinator's API does not carry them yet");
+  if (Has(body, "audio") || Has(body, "modalities")) {
+    unsupported("modalities", "text only");
   }
-  if (Has(body, "audio") || Has(body, "modalities")) unsupported("modalities", "text only");
+  if (Has(body, "prediction")) {
+    unsupported("prediction", "predicted outputs are not implemented");
+  }
+  if (Has(body, "web_search_options")) {
+    unsupported("web_search_options", "");
+  }
+  if (Has(body, "store") && body["store"] != false) {
+    unsupported("store", "completions are not stored");
+  }
+  if (Has(body, "reasoning_effort")) {
+    unsupported("reasoning_effort",
+                "turn thinking on or off with chat_template_kwargs where the model's template "
+                "takes it (e.g. {\"thinking\": true})");
+  }
   if (endpoint == Endpoint::kCompletions) {
-    if (Has(body, "echo") && body["echo"] != false) unsupported("echo", "");
-    if (Has(body, "suffix")) unsupported("suffix", "");
+    if (Has(body, "echo") && body["echo"] != false) {
+      unsupported("echo", "");
+    }
+    if (Has(body, "suffix")) {
+      unsupported("suffix", "");
+    }
     if (Has(body, "best_of") && body["best_of"] != 1 &&
         !(Has(body, "n") && body["best_of"] == body["n"])) {
       unsupported("best_of", "");
+    }
+  } else {
+    for (const char* k : {"prompt", "echo", "suffix", "best_of"}) {
+      if (Has(body, k)) {
+        Fail(k, std::string("'") + k + "' is a completions field");
+      }
     }
   }
 }
@@ -224,10 +357,12 @@ json ApiError::Body() const {
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
-ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_max_tokens) {
+ParseResult ParseRequest(Endpoint endpoint, const ojson& body, uint32_t default_max_tokens) {
   ParseResult res;
   try {
-    if (!body.is_object()) Fail("", "the request body must be a JSON object");
+    if (!body.is_object()) {
+      Fail("", "the request body must be a JSON object");
+    }
     RejectUnsupported(body, endpoint);
     ParsedRequest& r = res.request;
     r.endpoint = endpoint;
@@ -239,39 +374,66 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
     std::vector<GenerateInput> prompts;
     if (endpoint == Endpoint::kChat) {
       GenerateInput in;
-      in.chat = Messages(body);
-      if (Has(body, "add_generation_prompt"))
+      r.messages = Messages(body);
+      in.chat = json::parse(r.messages.dump());
+      if (Has(body, "add_generation_prompt")) {
         in.add_generation_prompt = Bool(body, "add_generation_prompt");
-      if (Has(body, "tools")) {
-        const json& tools = body["tools"];
-        if (!tools.is_array()) Fail("tools", "'tools' must be an array");
-        for (size_t i = 0; i < tools.size(); ++i) {
-          const json& t = tools[i];
-          const std::string p = "tools[" + std::to_string(i) + "]";
-          if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
-              !t["function"].is_object() || !t["function"].contains("name") ||
-              !t["function"]["name"].is_string()) {
-            Fail(p, "a tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+      ojson tools = Has(body, "tools") ? Tools(body) : ojson::array();
+      ParseToolChoice(body, tools, r);
+      if (r.tool_choice != ToolChoice::kNone) {
+        r.tools = std::move(tools);
+      }
+      if (Has(body, "parallel_tool_calls")) {
+        r.parallel_tool_calls = Bool(body, "parallel_tool_calls");
+      }
+      if (Has(body, "chat_template_kwargs")) {
+        if (!body["chat_template_kwargs"].is_object()) {
+          Fail("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        }
+        r.chat_template_kwargs = body["chat_template_kwargs"];
+        // The variables the server sets itself (transformers' apply_chat_template takes them as
+        // its own arguments, not as template keywords).
+        for (const char* k : {"messages", "tools", "documents", "add_generation_prompt",
+                              "bos_token", "eos_token"}) {
+          if (r.chat_template_kwargs.contains(k)) {
+            Fail("chat_template_kwargs",
+                 std::string("chat_template_kwargs must not set '") + k +
+                     "' (give it as the request field, or it is the server's)");
           }
         }
-        if (!(Has(body, "tool_choice") && body["tool_choice"] == "none")) r.tools = tools;
       }
       prompts.push_back(std::move(in));
     } else {
-      if (Has(body, "tools")) Fail("tools", "'tools' is a chat completions field");
+      for (const char* k : {"messages", "tools", "tool_choice", "chat_template_kwargs"}) {
+        if (Has(body, k)) {
+          Fail(k, std::string("'") + k + "' is a chat completions field");
+        }
+      }
       prompts = Prompts(body);
     }
 
     ClientSampling s;
     s.temperature = 1.0f;  // OpenAI's default
     s.max_tokens = default_max_tokens;
-    if (Has(body, "temperature"))
+    if (Has(body, "temperature")) {
       s.temperature = static_cast<float>(Number(body, "temperature", 0, 2));
-    if (Has(body, "top_p")) s.top_p = static_cast<float>(Number(body, "top_p", 0, 1));
-    if (s.top_p <= 0) Fail("top_p", "'top_p' must be greater than 0");
-    if (Has(body, "top_k")) s.top_k = static_cast<int>(Integer(body, "top_k", -1, INT32_MAX));
-    if (s.top_k < 0) s.top_k = 0;  // -1: vLLM's "no limit"
-    if (Has(body, "min_p")) s.min_p = static_cast<float>(Number(body, "min_p", 0, 1));
+    }
+    if (Has(body, "top_p")) {
+      s.top_p = static_cast<float>(Number(body, "top_p", 0, 1));
+    }
+    if (s.top_p <= 0) {
+      Fail("top_p", "'top_p' must be greater than 0");
+    }
+    if (Has(body, "top_k")) {
+      s.top_k = static_cast<int>(Integer(body, "top_k", -1, INT32_MAX));
+    }
+    if (s.top_k < 0) {
+      s.top_k = 0;  // -1: vLLM's "no limit"
+    }
+    if (Has(body, "min_p")) {
+      s.min_p = static_cast<float>(Number(body, "min_p", 0, 1));
+    }
     if (Has(body, "presence_penalty")) {
       s.presence_penalty = static_cast<float>(Number(body, "presence_penalty", -2, 2));
     }
@@ -280,33 +442,51 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
     }
     if (Has(body, "repetition_penalty")) {
       s.repetition_penalty = static_cast<float>(Number(body, "repetition_penalty", 0, 10));
-      if (s.repetition_penalty <= 0) Fail("repetition_penalty", "'repetition_penalty' must be > 0");
+      if (s.repetition_penalty <= 0) {
+        Fail("repetition_penalty", "'repetition_penalty' must be > 0");
+      }
     }
-    if (Has(body, "seed"))
+    if (Has(body, "seed")) {
       s.seed = static_cast<uint64_t>(Integer(body, "seed", INT64_MIN, INT64_MAX));
+    }
     // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI's API.
     for (const char* k : {"max_tokens", "max_completion_tokens"}) {
-      if (Has(body, k)) s.max_tokens = static_cast<uint32_t>(Integer(body, k, 1, UINT32_MAX >> 1));
+      if (Has(body, k)) {
+        s.max_tokens = static_cast<uint32_t>(Integer(body, k, 1, UINT32_MAX >> 1));
+      }
     }
-    if (Has(body, "min_tokens"))
+    if (Has(body, "min_tokens")) {
       s.min_tokens = static_cast<uint32_t>(Integer(body, "min_tokens", 0, s.max_tokens));
-    if (Has(body, "stop")) s.stop = Stops(body);
+    }
+    if (Has(body, "stop")) {
+      s.stop = Stops(body);
+    }
     r.has_stop_strings = !s.stop.empty();
     if (Has(body, "stop_token_ids")) {
-      if (!body["stop_token_ids"].is_array())
+      if (!body["stop_token_ids"].is_array()) {
         Fail("stop_token_ids", "'stop_token_ids' must be an array");
-      for (const json& t : body["stop_token_ids"]) {
-        if (!t.is_number_integer()) Fail("stop_token_ids", "'stop_token_ids' must hold integers");
+      }
+      for (const ojson& t : body["stop_token_ids"]) {
+        if (!t.is_number_integer()) {
+          Fail("stop_token_ids", "'stop_token_ids' must hold integers");
+        }
         s.stop_token_ids.push_back(t.get<int32_t>());
       }
     }
-    if (Has(body, "ignore_eos")) s.ignore_eos = Bool(body, "ignore_eos");
-    if (Has(body, "skip_special_tokens")) s.skip_special_tokens = Bool(body, "skip_special_tokens");
-    if (Has(body, "priority"))
+    if (Has(body, "ignore_eos")) {
+      s.ignore_eos = Bool(body, "ignore_eos");
+    }
+    if (Has(body, "skip_special_tokens")) {
+      s.skip_special_tokens = Bool(body, "skip_special_tokens");
+    }
+    if (Has(body, "priority")) {
       s.priority = static_cast<int32_t>(Integer(body, "priority", INT32_MIN, INT32_MAX));
+    }
 
     if (endpoint == Endpoint::kChat) {
-      if (Has(body, "logprobs")) r.logprobs = Bool(body, "logprobs");
+      if (Has(body, "logprobs")) {
+        r.logprobs = Bool(body, "logprobs");
+      }
       if (Has(body, "top_logprobs")) {
         r.top_logprobs = static_cast<uint32_t>(Integer(body, "top_logprobs", 0, 20));
         if (!r.logprobs && r.top_logprobs > 0) {
@@ -320,16 +500,26 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
     s.logprobs = r.logprobs;
     s.top_logprobs = r.top_logprobs;
 
-    if (Has(body, "stream")) r.stream = Bool(body, "stream");
+    if (Has(body, "stream")) {
+      r.stream = Bool(body, "stream");
+    }
     if (Has(body, "stream_options")) {
-      const json& so = body["stream_options"];
-      if (!so.is_object()) Fail("stream_options", "'stream_options' must be an object");
-      if (!r.stream) Fail("stream_options", "'stream_options' is only allowed with 'stream': true");
-      if (Has(so, "include_usage")) r.include_usage = Bool(so, "include_usage");
+      const ojson& so = body["stream_options"];
+      if (!so.is_object()) {
+        Fail("stream_options", "'stream_options' must be an object");
+      }
+      if (!r.stream) {
+        Fail("stream_options", "'stream_options' is only allowed with 'stream': true");
+      }
+      if (Has(so, "include_usage")) {
+        r.include_usage = Bool(so, "include_usage");
+      }
     }
 
     int64_t n = 1;
-    if (Has(body, "n")) n = Integer(body, "n", 1, 128);
+    if (Has(body, "n")) {
+      n = Integer(body, "n", 1, 128);
+    }
     if (n * static_cast<int64_t>(prompts.size()) > 128) {
       Fail("n", "at most 128 choices per request (n times the number of prompts)");
     }
@@ -339,7 +529,9 @@ ParseResult ParseRequest(Endpoint endpoint, const json& body, uint32_t default_m
       for (int64_t j = 0; j < n; ++j) {
         r.inputs.push_back(p);
         // n samples of one seeded request must differ from each other yet be reproducible.
-        if (s.seed && j > 0) r.inputs.back().sampling.seed = *s.seed + static_cast<uint64_t>(j);
+        if (s.seed && j > 0) {
+          r.inputs.back().sampling.seed = *s.seed + static_cast<uint64_t>(j);
+        }
       }
     }
     res.ok = true;
@@ -383,7 +575,9 @@ namespace {
 
 json Bytes(const std::string& s) {
   json b = json::array();
-  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  for (unsigned char c : s) {
+    b.push_back(static_cast<int>(c));
+  }
   return b;
 }
 

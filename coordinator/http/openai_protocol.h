@@ -26,6 +26,10 @@ struct ApiError {
 
 enum class Endpoint { kChat, kCompletions };
 
+// tool_choice: the model decides (auto), no tools (none), a call to one of the tools (required)
+// or to the one named.
+enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
+
 // One parsed request: the inputs to submit (n per prompt, choice index = prompt * n + j) and what
 // the response needs.
 struct ParsedRequest {
@@ -38,10 +42,16 @@ struct ParsedRequest {
   // Chat: logprobs (bool) + top_logprobs; completions: logprobs (int) is top_logprobs.
   bool logprobs = false;
   uint32_t top_logprobs = 0;
-  // Chat: the tool definitions (a JSON array; empty when none or tool_choice is "none"). Only
-  // tool_choice "auto" is accepted: "required" and a named function need constrained decoding to
-  // be guaranteed, which this server does not have.
-  nlohmann::json tools = nlohmann::json::array();
+  // Chat: the messages as the chat template sees them (content parts joined, "developer" as
+  // "system", tool_calls normalized), in the client's key order; inputs[i].chat holds the same.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  // Chat: the tool definitions (a JSON array; empty when none or tool_choice is "none").
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;  // kNamed: the function's name (one of `tools`)
+  bool parallel_tool_calls = true;
+  // Chat: extra variables for the chat template (e.g. {"thinking": true}).
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   bool has_stop_strings = false;
 };
 
@@ -53,7 +63,7 @@ struct ParseResult {
   ParsedRequest request;
   ApiError error;
 };
-ParseResult ParseRequest(Endpoint endpoint, const nlohmann::json& body,
+ParseResult ParseRequest(Endpoint endpoint, const nlohmann::ordered_json& body,
                          uint32_t default_max_tokens);
 
 // The coordinator's error reply (code, message) as an HTTP error.

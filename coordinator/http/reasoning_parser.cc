@@ -10,15 +10,21 @@ constexpr std::string_view kOpen = "<think>", kClose = "</think>";
 // Length of the longest suffix of `s` that is a proper prefix of `marker`.
 size_t PartialSuffix(std::string_view s, std::string_view marker) {
   for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n) {
-    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
+    if (s.substr(s.size() - n) == marker.substr(0, n)) {
+      return n;
+    }
   }
   return 0;
 }
 
 }  // namespace
 
-ReasoningSplitter::ReasoningSplitter(ReasoningFormat format)
-    : format_(format), in_reasoning_(format == ReasoningFormat::kDeepSeekR1), at_start_(true) {}
+ReasoningSplitter::ReasoningSplitter(ReasoningFormat format,
+                                     std::optional<bool> starts_in_reasoning)
+    : format_(format),
+      in_reasoning_(format != ReasoningFormat::kNone &&
+                    starts_in_reasoning.value_or(format == ReasoningFormat::kDeepSeekR1)),
+      at_start_(in_reasoning_) {}
 
 ReasoningSplitter::Split ReasoningSplitter::Add(std::string_view text) {
   Split out;
@@ -35,7 +41,9 @@ ReasoningSplitter::Split ReasoningSplitter::Add(std::string_view text) {
         return out;
       }
       at_start_ = false;
-      if (s.rfind(kOpen, 0) == 0) s.erase(0, kOpen.size());
+      if (s.rfind(kOpen, 0) == 0) {
+        s.erase(0, kOpen.size());
+      }
     }
     const std::string_view marker = in_reasoning_ ? kClose : kOpen;
     const bool can_switch = in_reasoning_ || format_ == ReasoningFormat::kKimiK2;

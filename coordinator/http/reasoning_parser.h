@@ -2,7 +2,7 @@
 // goes to `reasoning`, the rest to `content` (OpenAI-compatible servers return it as
 // `reasoning_content` and `reasoning`).
 //
-// Where the thinking starts depends on the chat template, which this front end does not render:
+// Where the thinking starts depends on the chat template and its variables:
 //  - DeepSeek-R1 and DeepSeek-V3.1 with thinking on end the prompt with "<think>" (the V3.1
 //    template: `{{'<｜Assistant｜>'}}{% if not thinking %}</think>{% else %}<think>`), so the
 //    output starts inside the thinking and shows only "</think>"; a "<think>" the model repeats at
@@ -14,6 +14,7 @@
 // (ToolCallParser's verbatim ids) delivers them even when special tokens are skipped.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -26,7 +27,11 @@ class ReasoningSplitter {
   struct Split {
     std::string reasoning, content;
   };
-  explicit ReasoningSplitter(ReasoningFormat format);
+  // `starts_in_reasoning`: how the prompt ends, where the front end rendered it (chat_prompt.h:
+  // "<think>" true, "</think>" false, e.g. DeepSeek-V3.1 with thinking on or off); nullopt: the
+  // format's default above.
+  explicit ReasoningSplitter(ReasoningFormat format,
+                             std::optional<bool> starts_in_reasoning = std::nullopt);
 
   Split Add(std::string_view text);
   // Ends the stream: text held back as a possible marker prefix goes where it stood.

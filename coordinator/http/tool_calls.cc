@@ -7,7 +7,9 @@ namespace {
 
 std::string Trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
+  if (b == std::string::npos) {
+    return "";
+  }
   const size_t e = s.find_last_not_of(" \t\r\n");
   return s.substr(b, e - b + 1);
 }
@@ -17,7 +19,9 @@ std::optional<int32_t> Single(const Tokenizer& t, const char* text) { return t.T
 // Kimi's call id `functions.NAME:IDX` (its template writes tool_call.id there): NAME.
 std::string KimiName(const std::string& id) {
   std::string s = id;
-  if (s.rfind("functions.", 0) == 0) s = s.substr(10);
+  if (s.rfind("functions.", 0) == 0) {
+    s = s.substr(10);
+  }
   const size_t colon = s.rfind(':');
   return colon == std::string::npos ? s : s.substr(0, colon);
 }
@@ -40,8 +44,12 @@ std::optional<ToolCallMarkers> ToolCallMarkers::FromTokenizer(const Tokenizer& t
   for (const Candidate& c : kCandidates) {
     std::optional<int32_t> ids[5];
     bool all = true;
-    for (int i = 0; i < 5; ++i) all = all && (ids[i] = Single(t, c.text[i])).has_value();
-    if (!all) continue;
+    for (int i = 0; i < 5; ++i) {
+      all = all && (ids[i] = Single(t, c.text[i])).has_value();
+    }
+    if (!all) {
+      continue;
+    }
     ToolCallMarkers m;
     m.format = c.format;
     m.section_begin = *ids[0];
@@ -72,7 +80,9 @@ void ToolCallParser::StartCall(std::string id, std::string name, ParsedDelta& ou
 }
 
 void ToolCallParser::Route(const std::string& text, ParsedDelta& out) {
-  if (text.empty()) return;
+  if (text.empty()) {
+    return;
+  }
   switch (state_) {
     case State::kText:
       out.content += text;
@@ -104,7 +114,9 @@ void ToolCallParser::EndFencedCall(ParsedDelta& out) {
   std::string name = Trim(body.substr(0, nl));
   std::string args = nl == std::string::npos ? "" : body.substr(nl + 1);
   args = Trim(args);
-  if (args.rfind("```json", 0) == 0) args = args.substr(7);
+  if (args.rfind("```json", 0) == 0) {
+    args = args.substr(7);
+  }
   if (args.size() >= 3 && args.compare(args.size() - 3, 3, "```") == 0) {
     args.resize(args.size() - 3);
   }
@@ -132,11 +144,15 @@ ParsedDelta ToolCallParser::Add(int32_t id) {
   }
   const ToolCallMarkers& m = *markers_;
   if (id == m.section_begin) {
-    if (state_ == State::kText) state_ = State::kSection;
+    if (state_ == State::kText) {
+      state_ = State::kSection;
+    }
   } else if (id == m.call_begin) {
     // DeepSeek-V3's template also opens a section with call_begin right after calls_begin;
     // a call_begin in plain text starts the section implicitly.
-    if (state_ == State::kFencedBody) EndFencedCall(out);
+    if (state_ == State::kFencedBody) {
+      EndFencedCall(out);
+    }
     state_ = State::kHeader;
     buffer_.clear();
   } else if (id == m.separator && state_ == State::kHeader) {
@@ -152,11 +168,15 @@ ParsedDelta ToolCallParser::Add(int32_t id) {
       state_ = State::kArguments;
     }
   } else if (id == m.call_end) {
-    if (state_ == State::kFencedBody) EndFencedCall(out);
+    if (state_ == State::kFencedBody) {
+      EndFencedCall(out);
+    }
     state_ = State::kSection;
     buffer_.clear();
   } else if (id == m.section_end) {
-    if (state_ == State::kFencedBody) EndFencedCall(out);
+    if (state_ == State::kFencedBody) {
+      EndFencedCall(out);
+    }
     state_ = State::kText;
     buffer_.clear();
   }
@@ -166,7 +186,9 @@ ParsedDelta ToolCallParser::Add(int32_t id) {
 ParsedDelta ToolCallParser::Finish() {
   ParsedDelta out;
   Route(detok_.Finish(), out);
-  if (state_ == State::kFencedBody) EndFencedCall(out);
+  if (state_ == State::kFencedBody) {
+    EndFencedCall(out);
+  }
   state_ = State::kText;
   return out;
 }

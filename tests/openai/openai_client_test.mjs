@@ -228,10 +228,87 @@ await check('tools accepted; tool_choice none and auto', async () => {
   assert.deepEqual(s.finishes, { 0: 'length' });
   const none = await client.chat.completions.create({ model, messages, ...greedy, tools, tool_choice: 'none' });
   assert.equal(none.choices[0].message.content, reference.choices[0].message.content);
-  await expectStatus(400, () => client.chat.completions.create({ model, messages, tools, tool_choice: 'required' }), 'tool_choice');
-  await expectStatus(400, () => client.chat.completions.create({ model, messages, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } } }), 'tool_choice');
   await expectStatus(400, () => client.chat.completions.create({ model, messages, tools: [{ type: 'function' }] }), 'tools[0]');
   await expectStatus(400, () => client.chat.completions.create({ model, messages, tools, stop: ['x'] }), 'stop');
+});
+
+// tool_choice "required" / named: the prompt ends with the opening of a call in DeepSeek-V3's
+// markers (coordinator/http/chat_prompt.h), so even the random tiny model answers with a call to
+// the function; its arguments are whatever the model writes (not constrained).
+const tools2 = [...tools, { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } }];
+const named = { type: 'function', function: { name: 'get_time' } };
+let forcedCall;  // the named call, for the round trip
+await check('tool_choice named and required force a call', async () => {
+  const r = await client.chat.completions.create({ model, messages, ...greedy, tools: tools2, tool_choice: named });
+  const m = r.choices[0].message;
+  assert.equal(m.tool_calls.length, 1, JSON.stringify(m));
+  assert.equal(m.tool_calls[0].type, 'function');
+  assert.equal(m.tool_calls[0].function.name, 'get_time');
+  assert.match(m.tool_calls[0].id, /^call_/);
+  assert.equal(typeof m.tool_calls[0].function.arguments, 'string');
+  assert.equal(m.content, null);
+  // The random model never closes the call: cut by max_tokens, all 16 tokens in the arguments.
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 16);
+  forcedCall = m.tool_calls[0];
+  // Streamed: the same call, its name in the first tool-call delta, one finish.
+  const stream = await client.chat.completions.create({ model, messages, ...greedy, tools: tools2, tool_choice: named, stream: true });
+  let name = '', args = '', id = '', finishes = 0, content = '';
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      content += c.delta.content ?? '';
+      for (const t of c.delta.tool_calls ?? []) {
+        assert.equal(t.index, 0);
+        if (t.function?.name) { assert.equal(name, '', 'the name comes once'); name = t.function.name; id = t.id; }
+        args += t.function?.arguments ?? '';
+      }
+      if (c.finish_reason) finishes++;
+    }
+  }
+  assert.equal(name, 'get_time');
+  assert.equal(args, forcedCall.function.arguments);
+  assert.equal(content, '');
+  assert.equal(finishes, 1);
+  assert.match(id, /^call_/);
+  // "required" with one tool can only call that one.
+  const one = await client.chat.completions.create({ model, messages, ...greedy, tools, tool_choice: 'required' });
+  assert.equal(one.choices[0].message.tool_calls[0].function.name, 'get_weather');
+  // "required" with two: the model picks the name, and the random model's is no tool's: an error,
+  // not a response that breaks the promise.
+  await expectStatus(500, () => client.chat.completions.create({ model, messages, ...greedy, tools: tools2, tool_choice: 'required' }));
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, tools, tool_choice: { type: 'function', function: { name: 'nope' } } }), 'tool_choice');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, tool_choice: 'required' }), 'tool_choice');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, tools: [{ type: 'function', function: { name: 'f', strict: true, parameters: {} } }] }), 'tools[0].function.strict');
+});
+
+// The conversation after the call goes back through the chat template: the prompt the server
+// builds is the one Python jinja2 renders from DeepSeek-V3's template (tests/template's oracle),
+// tokenized; the chat request on it reports that many prompt tokens.
+await check('tool-call round trip through the chat template', async () => {
+  assert.ok(forcedCall, 'needs the named call above');
+  const conversation = [...messages,
+    { role: 'assistant', content: null, tool_calls: [forcedCall] },
+    { role: 'tool', tool_call_id: forcedCall.id, content: '12:00 UTC' },
+    { role: 'user', content: 'Thanks. And the weather?' }];
+  const t = await post('/tokenize', { messages: conversation, tools: tools2 });
+  assert.equal(t.status, 200, JSON.stringify(t.body));
+  const text = (await post('/detokenize', { tokens: t.body.tokens })).body.prompt;
+  const { execFileSync } = await import('node:child_process');
+  const { readFileSync, writeFileSync, mkdtempSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const config = JSON.parse(readFileSync(process.env.MLASERVE_TINY_MODEL_DIR + '/tokenizer_config.json', 'utf8'));
+  const dir = mkdtempSync(tmpdir() + '/mlaserve-jinja2-');
+  const msgs = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Name three colours.' }, ...conversation.slice(2)];
+  writeFileSync(dir + '/in.json', JSON.stringify([{ template: config.chat_template, context: {
+    messages: msgs, add_generation_prompt: true, bos_token: '<｜begin▁of▁sentence｜>', eos_token: '<｜end▁of▁sentence｜>', tools: tools2, documents: null } }]));
+  execFileSync('/usr/bin/python3', [process.env.MLASERVE_SOURCE_DIR + '/tests/template/jinja2_oracle.py', dir + '/in.json', dir + '/out.json']);
+  const [want] = JSON.parse(readFileSync(dir + '/out.json', 'utf8'));
+  assert.ok(want.ok, JSON.stringify(want));
+  assert.equal(text, want.output);
+  assert.ok(text.includes('<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n' + forcedCall.function.arguments + '\n```<｜tool▁call▁end｜>'), text);
+  assert.ok(text.includes('<｜tool▁output▁begin｜>12:00 UTC<｜tool▁output▁end｜>'), text);
+  const r = await client.chat.completions.create({ model, messages: conversation, ...greedy, tools: tools2 });
+  assert.equal(r.usage.prompt_tokens, t.body.count);
 });
 
 await check('404 unknown model', () =>
@@ -243,6 +320,25 @@ await check('400 bad parameters', async () => {
   await expectStatus(400, () => client.chat.completions.create({ model, messages, n: 0 }), 'n');
   await expectStatus(400, () => client.chat.completions.create({ model, messages: [] }), 'messages');
   await expectStatus(400, () => client.chat.completions.create({ model, messages, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }), 'response_format');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, chat_template_kwargs: { add_generation_prompt: false } }), 'chat_template_kwargs');
+  await expectStatus(400, () => client.chat.completions.create({ model, messages, logit_bias: { 5: 10 } }), 'logit_bias');
+  await expectStatus(400, () => client.completions.create({ model, prompt: 'x', echo: true }), 'echo');
+});
+await check('400 prompt too long', async () => {
+  // max_model_len (the tiny model's cache: 256 blocks) is well below this.
+  const len = (await client.models.list()).data[0].max_model_len;
+  assert.ok(len > 0 && len < 100000, `max_model_len ${len}`);
+  for (const create of [
+    () => client.chat.completions.create({ model, messages, max_tokens: len }),
+    () => client.completions.create({ model, prompt: 'Hello', max_tokens: len })]) {
+    try {
+      await create();
+      assert.fail('expected HTTP 400');
+    } catch (e) {
+      assert.equal(e.status, 400, String(e));
+      assert.equal(e.error.code, 'context_length_exceeded', JSON.stringify(e.error));
+    }
+  }
 });
 await check('401 without the API key', () =>
   expectStatus(401, () => new OpenAI({ baseURL: process.env.OPENAI_BASE_URL, apiKey: 'wrong', maxRetries: 0 }).models.list()));
