@@ -58,14 +58,18 @@ absl::StatusOr<std::string> ReadKeyFile(const std::string& path, FileKind kind) 
   char buf[4096];
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
     if (n < 0) {
       const int err = errno;
       ::close(fd);
       return absl::UnavailableError(
           absl::StrCat("cannot read key file ", path, ": ", strerror(err)));
     }
-    if (n == 0) break;
+    if (n == 0) {
+      break;
+    }
     text.append(buf, static_cast<size_t>(n));
     if (text.size() > (1 << 20)) {
       ::close(fd);
@@ -84,7 +88,9 @@ struct KeyLine {
 };
 
 bool ValidZ85Key(const std::string& key) {
-  if (key.size() != kZ85KeyChars) return false;
+  if (key.size() != kZ85KeyChars) {
+    return false;
+  }
   uint8_t bytes[32];
   return zmq_z85_decode(bytes, key.c_str()) != nullptr;
 }
@@ -136,9 +142,13 @@ absl::Status WriteNewFile(const std::string& path, const std::string& text, mode
   size_t done = 0;
   while (ok && done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
     ok = n > 0;
-    if (ok) done += static_cast<size_t>(n);
+    if (ok) {
+      done += static_cast<size_t>(n);
+    }
   }
   ok = ::fsync(fd) == 0 && ok;
   const int err = errno;
@@ -153,7 +163,9 @@ absl::Status WriteNewFile(const std::string& path, const std::string& text, mode
 }  // namespace
 
 absl::Status CheckCurveSupport() {
-  if (zmq_has("curve") != 0) return absl::OkStatus();
+  if (zmq_has("curve") != 0) {
+    return absl::OkStatus();
+  }
   int major = 0, minor = 0, patch = 0;
   zmq_version(&major, &minor, &patch);
   return absl::FailedPreconditionError(absl::StrCat(
@@ -163,7 +175,9 @@ absl::Status CheckCurveSupport() {
 }
 
 absl::StatusOr<CurveKeyPair> GenerateCurveKeyPair() {
-  if (auto s = CheckCurveSupport(); !s.ok()) return s;
+  if (auto s = CheckCurveSupport(); !s.ok()) {
+    return s;
+  }
   char pub[41], sec[41];
   if (zmq_curve_keypair(pub, sec) != 0) {
     return absl::InternalError(absl::StrCat("zmq_curve_keypair failed: ", zmq_strerror(errno)));
@@ -172,11 +186,17 @@ absl::StatusOr<CurveKeyPair> GenerateCurveKeyPair() {
 }
 
 absl::StatusOr<CurveKeyPair> LoadCurveKeyPair(const std::string& path) {
-  if (auto s = CheckCurveSupport(); !s.ok()) return s;
+  if (auto s = CheckCurveSupport(); !s.ok()) {
+    return s;
+  }
   auto text = ReadKeyFile(path, FileKind::kSecret);
-  if (!text.ok()) return text.status();
+  if (!text.ok()) {
+    return text.status();
+  }
   auto lines = ParseKeyLines(path, *text);
-  if (!lines.ok()) return lines.status();
+  if (!lines.ok()) {
+    return lines.status();
+  }
   CurveKeyPair pair;
   for (const KeyLine& l : *lines) {
     std::string& slot = l.field == "public-key" ? pair.public_key : pair.secret_key;
@@ -202,11 +222,17 @@ absl::StatusOr<CurveKeyPair> LoadCurveKeyPair(const std::string& path) {
 }
 
 absl::StatusOr<std::string> LoadCurvePublicKey(const std::string& path) {
-  if (auto s = CheckCurveSupport(); !s.ok()) return s;
+  if (auto s = CheckCurveSupport(); !s.ok()) {
+    return s;
+  }
   auto text = ReadKeyFile(path, FileKind::kTrusted);
-  if (!text.ok()) return text.status();
+  if (!text.ok()) {
+    return text.status();
+  }
   auto lines = ParseKeyLines(path, *text);
-  if (!lines.ok()) return lines.status();
+  if (!lines.ok()) {
+    return lines.status();
+  }
   std::string key;
   for (const KeyLine& l : *lines) {
     if (l.field == "secret-key") {
@@ -219,17 +245,24 @@ absl::StatusOr<std::string> LoadCurvePublicKey(const std::string& path) {
     }
     key = l.key;
   }
-  if (key.empty())
+  if (key.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, " holds no public-key line"));
+  }
   return key;
 }
 
 absl::StatusOr<std::vector<AllowedCurveKey>> LoadAllowedCurveKeys(const std::string& path) {
-  if (auto s = CheckCurveSupport(); !s.ok()) return s;
+  if (auto s = CheckCurveSupport(); !s.ok()) {
+    return s;
+  }
   auto text = ReadKeyFile(path, FileKind::kTrusted);
-  if (!text.ok()) return text.status();
+  if (!text.ok()) {
+    return text.status();
+  }
   auto lines = ParseKeyLines(path, *text);
-  if (!lines.ok()) return lines.status();
+  if (!lines.ok()) {
+    return lines.status();
+  }
   std::vector<AllowedCurveKey> out;
   std::set<std::string> seen;
   for (const KeyLine& l : *lines) {
@@ -287,8 +320,12 @@ absl::Status WriteCurveKeyFiles(const std::string& prefix, const CurveKeyPair& p
 
 bool IsLoopbackEndpoint(const std::string& endpoint) {
   absl::string_view e = endpoint;
-  if (absl::StartsWith(e, "ipc://") || absl::StartsWith(e, "inproc://")) return true;
-  if (!absl::ConsumePrefix(&e, "tcp://")) return false;
+  if (absl::StartsWith(e, "ipc://") || absl::StartsWith(e, "inproc://")) {
+    return true;
+  }
+  if (!absl::ConsumePrefix(&e, "tcp://")) {
+    return false;
+  }
   // tcp://HOST:PORT, tcp://[V6]:PORT; a `;` introduces a source address on connect.
   e = e.substr(0, e.find(';'));
   absl::string_view host;
@@ -299,9 +336,13 @@ bool IsLoopbackEndpoint(const std::string& endpoint) {
     host = colon == absl::string_view::npos ? e : e.substr(0, colon);
   }
   const std::string h = absl::AsciiStrToLower(host);
-  if (h == "localhost" || h == "lo") return true;
+  if (h == "localhost" || h == "lo") {
+    return true;
+  }
   in_addr v4{};
-  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
   in6_addr v6{};
   return ::inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }

@@ -20,12 +20,14 @@ constexpr size_t kRequestFrames = 6;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZapAuthenticator>> ZapAuthenticator::Start(
-    zmq::context_t& ctx, std::map<std::string, std::vector<AllowedCurveKey>> domains,
+    zmq::context_t& ctx, const std::map<std::string, std::vector<AllowedCurveKey>>& domains,
     std::string log_prefix) {
   std::unique_ptr<ZapAuthenticator> a(new ZapAuthenticator());
-  for (auto& [domain, keys] : domains) {
+  for (const auto& [domain, keys] : domains) {
     auto& set = a->allowed_[domain];
-    for (AllowedCurveKey& k : keys) set.emplace(std::move(k.public_key), std::move(k.label));
+    for (const AllowedCurveKey& k : keys) {
+      set.emplace(k.public_key, k.label);
+    }
   }
   a->log_prefix_ = std::move(log_prefix);
   // The socket is made and bound here, so that a failure is reported before any CURVE socket
@@ -48,7 +50,9 @@ absl::StatusOr<std::unique_ptr<ZapAuthenticator>> ZapAuthenticator::Start(
 
 ZapAuthenticator::~ZapAuthenticator() {
   stop_.store(true);
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+  }
 }
 
 void ZapAuthenticator::Serve(void* socket) {
@@ -58,7 +62,9 @@ void ZapAuthenticator::Serve(void* socket) {
   while (!stop_.load()) {
     zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
     try {
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) continue;
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) {
+        continue;
+      }
     } catch (const zmq::error_t&) {
       return;  // context terminated
     }
@@ -66,13 +72,17 @@ void ZapAuthenticator::Serve(void* socket) {
     try {
       do {
         zmq::message_t m;
-        if (!sock.recv(m, zmq::recv_flags::dontwait)) break;
+        if (!sock.recv(m, zmq::recv_flags::dontwait)) {
+          break;
+        }
         frames.push_back(std::move(m));
       } while (sock.get(zmq::sockopt::rcvmore));
     } catch (const zmq::error_t&) {
       return;
     }
-    if (frames.empty()) continue;
+    if (frames.empty()) {
+      continue;
+    }
     // A REP socket must answer what it received; a malformed request is refused.
     std::string domain, address, mechanism, key;
     if (frames.size() >= kRequestFrames) {
@@ -119,7 +129,9 @@ void ZapAuthenticator::Serve(void* socket) {
         absl::StrAppend(&line, key.empty() ? std::string("no CURVE key")
                                            : absl::StrCat("public key ", key, " is not allowed"));
       }
-      if (unlogged[who] > 0) absl::StrAppend(&line, " (and ", unlogged[who], " more times)");
+      if (unlogged[who] > 0) {
+        absl::StrAppend(&line, " (and ", unlogged[who], " more times)");
+      }
       std::fprintf(stderr, "%s\n", line.c_str());
       last_logged[who] = now;
       unlogged[who] = 0;

@@ -30,7 +30,7 @@ class ZapAuthenticator {
   // `domains`: ZAP domain -> the public keys allowed in it. Decisions are logged to stderr as
   // "`log_prefix`: accepted|refused ..." (once per key a minute at most).
   static absl::StatusOr<std::unique_ptr<ZapAuthenticator>> Start(
-      zmq::context_t& ctx, std::map<std::string, std::vector<AllowedCurveKey>> domains,
+      zmq::context_t& ctx, const std::map<std::string, std::vector<AllowedCurveKey>>& domains,
       std::string log_prefix);
   // Stops the handler thread. Destroy it after the CURVE sockets are closed.
   ~ZapAuthenticator();

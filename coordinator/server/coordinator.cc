@@ -121,7 +121,7 @@ absl::Status Coordinator::BindSockets() {
     domains["workers"] = {{worker_pair.public_key, "worker rank 0"}};
   }
   if (!domains.empty()) {
-    auto zap = ZapAuthenticator::Start(*ctx_, std::move(domains), "mlaserve-coordinator");
+    auto zap = ZapAuthenticator::Start(*ctx_, domains, "mlaserve-coordinator");
     if (!zap.ok()) return zap.status();
     zap_ = std::move(*zap);
   }
