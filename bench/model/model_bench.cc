@@ -4,7 +4,7 @@
 //
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
-//       [--deterministic off,on]
+//       [--deterministic off,on] [--phases on]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -26,6 +26,11 @@
 // --deterministic off,on runs every figure in each mode (ModelOptions::deterministic: batch-
 // invariant kernels, every token's attention through the decode kernel), on the same loaded
 // weights, so the mode's cost is a same-run ratio.
+//
+// --phases on: after each decode batch's timed steps, 3 more steps run eagerly with CUDA events
+// at the model's phase boundaries (Ops::Phase: attention projections, MLA cache write + attention,
+// o_proj, dense/shared MLP, router, routed experts, norms, lm_head, sampling) and the device time
+// of each phase is printed (the mean of the 3 steps; eager, so launch gaps are inside them).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -168,6 +173,7 @@ int Run(int argc, char** argv) {
   int context = 1024, steps = 16;
   std::vector<std::string> graph_modes = {"on", "off"};
   std::vector<std::string> det_modes = {"off"};
+  bool phases = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--model")
@@ -186,6 +192,8 @@ int Run(int argc, char** argv) {
       oracle = v;
     else if (k == "--graphs")
       graph_modes = absl::StrSplit(v, ',');
+    else if (k == "--phases")
+      phases = v == "on";
     else if (k == "--deterministic")
       det_modes = absl::StrSplit(v, ',');
     else if (k == "--synthetic-weights")
@@ -377,6 +385,34 @@ int Run(int argc, char** argv) {
           if (step >= 2) t.push_back(Now() - t0);
         }
         const double sec = Median(t);
+        if (phases) {
+          m.set_graphs(false);
+          (*ops)->SetPhaseTiming(true);
+          std::vector<std::pair<std::string, double>> sum;
+          for (int rep = 0; rep < 3; ++rep) {
+            auto logits = m.Forward(Step(s, all, next));
+            (*ops)->Phase("sample");
+            std::vector<SampledOutput> out;
+            absl::Status st = logits.ok() ? (*ops)->Sample(*logits, sb, &out) : logits.status();
+            if (!st.ok()) return 1;
+            for (int q = 0; q < B; ++q) next[q][0] = vocab.begin + out[q].token;
+            for (const auto& [name, ms] : (*ops)->PhaseTimes()) {
+              auto it = std::find_if(sum.begin(), sum.end(), [&](const auto& p) { return p.first == name; });
+              if (it == sum.end()) sum.push_back({name, ms / 3});
+              else it->second += ms / 3;
+            }
+          }
+          (*ops)->SetPhaseTiming(false);
+          double total = 0;
+          std::string line;
+          for (const auto& [name, ms] : sum) {
+            total += ms;
+            line += " " + name + " " + std::to_string(ms).substr(0, 6);
+          }
+          std::printf("phases kv=%s det=%s batch=%d (eager, ms):%s | total %.2f\n", kv.c_str(),
+                      det.c_str(), B, line.c_str(), total);
+          m.set_graphs(graphs == "on");
+        }
         const double E = std::max(c.n_routed_experts, 1), k = c.num_experts_per_tok;
         const double touched = moe_layers > 0 ? E * (1 - std::pow(1 - k / E, B)) / E : 0;
         const double kv_bytes =
@@ -459,4 +495,8 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace mlaserve
 
-int main(int argc, char** argv) { return mlaserve::Run(argc, argv); }
+int main(int argc, char** argv) {
+  // Line by line, so that a run cut short by a time limit still shows what it measured.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  return mlaserve::Run(argc, argv);
+}

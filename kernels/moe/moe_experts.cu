@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -194,44 +196,75 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
   }
   if (err != cudaSuccess) return CudaStatus(err, what + ": cudaMalloc");
   const bool pad = H != Hp || I != Ip;
-  std::vector<uint8_t> gp, gs, up, us, dp, ds;  // padded checkpoint layout
-  std::vector<uint8_t> t_gu_c(gu_c), t_gu_s(gu_s), t_dn_c(dn_c), t_dn_s(dn_s);
   std::vector<float> gu_global(2 * E), dn_global(E);
-  for (int i = 0; i < E; ++i) {
+  // Experts are rearranged on the host in waves, one thread each (the relayout is per element:
+  // 2.1 G weights a MoE layer on a Kimi-K2.5 rank), then copied wave by wave.
+  struct Slot {
+    std::vector<uint8_t> gp, gs, up, us, dp, ds;  // padded checkpoint layout
+    std::vector<uint8_t> gu_c, gu_s, dn_c, dn_s;  // tiled
+    std::string error;                            // empty: rearranged
+  };
+  const int wave = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1,
+                              std::min(E, 16));
+  std::vector<Slot> slots(wave);
+  for (Slot& sl : slots) {
+    sl.gu_c.resize(gu_c);
+    sl.gu_s.resize(gu_s);
+    sl.dn_c.resize(dn_c);
+    sl.dn_s.resize(dn_s);
+  }
+  auto relayout = [&](int i, Slot& sl) {
     const std::string ew = absl::StrCat(what, ": expert ", w.first_expert + i);
     const auto &wg = w.gate[i], &wu = w.up[i], &wd = w.down[i];
     const uint8_t *g_p = wg.packed, *g_s = wg.scale, *u_p = wu.packed, *u_s = wu.scale;
     const uint8_t *d_p = wd.packed, *d_s = wd.scale;
     if (pad) {
-      PadNvfp4(wg.packed, wg.scale, I, H, Ip, Hp, &gp, &gs);
-      PadNvfp4(wu.packed, wu.scale, I, H, Ip, Hp, &up, &us);
-      PadNvfp4(wd.packed, wd.scale, H, I, Hp, Ip, &dp, &ds);
-      g_p = gp.data(), g_s = gs.data(), u_p = up.data(), u_s = us.data();
-      d_p = dp.data(), d_s = ds.data();
+      PadNvfp4(wg.packed, wg.scale, I, H, Ip, Hp, &sl.gp, &sl.gs);
+      PadNvfp4(wu.packed, wu.scale, I, H, Ip, Hp, &sl.up, &sl.us);
+      PadNvfp4(wd.packed, wd.scale, H, I, Hp, Ip, &sl.dp, &sl.ds);
+      g_p = sl.gp.data(), g_s = sl.gs.data(), u_p = sl.up.data(), u_s = sl.us.data();
+      d_p = sl.dp.data(), d_s = sl.ds.data();
     }
-    if (absl::Status st =
-            RelayoutNvfp4GateUp(g_p, g_s, u_p, u_s, Ip, Hp, t_gu_c.data(), t_gu_s.data());
-        !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(ew, " gate/up: ", st.message()));
+    sl.error.clear();
+    const absl::Status gu =
+        RelayoutNvfp4GateUp(g_p, g_s, u_p, u_s, Ip, Hp, sl.gu_c.data(), sl.gu_s.data());
+    if (!gu.ok()) {
+      sl.error = absl::StrCat(ew, " gate/up: ", gu.message());
+      return;
     }
-    if (absl::Status st = RelayoutNvfp4(d_p, d_s, Hp, Ip, t_dn_c.data(), t_dn_s.data()); !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(ew, " down: ", st.message()));
+    const absl::Status dn = RelayoutNvfp4(d_p, d_s, Hp, Ip, sl.dn_c.data(), sl.dn_s.data());
+    if (!dn.ok()) sl.error = absl::StrCat(ew, " down: ", dn.message());
+  };
+  for (int first = 0; first < E; first += wave) {
+    const int n = std::min(wave, E - first);
+    if (n == 1) {
+      relayout(first, slots[0]);
+    } else {
+      std::vector<std::thread> pool;
+      for (int t = 0; t < n; ++t) pool.emplace_back(relayout, first + t, std::ref(slots[t]));
+      for (auto& th : pool) th.join();
     }
-    gu_global[2 * i] = wg.global_scale;
-    gu_global[2 * i + 1] = wu.global_scale;
-    dn_global[i] = wd.global_scale;
-    // The tiled host buffers are reused for the next expert: synchronous copies.
-    const std::pair<void*, const std::vector<uint8_t>*> copies[4] = {
-        {g->gate_up_codes_ + gu_c * i, &t_gu_c},
-        {g->gate_up_scales_ + gu_s * i, &t_gu_s},
-        {g->down_codes_ + dn_c * i, &t_dn_c},
-        {g->down_scales_ + dn_s * i, &t_dn_s}};
-    for (const auto& c : copies) {
-      err = cudaMemcpyAsync(c.first, c.second->data(), c.second->size(), cudaMemcpyHostToDevice,
-                            stream);
-      if (err != cudaSuccess) return CudaStatus(err, ew + ": copy to device");
+    for (int t = 0; t < n; ++t) {
+      const int i = first + t;
+      const Slot& sl = slots[t];
+      if (!sl.error.empty()) return absl::InvalidArgumentError(sl.error);
+      const std::string ew = absl::StrCat(what, ": expert ", w.first_expert + i);
+      gu_global[2 * i] = w.gate[i].global_scale;
+      gu_global[2 * i + 1] = w.up[i].global_scale;
+      dn_global[i] = w.down[i].global_scale;
+      // The tiled host buffers are reused by the next wave: synchronous copies.
+      const std::pair<void*, const std::vector<uint8_t>*> copies[4] = {
+          {g->gate_up_codes_ + gu_c * i, &sl.gu_c},
+          {g->gate_up_scales_ + gu_s * i, &sl.gu_s},
+          {g->down_codes_ + dn_c * i, &sl.dn_c},
+          {g->down_scales_ + dn_s * i, &sl.dn_s}};
+      for (const auto& c : copies) {
+        err = cudaMemcpyAsync(c.first, c.second->data(), c.second->size(), cudaMemcpyHostToDevice,
+                              stream);
+        if (err != cudaSuccess) return CudaStatus(err, ew + ": copy to device");
+      }
     }
-    if (err = cudaStreamSynchronize(stream); err != cudaSuccess) return CudaStatus(err, ew);
+    if (err = cudaStreamSynchronize(stream); err != cudaSuccess) return CudaStatus(err, what);
   }
   err = cudaMemcpyAsync(g->gate_up_global_scale_, gu_global.data(), sizeof(float) * 2 * E,
                         cudaMemcpyHostToDevice, stream);

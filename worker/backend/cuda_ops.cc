@@ -96,6 +96,10 @@ struct CudaOps::Impl {
     uint64_t epoch = 0;
   };
   std::vector<Graph> graphs;
+  // Phase timing: events recorded at Phase calls (name, event), reused across accounts.
+  bool phase_timing = false;
+  std::vector<std::pair<const char*, cudaEvent_t>> phase_marks;
+  std::vector<cudaEvent_t> phase_events;
 
   bool failed() const { return !error.ok(); }
   void Fail(absl::Status s) {
@@ -180,6 +184,7 @@ struct CudaOps::Impl {
       if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
     }
     for (Chunk& c : chunks) cudaFree(c.base);
+    for (cudaEvent_t e : phase_events) cudaEventDestroy(e);
     cudaFree(step_dev);
     cudaFreeHost(step_host);
     cudaFreeHost(sample_host);
@@ -213,6 +218,62 @@ size_t CudaOps::persistent_bytes() const { return impl_->persistent; }
 size_t CudaOps::arena_bytes() const { return impl_->arena_total; }
 
 uint64_t CudaOps::memory_epoch() const { return impl_->epoch; }
+
+void CudaOps::SetPhaseTiming(bool on) {
+  impl_->phase_timing = on;
+  impl_->phase_marks.clear();
+}
+
+void CudaOps::Phase(const char* name) {
+  if (!impl_->phase_timing || impl_->capturing) return;
+  const size_t i = impl_->phase_marks.size();
+  if (i == impl_->phase_events.size()) {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return;
+    impl_->phase_events.push_back(e);
+  }
+  cudaEvent_t e = impl_->phase_events[i];
+  cudaEventRecord(e, impl_->stream);
+  impl_->phase_marks.push_back({name, e});
+}
+
+std::vector<std::pair<std::string, double>> CudaOps::PhaseTimes() {
+  std::vector<std::pair<std::string, double>> out;
+  Phase("end");
+  cudaStreamSynchronize(impl_->stream);
+  const auto& m = impl_->phase_marks;
+  for (size_t i = 0; i + 1 < m.size(); ++i) {
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, m[i].second, m[i + 1].second) != cudaSuccess) continue;
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == m[i].first; });
+    if (it == out.end()) {
+      out.push_back({m[i].first, ms});
+    } else {
+      it->second += ms;
+    }
+  }
+  impl_->phase_marks.clear();
+  return out;
+}
+
+// A mark is (number of chunks, the last chunk's bump offset); allocation only ever bumps the last
+// chunk, so releasing restores that offset and empties the chunks added since.
+uint64_t CudaOps::ScratchMark() {
+  if (impl_->chunks.empty()) return 0;
+  return (static_cast<uint64_t>(impl_->chunks.size()) << 48) | impl_->chunks.back().used;
+}
+
+void CudaOps::ScratchRelease(uint64_t mark) {
+  const size_t count = static_cast<size_t>(mark >> 48);
+  const size_t used = static_cast<size_t>(mark & ((uint64_t{1} << 48) - 1));
+  for (size_t i = 0; i < impl_->chunks.size(); ++i) {
+    if (i + 1 == count) {
+      impl_->chunks[i].used = used;
+    } else if (i + 1 > count) {
+      impl_->chunks[i].used = 0;
+    }
+  }
+}
 
 absl::Status CudaOps::SetBatchInvariant(bool on) {
   impl_->batch_invariant = on;

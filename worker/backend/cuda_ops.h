@@ -78,6 +78,15 @@ class CudaOps : public Ops {
 
   bool SupportsGraphs() const override { return true; }
   absl::Status SetBatchInvariant(bool on) override;
+  uint64_t ScratchMark() override;
+  // Phase timing (eager steps only: graphs are not split into phases): with it on, every Phase
+  // call records a CUDA event, and PhaseTimes() returns the device time between consecutive
+  // events summed per phase name (ms, synchronising first), then starts a new account. The
+  // events add ~2 us of launch work per phase to the host side.
+  void SetPhaseTiming(bool on);
+  void Phase(const char* name) override;
+  std::vector<std::pair<std::string, double>> PhaseTimes();
+  void ScratchRelease(uint64_t mark) override;
   absl::Status BeginCapture() override;
   absl::StatusOr<int> EndCapture() override;
   absl::Status LaunchGraph(int graph) override;

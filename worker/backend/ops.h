@@ -217,6 +217,20 @@ class Ops {
   // other rows of the step are and however many there are: no algorithm chosen by the row
   // count, no split sizes derived from the batch. The CPU backend always is (its loops are per
   // row); the GPU backend trades speed for it (bench/RESULTS.md measures the cost).
+  // Profiling ranges: the ops issued from here to the next Phase call belong to phase `name` (a
+  // string literal). Backends that can time their work (CudaOps::SetPhaseTiming) add it up per
+  // phase; the others ignore it.
+  virtual void Phase(const char* name) { (void)name; }
+
+  // Scratch scopes: activations made after ScratchMark() are dead once ScratchRelease(mark) is
+  // called, and their memory is reused by later ones (in stream order, so the reuse is safe
+  // while earlier ops still run). The model releases each layer's scratch at the layer's end:
+  // without it a step's scratch grows with the layer count (a 2048-token prefill of one
+  // Kimi-K2.5 rank's 61 layers asked for 25.8 GB, mostly MoE outputs). Backends whose
+  // activations own their memory ignore both.
+  virtual uint64_t ScratchMark() { return 0; }
+  virtual void ScratchRelease(uint64_t mark) { (void)mark; }
+
   // A batch-invariant GPU backend's per-token attention may hold this much scratch for split-KV
   // partials (the memory plan reserves it in the deterministic mode).
   static constexpr size_t kPerTokenAttentionWorkspaceBytes = size_t{256} << 20;

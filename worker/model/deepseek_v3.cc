@@ -583,6 +583,7 @@ size_t DeepseekV3Model::kv_cache_bytes() const {
 
 absl::Status DeepseekV3Model::AllReduce(Tensor& t) {
   if (comm_.size() == 1) return absl::OkStatus();
+  ops_.Phase("allreduce");
   return comm_.AllReduceSum(t);
 }
 
@@ -591,6 +592,7 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
   const ModelConfig& c = config_;
   const int64_t T = h.dim(0);
   const int qk = c.qk_head_dim();
+  ops_.Phase("attn.proj");
   Tensor q = ops_.Activation({T, static_cast<int64_t>(heads_.count) * qk});
   if (c.q_lora_rank > 0) {
     Tensor qa = ops_.Activation({T, c.q_lora_rank});
@@ -611,6 +613,7 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
             c.rope.interleaved);
   ops_.Rope(q, c.qk_nope_head_dim, heads_.count, qk, c.qk_rope_head_dim, step, inv_freq_,
             rope_scaling_, c.rope.interleaved);
+  ops_.Phase("attn.mla");
   ops_.KvWrite(latent, k_rope, step, L.kv);
 
   Tensor attn = ops_.Activation({T, static_cast<int64_t>(heads_.count) * c.v_head_dim});
@@ -620,6 +623,7 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
   for (size_t g = 0; g < step.layout->decode.size(); ++g) {
     ops_.MlaDecode(mla_, q, L.w_kb, L.w_vb, L.kv, step, static_cast<int>(g), attn);
   }
+  ops_.Phase("attn.o_proj");
   ops_.Linear(attn, L.o_proj, out);
   return AllReduce(out);
 }
@@ -629,6 +633,7 @@ absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
   const int64_t T = h.dim(0);
   // Dense MLP, or the shared experts (into `shared`, added to the routed experts' sum).
   Tensor shared;
+  ops_.Phase(L.moe ? "mlp.shared" : "mlp.dense");
   if (L.has_mlp) {
     const int64_t I = L.gate.out_features;
     Tensor g = ops_.Activation({T, I});
@@ -644,11 +649,13 @@ absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
     }
   }
   if (L.moe) {
+    ops_.Phase("moe.router");
     Tensor logits = ops_.Activation({T, c.n_routed_experts}, DType::kF32);
     ops_.Linear(h, L.router, logits);
     Tensor ids = ops_.Activation({T, c.num_experts_per_tok}, DType::kI32);
     Tensor weights = ops_.Activation({T, c.num_experts_per_tok}, DType::kF32);
     ops_.MoeRoute(routing_, logits, L.router_bias, ids, weights);
+    ops_.Phase("moe.experts");
     ops_.MoeExperts(h, ids, weights, L.experts, shared, out);
   }
   return AllReduce(out);
@@ -733,6 +740,7 @@ absl::StatusOr<Tensor> DeepseekV3Model::Layers(const StepTensors& step) {
   const int64_t R = static_cast<int64_t>(layout_.logits_rows.size());
   // The residual stream is fp32 on every backend; h (normalised) is in the activation dtype.
   Tensor x = ops_.Activation({T, c.hidden_size}, DType::kF32);
+  ops_.Phase("embed");
   ops_.Embed(embed_, vocab_.begin, step, x);
   if (auto s = AllReduce(x); !s.ok()) return s;
   Tensor h = ops_.Activation({T, c.hidden_size});
@@ -740,14 +748,20 @@ absl::StatusOr<Tensor> DeepseekV3Model::Layers(const StepTensors& step) {
   ops_.RmsNorm(x, layers_[0]->input_norm, c.rms_norm_eps, h);
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& layer = *layers_[i];
+    // x, h and y live across layers; everything a layer makes besides is dead at its end.
+    const uint64_t scratch = ops_.ScratchMark();
     if (auto s = Attention(layer, step, h, y); !s.ok()) return s;
+    ops_.Phase("norm");
     ops_.AddRmsNorm(y, x, layer.post_norm, c.rms_norm_eps, h);
     if (auto s = Mlp(layer, h, y); !s.ok()) return s;
     // The next layer's input norm, or the final norm after the last layer.
     const Tensor& next = i + 1 < layers_.size() ? layers_[i + 1]->input_norm : final_norm_;
+    ops_.Phase("norm");
     ops_.AddRmsNorm(y, x, next, c.rms_norm_eps, h);
+    ops_.ScratchRelease(scratch);
   }
   // lm_head on the rows that need logits.
+  ops_.Phase("lm_head");
   Tensor rows = ops_.Activation({R, c.hidden_size});
   ops_.LogitsRows(h, step, rows);
   Tensor local = ops_.Activation({R, vocab_.count}, DType::kF32);
