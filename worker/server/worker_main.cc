@@ -4,6 +4,7 @@
 //       [--device cuda|cpu] [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N]
 //       [--gpu-memory-fraction F] [--max-step-tokens N] [--max-seqs N]
 //       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off] [--deterministic on|off]
+//       [--coordinator-curve-key FILE]
 //
 // --deterministic on (issue 23): a request's tokens do not depend on what it is batched with nor
 // on preemption: batch-invariant kernels and every token's attention through the decode path
@@ -19,6 +20,9 @@
 // receives step plans, broadcasts them to the other ranks over MPI, runs the step on every rank
 // and answers with the sampled tokens. A second socket on rank 0 sends a heartbeat every 250 ms
 // so that the coordinator notices a dead job within a second or two.
+// --coordinator-curve-key FILE (the job's CURVE key pair, mode 0600; deploy/mlaserve-launch makes
+// one when the coordinator's worker socket is not on loopback and passes the same file to the
+// coordinator's --worker-curve-key): rank 0's two sockets authenticate and encrypt with it.
 #include <mpi.h>
 
 #include <atomic>
@@ -34,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "capnp/message.h"
 #include "capnp/serialize.h"
+#include "coordinator/auth/curve_keys.h"
 #include "kj/array.h"
 #include "mlaserve.capnp.h"
 #include "nlohmann/json.hpp"
@@ -61,6 +66,7 @@ struct Args {
   int metrics_port = 0;  // rank r serves on metrics_port + r; 0: off
   int coordinator_timeout_s = 15;  // no message (plans or idle pings) for this long: exit
   std::string name;
+  std::string coordinator_curve_key;  // the job's key pair file; empty: NULL mechanism (loopback)
 };
 
 std::string Serialize(capnp::MessageBuilder& msg) {
@@ -109,6 +115,7 @@ int main(int argc, char** argv) {
     else if (k == "--metrics-port") ok = absl::SimpleAtoi(v, &a.metrics_port) && a.metrics_port >= 0;
     else if (k == "--metrics-host") a.metrics_host = v;
     else if (k == "--name") a.name = v;
+    else if (k == "--coordinator-curve-key") a.coordinator_curve_key = v;
     else if (k == "--coordinator-timeout-s") ok = absl::SimpleAtoi(v, &a.coordinator_timeout_s) && a.coordinator_timeout_s > 0;
     else return Fail(rank, "unknown argument " + k);
     if (!ok) return Fail(rank, k + ": bad value " + v);
@@ -188,19 +195,36 @@ int main(int argc, char** argv) {
     return DeepseekV3Model::Load(a.model, options, *ops, *model_comm);
   };
   absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model = load();
-  const absl::Status agreed = mpi.AgreeOnStatus(model.status());
+  // Only rank 0 talks to the coordinator, so only it reads the job's key (the file exists on its
+  // host alone); a bad key stops every rank like a failed load.
+  CurveKeyPair link_key;
+  absl::Status key_status = absl::OkStatus();
+  if (rank == 0 && !a.coordinator_curve_key.empty()) {
+    auto k = LoadCurveKeyPair(a.coordinator_curve_key);
+    if (k.ok()) link_key = std::move(*k);
+    else key_status = absl::Status(k.status().code(), absl::StrCat("--coordinator-curve-key: ", k.status().message()));
+  }
+  const absl::Status agreed = mpi.AgreeOnStatus(key_status.ok() ? model.status() : key_status);
   if (agreed.ok() && rank == 0 && !plan_note.empty()) {
     std::fprintf(stderr, "mlaserve-worker: memory plan: %s\n", plan_note.c_str());
   }
   a.kv_blocks = options.num_kv_blocks;
 
   zmq::context_t ctx(1);
+  // The coordinator serves the worker socket with the job's pair and allows only its public key.
+  auto secure = [&link_key](zmq::socket_t& s) {
+    if (link_key.secret_key.empty()) return;
+    s.set(zmq::sockopt::curve_serverkey, link_key.public_key);
+    s.set(zmq::sockopt::curve_publickey, link_key.public_key);
+    s.set(zmq::sockopt::curve_secretkey, link_key.secret_key);
+  };
   zmq::socket_t sock(ctx, zmq::socket_type::dealer);
   std::atomic<bool> running{true};
   std::thread heartbeat;
   if (rank == 0) {
     sock.set(zmq::sockopt::routing_id, "worker");
     sock.set(zmq::sockopt::linger, 1000);
+    secure(sock);
     sock.connect(a.coordinator);
   }
   if (!agreed.ok()) {
@@ -226,10 +250,11 @@ int main(int argc, char** argv) {
     capnp::MallocMessageBuilder msg;
     msg.initRoot<wire::StepResult>().setReady(info.dump());
     SendResult(sock, msg);
-    heartbeat = std::thread([&ctx, &running, endpoint = a.coordinator] {
+    heartbeat = std::thread([&ctx, &running, &secure, endpoint = a.coordinator] {
       zmq::socket_t hb(ctx, zmq::socket_type::dealer);
       hb.set(zmq::sockopt::routing_id, "heartbeat");
       hb.set(zmq::sockopt::linger, 0);
+      secure(hb);
       hb.connect(endpoint);
       capnp::MallocMessageBuilder msg;
       msg.initRoot<wire::StepResult>().setPong();
