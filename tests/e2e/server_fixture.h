@@ -170,6 +170,7 @@ class ServerProcesses {
   }
 
   const std::string& endpoint() const { return client_endpoint_; }
+  pid_t coordinator_pid() const { return coordinator_; }
   int metrics_port() const { return metrics_port_; }
 
   std::string Logs() const {
