@@ -6,6 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
+  clang  # the fuzz build (scripts/fuzz.sh): libFuzzer, ASan, UBSan
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
   libzmq3-dev cppzmq-dev

@@ -36,15 +36,7 @@ kj::Array<capnp::word> Words(const std::string& bytes) {
   return words;
 }
 
-// Client messages are small: a reader that refuses huge or deeply nested ones.
 constexpr unsigned kReplyWords = 64;
-
-capnp::ReaderOptions ClientReaderOptions() {
-  capnp::ReaderOptions o;
-  o.traversalLimitInWords = 8 * 1024 * 1024;  // 64 MiB
-  o.nestingLimit = 16;
-  return o;
-}
 
 wire::FinishReason WireReason(const std::string& reason) {
   if (reason == "stop") return wire::FinishReason::STOP;

@@ -24,6 +24,13 @@ std::string TokenString(const nlohmann::json& config, const char* key) {
 
 }  // namespace
 
+capnp::ReaderOptions ClientReaderOptions() {
+  capnp::ReaderOptions o;
+  o.traversalLimitInWords = 8 * 1024 * 1024;  // 64 MiB
+  o.nestingLimit = 16;
+  return o;
+}
+
 absl::StatusOr<ModelText> ModelText::Load(const std::string& folder, int vocab_size,
                                           int max_model_len, std::vector<int32_t> eos_ids) {
   ModelText m;

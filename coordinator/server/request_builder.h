@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "capnp/message.h"
 #include "coordinator/chat_template/chat_template.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "mlaserve.capnp.h"
@@ -58,6 +59,10 @@ struct PreparedRequest {
   uint64_t seed = 0;
   bool has_seed = false;
 };
+
+// How a client frame is read (Coordinator::HandleClientMessage, fuzz/client_request_fuzzer.cc):
+// client messages are small, so a reader that refuses huge or deeply nested ones.
+capnp::ReaderOptions ClientReaderOptions();
 
 absl::StatusOr<PreparedRequest> PrepareRequest(wire::GenerateRequest::Reader request,
                                                const ModelText& model);

@@ -28,7 +28,8 @@ absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLay
   int max_blocks = 1;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const SequenceSlice& s = batch.seqs[i];
-    if (s.num_tokens <= 0 || s.token_begin < 0 || s.token_begin + s.num_tokens > T ||
+    if (s.num_tokens <= 0 || s.token_begin < 0 ||
+        static_cast<int64_t>(s.token_begin) + s.num_tokens > T ||
         s.context_len < 0) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": rows ", s.token_begin, "+",
                                                      s.num_tokens, " outside the step of ", T));
