@@ -27,17 +27,23 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfig(const nlohmann::j
       "entry");
 }
 
-absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& context) const {
+absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& context,
+                                                 const jinja::RenderLimits& limits) const {
   if (!context.is_object())
     return absl::InvalidArgumentError("chat template context must be a JSON object");
   jinja::Dict globals;
-  for (const auto& [key, value] : context.items())
-    globals.emplace_back(key, jinja::Value::FromJson(value));
-  return template_.Render(globals);
+  try {
+    for (const auto& [key, value] : context.items())
+      globals.emplace_back(key, jinja::Value::FromJson(value));
+  } catch (const jinja::RenderError& e) {
+    return absl::InvalidArgumentError(absl::StrCat("chat template context: ", e.what()));
+  }
+  return template_.Render(globals, limits);
 }
 
-absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::json& context) const {
-  return Render(nlohmann::ordered_json::parse(context.dump()));
+absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::json& context,
+                                                 const jinja::RenderLimits& limits) const {
+  return Render(nlohmann::ordered_json::parse(context.dump()), limits);
 }
 
 }  // namespace mlaserve

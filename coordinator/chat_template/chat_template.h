@@ -26,8 +26,11 @@ class ChatTemplate {
   // (not absent) to render as it does, since templates test both `is defined` and `is none`.
   // ordered_json keeps the client's key order, which tojson output depends on (Python dicts
   // preserve insertion order); a plain nlohmann::json has its keys sorted.
-  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context) const;
-  absl::StatusOr<std::string> Render(const nlohmann::json& context) const;
+  // `limits` bound what a hostile template may spend (jinja_template.h).
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context,
+                                     const jinja::RenderLimits& limits = {}) const;
+  absl::StatusOr<std::string> Render(const nlohmann::json& context,
+                                     const jinja::RenderLimits& limits = {}) const;
 
  private:
   explicit ChatTemplate(jinja::Template t) : template_(std::move(t)) {}

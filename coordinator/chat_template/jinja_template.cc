@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -344,9 +345,24 @@ const std::unordered_set<std::string>& KnownTests() {
 // ---------------------------------------------------------------------------------------------
 // Expression parser (precedence as jinja2's parser).
 
+// How deep expressions and blocks may nest: the parsers and the renderer recurse once per level.
+constexpr int kMaxParseDepth = 100;
+
 class ExprParser {
  public:
   ExprParser(std::vector<Token> tokens, int line) : tokens_(std::move(tokens)), line_(line) {}
+
+  // Counts one level of expression nesting while alive.
+  struct Nesting {
+    explicit Nesting(ExprParser* p) : parser(p) {
+      if (++parser->depth_ > kMaxParseDepth) {
+        throw SyntaxError(parser->line_, absl::StrCat("expression nested more than ",
+                                                      kMaxParseDepth, " deep"));
+      }
+    }
+    ~Nesting() { --parser->depth_; }
+    ExprParser* parser;
+  };
 
   const Token& Peek(size_t ahead = 0) const {
     return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)];
@@ -419,6 +435,7 @@ class ExprParser {
     return left;
   }
   ExprPtr Not() {
+    const Nesting nesting(this);
     if (IsName("not")) {
       ++pos_;
       auto e = Make(Expr::Kind::kNot);
@@ -495,6 +512,7 @@ class ExprParser {
   }
   // As jinja2: "-x|f" is "(-x)|f"; the operand of a sign takes no filters of its own.
   ExprPtr Unary(bool with_filter = true) {
+    const Nesting nesting(this);
     ExprPtr node;
     if (IsOp("-") || IsOp("+")) {
       const bool neg = Next().text == "-";
@@ -699,6 +717,7 @@ class ExprParser {
   std::vector<Token> tokens_;
   size_t pos_ = 0;
   int line_;
+  int depth_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -719,6 +738,14 @@ class TemplateParser {
   // through `end_parser` (positioned after the word).
   NodePtr ParseBody(const std::vector<std::string>& ends, std::string* end_word,
                     std::unique_ptr<ExprParser>* end_parser = nullptr) {
+    if (++depth_ > kMaxParseDepth) {
+      throw SyntaxError(pos_ < items_.size() ? items_[pos_].line : 0,
+                        absl::StrCat("blocks nested more than ", kMaxParseDepth, " deep"));
+    }
+    struct Leave {
+      int* depth;
+      ~Leave() { --*depth; }
+    } leave{&depth_};
     auto body = std::make_unique<Node>();
     body->kind = Node::Kind::kBody;
     while (pos_ < items_.size()) {
@@ -845,6 +872,7 @@ class TemplateParser {
 
   std::vector<Item> items_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1061,12 +1089,40 @@ class Renderer {
  public:
   enum class Flow { kNormal, kBreak, kContinue };
 
-  explicit Renderer(const Dict& globals) {
+  Renderer(const Dict& globals, const RenderLimits& limits) : limits_(limits) {
     frames_.emplace_back();
     for (const auto& [k, v] : globals) frames_.back()[k] = v;
   }
 
   Flow Execute(const Node& node, std::string* out) {
+    Step(1);
+    const Flow flow = ExecuteNode(node, out);
+    CheckSize(*out);
+    return flow;
+  }
+
+ private:
+  // Counts `n` steps (statements run, loop iterations, list items made) against the limit.
+  void Step(int64_t n) {
+    if (n > limits_.max_steps - steps_) {
+      throw RenderError(absl::StrCat("rendering took more than ", limits_.max_steps,
+                                     " steps (loop iterations, statements, list items); "
+                                     "a runaway template?"));
+    }
+    steps_ += n;
+  }
+  void CheckSize(const std::string& s) const { CheckBytes(s.size()); }
+  void CheckBytes(uint64_t bytes) const {
+    if (bytes > limits_.max_output_bytes) {
+      throw RenderError(absl::StrCat("rendering made a string of more than ",
+                                     limits_.max_output_bytes, " bytes; a runaway template?"));
+    }
+  }
+  static void Checked(bool overflow, const std::string& op) {
+    if (overflow) throw RenderError("integer overflow in " + op + " (beyond 64 bits)");
+  }
+
+  Flow ExecuteNode(const Node& node, std::string* out) {
     switch (node.kind) {
       case Node::Kind::kBody:
         for (const NodePtr& child : node.children) {
@@ -1100,6 +1156,11 @@ class Renderer {
             throw RenderError("cannot assign attribute on non-namespace object '" + node.text +
                               "'");
           }
+          if (v.holds_namespace()) {
+            // A namespace inside a namespace could come to contain itself.
+            throw RenderError("cannot store a namespace in namespace attribute '" + node.text +
+                              "." + node.attribute + "'");
+          }
           Dict& dict = target.MutableDict();
           auto it = std::find_if(dict.begin(), dict.end(),
                                  [&](const auto& kv) { return kv.first == node.attribute; });
@@ -1131,8 +1192,16 @@ class Renderer {
     return Flow::kNormal;
   }
 
- private:
   Value CallMacro(const Node& macro, CallArgs& args) {
+    if (call_depth_ >= limits_.max_call_depth) {
+      throw RenderError(absl::StrCat("macro '", macro.text, "' called more than ",
+                                     limits_.max_call_depth, " deep (unbounded recursion?)"));
+    }
+    ++call_depth_;
+    struct Leave {
+      int* depth;
+      ~Leave() { --*depth; }
+    } leave{&call_depth_};
     // A macro sees the template's top-level variables and its own arguments.
     std::vector<std::unordered_map<std::string, Value>> saved;
     saved.swap(frames_);
@@ -1165,6 +1234,7 @@ class Renderer {
       // The inline filter runs before loop.* is computed, with the loop variables bound.
       List kept;
       for (const Value& item : items) {
+        Step(1);
         frames_.emplace_back();
         Bind(node.targets, item);
         if (Eval(*node.exprs[1]).Truthy()) kept.push_back(item);
@@ -1184,6 +1254,7 @@ class Renderer {
     frames_.emplace_back();
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      Step(1);
       Bind(node.targets, items[i]);
       Dict loop = {{"index", Value::Int(i + 1)},
                    {"index0", Value::Int(i)},
@@ -1228,7 +1299,7 @@ class Renderer {
   Value Global(const std::string& name) {
     if (name == "range") {
       return Value::MakeCallable(
-          [](CallArgs& a) {
+          [this](CallArgs& a) {
             int64_t start = 0, stop, step = 1;
             if (a.positional.size() == 1) {
               stop = a.positional[0].AsInt();
@@ -1240,9 +1311,17 @@ class Renderer {
               throw RenderError("range expected at least 1 argument");
             }
             if (step == 0) throw RenderError("range() arg 3 must not be zero");
+            // Items: ceil((stop - start) / step) where positive, in 128 bits (no overflow).
+            const __int128 span = static_cast<__int128>(stop) - start;
+            __int128 count = 0;
+            if (step > 0 && span > 0) count = (span + step - 1) / step;
+            if (step < 0 && span < 0) count = (-span + (-static_cast<__int128>(step)) - 1) /
+                                              (-static_cast<__int128>(step));
+            Step(count > limits_.max_steps ? limits_.max_steps + 1 : static_cast<int64_t>(count));
             List out;
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
-              out.push_back(Value::Int(i));
+            out.reserve(static_cast<size_t>(count));
+            for (__int128 k = 0; k < count; ++k)
+              out.push_back(Value::Int(static_cast<int64_t>(start + k * step)));
             return Value::MakeList(std::move(out));
           },
           name);
@@ -1472,25 +1551,40 @@ class Renderer {
   }
 
   Value Arithmetic(const std::string& op, const Value& a, const Value& b) {
-    if (op == "~") return Value::String(a.Str() + b.Str());
+    if (op == "~") {
+      Value r = Value::String(a.Str() + b.Str());
+      CheckSize(r.AsString());
+      return r;
+    }
     RequireDefined(a);
     RequireDefined(b);
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value::String(a.AsString() + b.AsString());
+      if (a.is_string() && b.is_string()) {
+        CheckBytes(a.AsString().size() + b.AsString().size());
+        return Value::String(a.AsString() + b.AsString());
+      }
       if (a.is_list() && b.is_list()) {
+        Step(static_cast<int64_t>(a.AsList().size() + b.AsList().size()));
         List out = a.AsList();
         out.insert(out.end(), b.AsList().begin(), b.AsList().end());
         return Value::MakeList(std::move(out));
       }
     }
     if (op == "*" && (a.is_string() || a.is_list()) && b.kind() == Value::Kind::kInt) {
+      const int64_t n = std::max<int64_t>(b.AsInt(), 0);
       if (a.is_string()) {
+        const uint64_t len = a.AsString().size();
+        if (len != 0 && static_cast<uint64_t>(n) > limits_.max_output_bytes / len) {
+          CheckBytes(limits_.max_output_bytes + 1);
+        }
         std::string out;
-        for (int64_t i = 0; i < b.AsInt(); ++i) out += a.AsString();
+        for (int64_t i = 0; i < n; ++i) out += a.AsString();
         return Value::String(out);
       }
+      const int64_t len = static_cast<int64_t>(a.AsList().size());
+      Step(len != 0 && n > limits_.max_steps / len ? limits_.max_steps + 1 : len * n);
       List out;
-      for (int64_t i = 0; i < b.AsInt(); ++i)
+      for (int64_t i = 0; i < n; ++i)
         out.insert(out.end(), a.AsList().begin(), a.AsList().end());
       return Value::MakeList(std::move(out));
     }
@@ -1498,9 +1592,22 @@ class Renderer {
       const bool floats = a.kind() == Value::Kind::kFloat || b.kind() == Value::Kind::kFloat;
       const double x = a.AsFloat(), y = b.AsFloat();
       const int64_t i = a.AsInt(), j = b.AsInt();
-      if (op == "+") return floats ? Value::Float(x + y) : Value::Int(i + j);
-      if (op == "-") return floats ? Value::Float(x - y) : Value::Int(i - j);
-      if (op == "*") return floats ? Value::Float(x * y) : Value::Int(i * j);
+      int64_t r = 0;
+      if (op == "+") {
+        if (floats) return Value::Float(x + y);
+        Checked(__builtin_add_overflow(i, j, &r), op);
+        return Value::Int(r);
+      }
+      if (op == "-") {
+        if (floats) return Value::Float(x - y);
+        Checked(__builtin_sub_overflow(i, j, &r), op);
+        return Value::Int(r);
+      }
+      if (op == "*") {
+        if (floats) return Value::Float(x * y);
+        Checked(__builtin_mul_overflow(i, j, &r), op);
+        return Value::Int(r);
+      }
       if (op == "/") {
         if (y == 0) throw RenderError("division by zero");
         return Value::Float(x / y);
@@ -1511,15 +1618,20 @@ class Renderer {
           const double q = std::floor(x / y);
           return op == "//" ? Value::Float(q) : Value::Float(x - q * y);
         }
+        if (i == std::numeric_limits<int64_t>::min() && j == -1) Checked(true, op);
         int64_t q = i / j;
         if ((i % j != 0) && ((i < 0) != (j < 0))) --q;
         return op == "//" ? Value::Int(q) : Value::Int(i - q * j);
       }
       if (op == "**") {
         if (!floats && j >= 0) {
-          int64_t r = 1;
-          for (int64_t k = 0; k < j; ++k) r *= i;
-          return Value::Int(r);
+          // By squaring: at most 64 multiplications, each checked.
+          int64_t result = 1, base = i;
+          for (int64_t e = j; e > 0; e >>= 1) {
+            if (e & 1) Checked(__builtin_mul_overflow(result, base, &result), op);
+            if (e > 1) Checked(__builtin_mul_overflow(base, base, &base), op);
+          }
+          return Value::Int(result);
         }
         return Value::Float(std::pow(x, y));
       }
@@ -1847,8 +1959,9 @@ class Renderer {
         if (!v.is_number())
           throw RenderError("bad operand type for unary -: '" + v.TypeName() + "'");
         if (e.kind == Expr::Kind::kPos) return v;
-        return v.kind() == Value::Kind::kFloat ? Value::Float(-v.AsFloat())
-                                               : Value::Int(-v.AsInt());
+        if (v.kind() == Value::Kind::kFloat) return Value::Float(-v.AsFloat());
+        if (v.AsInt() == std::numeric_limits<int64_t>::min()) Checked(true, "unary -");
+        return Value::Int(-v.AsInt());
       }
       case Expr::Kind::kBinary:
         return Arithmetic(e.name, Eval(*e.args[0]), Eval(*e.args[1]));
@@ -1918,6 +2031,9 @@ class Renderer {
 
  private:
   std::vector<std::unordered_map<std::string, Value>> frames_;
+  RenderLimits limits_;
+  int64_t steps_ = 0;
+  int call_depth_ = 0;
 };
 
 }  // namespace
@@ -1935,14 +2051,18 @@ absl::StatusOr<Template> Template::Parse(std::string_view source) {
   }
 }
 
-absl::StatusOr<std::string> Template::Render(const Dict& globals) const {
+absl::StatusOr<std::string> Template::Render(const Dict& globals,
+                                             const RenderLimits& limits) const {
   try {
-    Renderer renderer(globals);
+    Renderer renderer(globals, limits);
     std::string out;
     renderer.Execute(*root_, &out);
     return out;
   } catch (const RenderError& e) {
     return absl::InvalidArgumentError(absl::StrCat("chat template: ", e.what()));
+  } catch (const std::exception& e) {
+    // Not a template's fault we foresaw (e.g. memory): still an error, never an escape.
+    return absl::InternalError(absl::StrCat("chat template: rendering failed: ", e.what()));
   }
 }
 

@@ -10,6 +10,7 @@
 // error, so a template that would misrender fails when it is loaded.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -21,13 +22,27 @@ namespace mlaserve::jinja {
 
 struct Node;
 
+// What one rendering may spend. Templates come from model folders, so a hostile or broken one
+// (an unbounded macro recursion, range(10**12), a string doubled in a loop) must end with an
+// error instead of hanging or exhausting the coordinator. The defaults are far above what a chat
+// template does for a conversation that fits a model's context.
+struct RenderLimits {
+  // Statements run, for-loop iterations and list items made (range, list + and *), summed
+  // over the whole rendering.
+  int64_t max_steps = 20'000'000;
+  // The rendered text, and any string made on the way (concatenation, *, captured blocks).
+  uint64_t max_output_bytes = uint64_t{64} << 20;
+  // Nested macro calls.
+  int max_call_depth = 64;
+};
+
 class Template {
  public:
   // Parses `source`; syntax errors, unknown tags, filters and tests are reported with a line.
   static absl::StatusOr<Template> Parse(std::string_view source);
 
   // Renders with `globals` as the template's variables.
-  absl::StatusOr<std::string> Render(const Dict& globals) const;
+  absl::StatusOr<std::string> Render(const Dict& globals, const RenderLimits& limits = {}) const;
 
  private:
   std::shared_ptr<const Node> root_;

@@ -177,7 +177,10 @@ void JsonDump(const Value& v, int indent, int level, const std::string& item_sep
 
 }  // namespace
 
-Value Value::FromJson(const nlohmann::ordered_json& json) {
+Value Value::FromJson(const nlohmann::ordered_json& json, int depth) {
+  if (depth > kMaxValueDepth) {
+    throw RenderError("JSON value nested more than " + std::to_string(kMaxValueDepth) + " deep");
+  }
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null:
       return None();
@@ -193,12 +196,12 @@ Value Value::FromJson(const nlohmann::ordered_json& json) {
       return String(json.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List items;
-      for (const auto& item : json) items.push_back(FromJson(item));
+      for (const auto& item : json) items.push_back(FromJson(item, depth + 1));
       return MakeList(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict items;
-      for (const auto& [key, item] : json.items()) items.emplace_back(key, FromJson(item));
+      for (const auto& [key, item] : json.items()) items.emplace_back(key, FromJson(item, depth + 1));
       return MakeDict(std::move(items));
     }
     default:

@@ -22,6 +22,12 @@ class RenderError : public std::runtime_error {
 };
 
 class Value;
+
+// The deepest nesting of lists, dicts and namespaces a value may have (JSON messages included):
+// deeper values, which chat templates never need, would make printing, comparing and freeing
+// them recurse without bound.
+inline constexpr int kMaxValueDepth = 100;
+
 using List = std::vector<Value>;
 // Python dicts keep insertion order; chat template dicts have string keys.
 using Dict = std::vector<std::pair<std::string, Value>>;
@@ -72,17 +78,20 @@ class Value {
   }
   static Value MakeList(List items) {
     Value v(Kind::kList);
+    for (const Value& item : items) v.Contain(item);
     v.list_ = std::make_shared<List>(std::move(items));
     return v;
   }
   static Value MakeDict(Dict items) {
     Value v(Kind::kDict);
+    for (const auto& kv : items) v.Contain(kv.second);
     v.dict_ = std::make_shared<Dict>(std::move(items));
     return v;
   }
   static Value MakeNamespace(Dict items) {
     Value v = MakeDict(std::move(items));
     v.kind_ = Kind::kNamespace;
+    v.holds_namespace_ = true;
     return v;
   }
   static Value MakeCallable(Callable fn, std::string name) {
@@ -91,7 +100,8 @@ class Value {
     v.string_ = std::move(name);
     return v;
   }
-  static Value FromJson(const nlohmann::ordered_json& json);
+  // Throws RenderError for a value nested more than kMaxValueDepth deep.
+  static Value FromJson(const nlohmann::ordered_json& json, int depth = 0);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
@@ -104,13 +114,24 @@ class Value {
   bool is_mapping() const { return kind_ == Kind::kDict || kind_ == Kind::kNamespace; }
 
   bool AsBool() const { return int_ != 0; }
-  int64_t AsInt() const { return kind_ == Kind::kFloat ? static_cast<int64_t>(float_) : int_; }
+  int64_t AsInt() const {
+    if (kind_ != Kind::kFloat) return int_;
+    // Python's int(float) of NaN or infinity raises; a larger float has no int64 (C++: UB).
+    if (!(float_ > -9.2e18 && float_ < 9.2e18)) {
+      throw RenderError("cannot convert float " + std::to_string(float_) + " to an integer");
+    }
+    return static_cast<int64_t>(float_);
+  }
   double AsFloat() const { return kind_ == Kind::kFloat ? float_ : static_cast<double>(int_); }
   const std::string& AsString() const { return string_; }  // also an Undefined's name
   const List& AsList() const { return *list_; }
   const Dict& AsDict() const { return *dict_; }
   Dict& MutableDict() const { return *dict_; }  // namespaces are shared and mutable
   const Callable& AsCallable() const { return *callable_; }
+  // Nesting depth (0 for a scalar, 1 for a list of scalars).
+  int depth() const { return depth_; }
+  // Whether this is, or holds, a namespace (whose attributes can change after it is made).
+  bool holds_namespace() const { return holds_namespace_; }
 
   // Python truthiness.
   bool Truthy() const;
@@ -126,7 +147,16 @@ class Value {
 
  private:
   explicit Value(Kind kind) : kind_(kind) {}
+  void Contain(const Value& item) {
+    if (item.depth_ + 1 > depth_) depth_ = item.depth_ + 1;
+    if (depth_ > kMaxValueDepth) {
+      throw RenderError("value nested more than " + std::to_string(kMaxValueDepth) + " deep");
+    }
+    holds_namespace_ = holds_namespace_ || item.holds_namespace_;
+  }
   Kind kind_ = Kind::kUndefined;
+  int depth_ = 0;
+  bool holds_namespace_ = false;
   int64_t int_ = 0;
   double float_ = 0;
   std::string string_;

@@ -179,5 +179,70 @@ TEST(ChatTemplateTest, TemplateComesFromTokenizerConfig) {
   EXPECT_EQ(*out, "<B><｜User｜>hi<｜Assistant｜>");
 }
 
+// Hostile templates (templates come from model folders) end with an error naming the limit
+// instead of hanging or exhausting memory; each would otherwise run for hours, allocate
+// terabytes or overflow the stack.
+TEST(ChatTemplateTest, RenderLimitsEndHostileTemplates) {
+  jinja::RenderLimits limits;
+  limits.max_steps = 100'000;
+  limits.max_output_bytes = 1 << 20;
+  struct Case {
+    const char* source;
+    const char* error;  // a piece of the expected message
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{% for i in range(10**12) %}x{% endfor %}", "steps"},
+           {"{% for i in range(3) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"},
+           {"{{ 'abc' * 10**12 }}", "bytes"},
+           {"{{ [1, 2] * 10**12 }}", "steps"},
+           {"{% set s = namespace(v='xx') %}{% for i in range(64) %}{% set s.v = s.v ~ s.v %}"
+            "{% endfor %}",
+            "bytes"},
+           {"{% for i in range(1000) %}{{ 'x' * 2000 }}{% endfor %}", "bytes"},
+           {"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "deep"},
+           {"{% set x = [] %}{% for i in range(1000) %}{% set x = [x] %}{% endfor %}", "deep"},
+           {"{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}", "namespace"},
+           {"{{ 2 ** 63 }}", "overflow"},
+           {"{{ 9223372036854775807 + 1 }}", "overflow"},
+           {"{{ (-9223372036854775807 - 1) // -1 }}", "overflow"},
+           {"{{ range(1e300) }}", "float"},
+       }) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(c.source);
+    ASSERT_TRUE(t.ok()) << c.source << ": " << t.status();
+    absl::StatusOr<std::string> out = t->Render(nlohmann::json::object(), limits);
+    ASSERT_FALSE(out.ok()) << c.source;
+    EXPECT_NE(out.status().message().find(c.error), std::string::npos)
+        << c.source << ": " << out.status();
+  }
+  // Inside the limits the same constructs render (the limits are not off by one).
+  absl::StatusOr<ChatTemplate> ok = ChatTemplate::Parse("{{ 2 ** 62 }} {{ range(5)|length }}");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok->Render(nlohmann::json::object(), limits), "4611686018427387904 5");
+}
+
+TEST(ChatTemplateTest, NestingIsBoundedAtLoadAndInTheContext) {
+  const std::string deep_expr = std::string(500, '(') + "1" + std::string(500, ')');
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse("{{ " + deep_expr + " }}");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("nested"), std::string::npos) << t.status();
+  std::string deep_blocks;
+  for (int i = 0; i < 500; ++i) deep_blocks += "{% if true %}";
+  for (int i = 0; i < 500; ++i) deep_blocks += "{% endif %}";
+  t = ChatTemplate::Parse(deep_blocks);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("nested"), std::string::npos) << t.status();
+  t = ChatTemplate::Parse("{{ not not not not x }}");
+  ASSERT_TRUE(t.ok()) << t.status();
+
+  // A context value nested 10000 deep (a client's messages): an error, not a stack overflow.
+  std::string deep_json = std::string(10000, '[') + std::string(10000, ']');
+  absl::StatusOr<ChatTemplate> plain = ChatTemplate::Parse("{{ messages|length }}");
+  ASSERT_TRUE(plain.ok());
+  absl::StatusOr<std::string> out =
+      plain->Render(nlohmann::ordered_json{{"messages", nlohmann::ordered_json::parse(deep_json)}});
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("nested"), std::string::npos) << out.status();
+}
+
 }  // namespace
 }  // namespace mlaserve
