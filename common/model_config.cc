@@ -418,6 +418,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const json& root, const json* hf_qu
     arch = root["architectures"][0].get<std::string>();
   }
   c.architecture = arch;
+  // json::value() throws on a field of another type: a non-string model_type is an error.
+  for (const json* j : {&root, root.contains("text_config") ? &root["text_config"] : &root}) {
+    if (j->is_object() && j->contains("model_type") && !(*j)["model_type"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: \"model_type\" is not a string: ",
+                                                     (*j)["model_type"].dump()));
+    }
+  }
   c.model_type = root.value("model_type", "");
   const json* text = &root;
   if (root.contains("text_config") && root["text_config"].is_object()) {

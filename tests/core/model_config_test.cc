@@ -205,6 +205,24 @@ TEST_P(FixtureConfigTest, MatchesTransformers) {
   }
 }
 
+// Found by fuzz/model_config_fuzzer: a model_type of another type threw json::type_error out of
+// ParseModelConfig (a crash at load) instead of returning an error.
+TEST(ModelConfigTest, NonStringModelTypeIsAnError) {
+  for (const char* where : {"", "text_config"}) {
+    json config = json::parse(kDeepSeekV3);
+    if (*where) {
+      config["text_config"] = json::parse(kDeepSeekV3);
+      config["text_config"]["model_type"] = 512;
+    } else {
+      config["model_type"] = 512;
+    }
+    auto c = ParseModelConfig(config);
+    ASSERT_FALSE(c.ok()) << where;
+    EXPECT_NE(c.status().message().find("\"model_type\" is not a string: 512"), std::string::npos)
+        << c.status();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureConfigTest,
                          ::testing::Values("dsv3-tiny", "kimi-tiny", "noqlora-tiny"));
 
