@@ -1,5 +1,6 @@
 #include "coordinator/server/request_builder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -126,6 +127,15 @@ absl::StatusOr<PreparedRequest> PrepareRequest(wire::GenerateRequest::Reader req
     case wire::GenerateRequest::Input::CHAT: {
       if (!model.tokenizer || !model.chat_template) {
         return Invalid("chat requests need the model's tokenizer and chat template, which this model folder lacks");
+      }
+      // Every message and tool call renders to at least one token, so a chat with more of them
+      // than the context holds cannot fit. Checked before building anything: Cap'n Proto lets a
+      // 64 MiB frame list millions of empty messages, each of which would become a JSON object.
+      uint64_t parts = input.getChat().size();
+      for (auto m : input.getChat()) parts += m.getToolCalls().size();
+      if (parts > static_cast<uint64_t>(std::max(model.max_model_len, 1))) {
+        return absl::OutOfRangeError(absl::StrCat("chat of ", parts, " messages and tool calls cannot fit the context of ",
+                                                  model.max_model_len, " tokens"));
       }
       nlohmann::ordered_json messages = nlohmann::ordered_json::array();
       for (auto m : input.getChat()) {
