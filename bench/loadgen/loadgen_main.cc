@@ -1,8 +1,13 @@
-// mlaserve-loadgen: load generator over the ZeroMQ API.
+// mlaserve-loadgen: load generator over the ZeroMQ API, or over the OpenAI HTTP API (--http).
 //
 //   mlaserve-loadgen --endpoint tcp://127.0.0.1:5555 --requests 200
 //       (--concurrency N | --rate R)  [--input-len 512] [--output-len 128] [--vocab V]
 //       [--input-file FILE] [--range 0.0] [--seed 1] [--metrics 127.0.0.1:9400]
+//   mlaserve-loadgen --http 127.0.0.1:8000 [--api-key KEY] --concurrency N --requests 200 ...
+//
+// --http: streaming POST /v1/completions to mlaserve-openai with the same token-id prompts
+// (http_load.h), N streams in flight over kept-alive connections; TTFT, ITL and E2E from the SSE
+// events, TPOT from the usage chunk's token count; also the most streams open at once.
 //
 // Requests are random token ids (input and output lengths fixed, or varied uniformly by
 // +-range), or lines of --input-file with "INPUT_LEN OUTPUT_LEN". --concurrency keeps N requests
@@ -24,7 +29,10 @@
 #include <unistd.h>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "absl/strings/numbers.h"
+#include "bench/loadgen/http_load.h"
 #include "coordinator/client/client.h"
 
 namespace {
@@ -80,11 +88,32 @@ std::pair<double, double> Histogram(const std::string& text, const std::string& 
   return {sum, count};
 }
 
+// The coordinator's own overhead per step and its step round trip between two metrics texts.
+void PrintOverhead(const std::string& before, const std::string& after) {
+  const auto b = Histogram(before, "mlaserve_coordinator_step_overhead_seconds");
+  const auto a = Histogram(after, "mlaserve_coordinator_step_overhead_seconds");
+  const auto sb = Histogram(before, "mlaserve_step_seconds");
+  const auto sa = Histogram(after, "mlaserve_step_seconds");
+  if (a.second > b.second) {
+    std::printf("coordinator overhead per step (scheduling + plan encoding + result handling): %.1f us over %.0f steps; "
+                "step round trip %.2f ms\n", (a.first - b.first) / (a.second - b.second) * 1e6, a.second - b.second,
+                (sa.first - sb.first) / std::max(1.0, sa.second - sb.second) * 1e3);
+  }
+}
+
+// CPU seconds this process has used (user + system).
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace mlaserve;
-  std::string endpoint = "tcp://127.0.0.1:5555", input_file, metrics;
+  std::string endpoint = "tcp://127.0.0.1:5555", input_file, metrics, http, api_key;
   int requests = 100, concurrency = 0, input_len = 512, output_len = 128, vocab = 32000;
   double rate = 0, range = 0;
   uint64_t seed = 1;
@@ -102,6 +131,8 @@ int main(int argc, char** argv) {
     else if (k == "--seed") ok = absl::SimpleAtoi(v, &seed);
     else if (k == "--input-file") input_file = v;
     else if (k == "--metrics") metrics = v;
+    else if (k == "--http") http = v;
+    else if (k == "--api-key") api_key = v;
     else ok = false;
     if (!ok) {
       std::fprintf(stderr, "mlaserve-loadgen: bad argument %s %s\n", k.c_str(), v.c_str());
@@ -128,6 +159,61 @@ int main(int argc, char** argv) {
     std::uniform_real_distribution<double> u(1 - range, 1 + range);
     return {std::max(1, static_cast<int>(input_len * u(rng))), std::max(1, static_cast<int>(output_len * u(rng)))};
   };
+  const double cpu0 = CpuSeconds();
+  if (!http.empty()) {
+    if (concurrency <= 0) {
+      std::fprintf(stderr, "mlaserve-loadgen: --http takes --concurrency N (no --rate)\n");
+      return 2;
+    }
+    bench::HttpLoadOptions o;
+    o.host = http.substr(0, http.rfind(':'));
+    o.port = std::stoi(http.substr(http.rfind(':') + 1));
+    o.api_key = api_key;
+    o.concurrency = concurrency;
+    std::vector<bench::HttpRequestSpec> specs(static_cast<size_t>(requests));
+    int64_t prompt_tokens = 0;
+    std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+    for (int i = 0; i < requests; ++i) {
+      const auto [in_len, out_len] = shape(i);
+      specs[i].prompt.resize(static_cast<size_t>(in_len));
+      for (auto& t : specs[i].prompt) t = tok(rng);
+      specs[i].max_tokens = out_len;
+      prompt_tokens += in_len;
+    }
+    const std::string before = metrics.empty() ? "" : HttpGet(metrics, "/metrics");
+    bench::HttpLoadReport rep = bench::RunHttpLoad(o, specs);
+    if (!rep.error.empty()) {
+      std::fprintf(stderr, "mlaserve-loadgen: %s\n", rep.error.c_str());
+      return 1;
+    }
+    Stats ttft, tpot, itl, e2e;
+    int errors = 0;
+    int64_t output_tokens = 0, events = 0;
+    for (const bench::HttpRequestResult& r : rep.results) {
+      if (!r.error.empty()) {
+        if (errors++ < 3) std::fprintf(stderr, "mlaserve-loadgen: request failed: %s\n", r.error.c_str());
+        continue;
+      }
+      ttft.Add(std::chrono::duration<double>(r.first - r.sent).count());
+      for (double g : r.gaps) itl.Add(g);
+      e2e.Add(std::chrono::duration<double>(r.last - r.sent).count());
+      if (r.tokens > 1) tpot.Add(std::chrono::duration<double>(r.last - r.first).count() / (r.tokens - 1));
+      output_tokens += r.tokens;
+      events += r.events;
+    }
+    const double wall = rep.wall_seconds;
+    std::printf("requests %d (errors %d) in %.2f s: %.2f req/s, input %.1f tok/s, output %.1f tok/s\n", requests,
+                errors, wall, requests / wall, prompt_tokens / wall, output_tokens / wall);
+    std::printf("http: peak open streams %d; %.3f SSE token events per token; loadgen CPU %.2f s (%.2f us/token)\n",
+                rep.peak_open_streams, output_tokens > 0 ? static_cast<double>(events) / output_tokens : 0.0,
+                CpuSeconds() - cpu0, output_tokens > 0 ? (CpuSeconds() - cpu0) / output_tokens * 1e6 : 0.0);
+    ttft.Print("TTFT", 1e3, "ms");
+    tpot.Print("TPOT", 1e3, "ms");
+    itl.Print("ITL", 1e3, "ms");
+    e2e.Print("E2E", 1e3, "ms");
+    if (!metrics.empty()) PrintOverhead(before, HttpGet(metrics, "/metrics"));
+    return errors == 0 ? 0 : 1;
+  }
   auto client = Client::Connect(endpoint);
   if (!client.ok()) {
     std::fprintf(stderr, "mlaserve-loadgen: %s\n", std::string(client.status().message()).c_str());
@@ -213,17 +299,8 @@ int main(int argc, char** argv) {
   tpot.Print("TPOT", 1e3, "ms");
   itl.Print("ITL", 1e3, "ms");
   e2e.Print("E2E", 1e3, "ms");
-  if (!metrics.empty()) {
-    const std::string after = HttpGet(metrics, "/metrics");
-    const auto b = Histogram(before, "mlaserve_coordinator_step_overhead_seconds");
-    const auto a = Histogram(after, "mlaserve_coordinator_step_overhead_seconds");
-    const auto sb = Histogram(before, "mlaserve_step_seconds");
-    const auto sa = Histogram(after, "mlaserve_step_seconds");
-    if (a.second > b.second) {
-      std::printf("coordinator overhead per step (scheduling + plan encoding + result handling): %.1f us over %.0f steps; "
-                  "step round trip %.2f ms\n", (a.first - b.first) / (a.second - b.second) * 1e6, a.second - b.second,
-                  (sa.first - sb.first) / std::max(1.0, sa.second - sb.second) * 1e3);
-    }
-  }
+  std::printf("loadgen CPU %.2f s (%.2f us/token)\n", CpuSeconds() - cpu0,
+              output_tokens > 0 ? (CpuSeconds() - cpu0) / output_tokens * 1e6 : 0.0);
+  if (!metrics.empty()) PrintOverhead(before, HttpGet(metrics, "/metrics"));
   return errors == 0 ? 0 : 1;
 }

@@ -30,23 +30,29 @@
 // bench/ (issue 17's "Speed" part).
 //
 // Concurrency: civetweb serves each connection on one of its worker threads (--threads of
-// them), and each thread owns one Client, connected on first use (ZeroMQ sockets are not
-// thread-safe; a socket per thread needs no locks and no dispatcher queues). A thread handles
-// one HTTP request at a time, so its Client's replies belong to that request's choices or to
-// an earlier request it aborted, which are skipped by id. Open streams are thus bounded by
-// --threads (default 1088: 1,024 streams and some room; a thread that has served a request
-// costs its stack, ~150 kB resident, and its Client's two ZeroMQ threads). Civetweb's threads
-// have a small fixed stack: per-request state lives on the heap. Connections stay open between
-// requests (HTTP keep-alive, http_exchange.h) for --keep-alive-timeout-s.
+// them, default 1088: 1,024 streams and some room; an idle kept-alive connection holds one too,
+// for --keep-alive-timeout-s). Every generation goes through one shared connection to the
+// coordinator (coordinator_link.h: a thread owns the Client and routes each reply to its
+// request's mailbox), so the coordinator packs all streams' tokens of a step into one frame. The
+// HTTP threads run at a lower priority (nice +5, SCHED_BATCH) than that thread and the
+// coordinator: under a flood of streams the HTTP side slows, not the scheduling. /health,
+// /v1/models and /tokenize use a Client of their own per thread, connected on first use.
+// Civetweb's threads have a small fixed stack: per-request state lives on the heap.
 //
 // A client that goes away mid-stream is noticed when a write fails (at the next token, or at
 // the SSE comment a stream silent for a second gets) and its requests are aborted at once
 // through Client::Abort. A non-streaming request's client going away is noticed only when its
 // response is written.
 #include <civetweb.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -63,6 +69,7 @@
 #include "absl/strings/numbers.h"
 #include "coordinator/client/client.h"
 #include "coordinator/http/chat_prompt.h"
+#include "coordinator/http/coordinator_link.h"
 #include "coordinator/http/http_exchange.h"
 #include "coordinator/http/openai_protocol.h"
 #include "coordinator/http/reasoning_parser.h"
@@ -93,6 +100,9 @@ struct Options {
   std::string model_dir;
   ReasoningFormat reasoning = ReasoningFormat::kNone;
 };
+
+// Nice increment of civetweb's worker threads (see Main).
+constexpr int kHttpThreadNice = 5;
 
 // How long a stream may stay silent before it gets an SSE comment (see Generation::Run).
 constexpr std::chrono::milliseconds kHeartbeat{1000};
@@ -202,6 +212,8 @@ class CoordinatorWatch {
   std::atomic<int64_t> last_answer_ns_{std::chrono::steady_clock::now().time_since_epoch().count()};
 };
 CoordinatorWatch g_watch;
+// Every generation's submissions and replies (coordinator_link.h).
+CoordinatorLink* g_link = nullptr;
 
 // This thread's connection to the coordinator (see the top of the file).
 Client* ThreadClient() {
@@ -221,14 +233,20 @@ std::mutex g_model_mu;
 std::string g_model_name;
 uint32_t g_max_model_len = 0;
 
-absl::StatusOr<std::string> ModelName(Client& c) {
+// Asks the coordinator (over this thread's Client) only until it has answered once: a thread
+// that serves only generations never opens a Client of its own.
+absl::StatusOr<std::string> ModelName() {
   {
     std::lock_guard<std::mutex> l(g_model_mu);
     if (!g_model_name.empty()) {
       return g_model_name;
     }
   }
-  auto info = c.Info(std::chrono::seconds(5));
+  Client* c = ThreadClient();
+  if (c == nullptr) {
+    return absl::UnavailableError("cannot connect");
+  }
+  auto info = c->Info(std::chrono::seconds(5));
   if (!info.ok()) {
     return info.status();
   }
@@ -382,10 +400,9 @@ json FinishFields(Choice& c) {
 
 class Generation {
  public:
-  Generation(HttpExchange& http, Client& client, const ParsedRequest& req, const ChatPrompt& prompt,
+  Generation(HttpExchange& http, const ParsedRequest& req, const ChatPrompt& prompt,
              std::string model)
       : http_(http),
-        client_(client),
         req_(req),
         prompt_(prompt),
         model_(std::move(model)),
@@ -413,94 +430,53 @@ class Generation {
         }
       }
     }
-    for (size_t i = 0; i < req_.inputs.size(); ++i) {
-      auto id = client_.Submit(req_.inputs[i]);
-      if (!id.ok()) {
-        AbortOpen();
-        return WriteError(http_, Unavailable(std::string(id.status().message())));
-      }
-      choices_[i].request_id = *id;
-      index_[*id] = i;
+    auto ids = g_link->Submit(req_.inputs, &mailbox_);
+    if (!ids.ok()) {
+      return WriteError(http_, Unavailable(std::string(ids.status().message())));
     }
-    size_t open = choices_.size();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      choices_[i].request_id = (*ids)[i];
+      index_[(*ids)[i]] = i;
+    }
+    open_ = choices_.size();
     const auto timeout = std::chrono::seconds(g_options->request_timeout_s);
     auto silent_since = std::chrono::steady_clock::now();
-    while (open > 0) {
+    std::vector<Reply> batch;
+    while (open_ > 0) {
       // Waits in slices: a stream silent for a slice gets an SSE comment, whose failed write is
       // how a client that went away while its request waits (queued, or in a long prefill) is
       // noticed; without it that is noticed only at the next token.
-      auto r = client_.Next(kHeartbeat);
-      if (!r.ok() && r.status().code() == absl::StatusCode::kDeadlineExceeded &&
-          g_watch.Silence() > kCoordinatorSilence) {
-        AbortOpen();
-        return Fail(Unavailable(
-            "it stopped answering " +
-            std::to_string(
-                std::chrono::duration_cast<std::chrono::seconds>(g_watch.Silence()).count()) +
-            " s ago, with this request unfinished"));
-      }
-      if (!r.ok() && r.status().code() == absl::StatusCode::kDeadlineExceeded &&
-          std::chrono::steady_clock::now() - silent_since < timeout) {
+      batch.clear();
+      if (!mailbox_.Wait(kHeartbeat, batch)) {
+        if (g_watch.Silence() > kCoordinatorSilence) {
+          AbortOpen();
+          return Fail(Unavailable(
+              "it stopped answering " +
+              std::to_string(
+                  std::chrono::duration_cast<std::chrono::seconds>(g_watch.Silence()).count()) +
+              " s ago, with this request unfinished"));
+        }
+        if (std::chrono::steady_clock::now() - silent_since >= timeout) {
+          AbortOpen();
+          return Fail(Error(
+              504, "timeout",
+              "no reply from the coordinator within " + std::to_string(timeout.count()) + " s"));
+        }
         if (req_.stream && !http_.SendEvents(": waiting\n\n")) {
           AbortOpen();
           return 499;
         }
         continue;
       }
-      if (!r.ok()) {
-        AbortOpen();
-        return Fail(Error(504, "timeout",
-                          "no reply from the coordinator within " +
-                              std::to_string(timeout.count()) +
-                              " s: " + std::string(r.status().message())));
-      }
       silent_since = std::chrono::steady_clock::now();
-      auto it = index_.find(r->request_id);
-      if (it == index_.end()) {
-        continue;  // an earlier, aborted request of this thread
-      }
-      Choice& c = choices_[it->second];
-      if (c.finished) {
-        continue;
-      }
-      if (r->kind == Reply::Kind::kError) {
-        AbortOpen();
-        return Fail(FromCoordinatorError(r->error_code, r->message));
-      }
-      if (r->kind == Reply::Kind::kChunk) {
-        if (auto e = OnChunk(it->second, *r); e.has_value()) {
-          AbortOpen();
-          return e->status == 499 ? 499 : Fail(*e);
-        }
-        continue;
-      }
-      if (r->kind != Reply::Kind::kFinal) {
-        continue;
-      }
-      c.finished = true;
-      --open;
-      if (r->finish_reason == "error" || r->finish_reason == "abort") {
-        AbortOpen();
-        return Fail(GenerationEnded(r->finish_reason, r->message));
-      }
-      c.finish_reason = FinishReasonName(r->finish_reason);
-      if (parsed_) {
-        final_delta_ = std::move(c.pending);
-        c.pending = json::object();
-        MergeDelta(final_delta_, FinishFields(c));
-        if (c.parser->num_calls() > 0 && c.finish_reason == "stop") {
-          c.finish_reason = "tool_calls";
-        }
-        if (auto e = UndeclaredCall(c)) {
-          AbortOpen();
-          return Fail(*e);
+      // Every reply that came is handled before anything is written: the events of several
+      // steps (a client or this thread running behind) go out in one write.
+      for (const Reply& r : batch) {
+        if (auto end = OnReply(r)) {
+          return *end;
         }
       }
-      c.text = r->text;
-      c.prompt_tokens = r->prompt_tokens;
-      c.completion_tokens = r->completion_tokens;
-      c.cached_tokens = r->cached_tokens;
-      if (req_.stream && !OnStreamFinal(it->second)) {
+      if (!FlushEvents()) {
         AbortOpen();
         return 499;
       }
@@ -508,28 +484,101 @@ class Generation {
     return req_.stream ? EndStream() : WriteJson(http_, 200, FullResponse());
   }
 
+  ~Generation() { AbortOpen(); }
+
  private:
+  // One reply; the HTTP status when the request ends with it.
+  std::optional<int> OnReply(const Reply& r) {
+    auto it = index_.find(r.request_id);
+    if (it == index_.end()) {
+      return std::nullopt;
+    }
+    Choice& c = choices_[it->second];
+    if (c.finished) {
+      return std::nullopt;
+    }
+    if (r.kind == Reply::Kind::kError) {
+      AbortOpen();
+      return Fail(FromCoordinatorError(r.error_code, r.message));
+    }
+    if (r.kind == Reply::Kind::kChunk) {
+      if (auto e = OnChunk(it->second, r); e.has_value()) {
+        AbortOpen();
+        return e->status == 499 ? 499 : Fail(*e);
+      }
+      return std::nullopt;
+    }
+    if (r.kind != Reply::Kind::kFinal) {
+      return std::nullopt;
+    }
+    c.finished = true;
+    --open_;
+    if (r.finish_reason == "error" || r.finish_reason == "abort") {
+      AbortOpen();
+      return Fail(GenerationEnded(r.finish_reason, r.message));
+    }
+    c.finish_reason = FinishReasonName(r.finish_reason);
+    if (parsed_) {
+      final_delta_ = std::move(c.pending);
+      c.pending = json::object();
+      MergeDelta(final_delta_, FinishFields(c));
+      if (c.parser->num_calls() > 0 && c.finish_reason == "stop") {
+        c.finish_reason = "tool_calls";
+      }
+      if (auto e = UndeclaredCall(c)) {
+        AbortOpen();
+        return Fail(*e);
+      }
+    }
+    c.text = r.text;
+    c.prompt_tokens = r.prompt_tokens;
+    c.completion_tokens = r.completion_tokens;
+    c.cached_tokens = r.cached_tokens;
+    if (req_.stream && !OnStreamFinal(it->second)) {
+      AbortOpen();
+      return 499;
+    }
+    return std::nullopt;
+  }
+
   void AbortOpen() {
+    std::vector<uint64_t> ids;
     for (Choice& c : choices_) {
       if (c.request_id != 0 && !c.finished) {
-        (void)client_.Abort(c.request_id);
+        ids.push_back(c.request_id);
         c.finished = true;
       }
     }
+    g_link->Abort(ids, &mailbox_);
   }
 
   // An error before the stream's head is an HTTP error; after it, an SSE event.
   int Fail(const ApiError& e) {
-    if (!http_.events_started()) {
+    if (!http_.events_started() && out_.empty()) {
       return WriteError(http_, e);
     }
-    if (http_.SendEvents("data: " + Dump(e.Body()) + "\n\ndata: [DONE]\n\n")) {
+    out_ += "data: " + Dump(e.Body()) + "\n\ndata: [DONE]\n\n";
+    if (FlushEvents()) {
       http_.EndEvents();
     }
     return 200;
   }
 
-  bool SendEvent(const json& j) { return http_.SendEvents("data: " + Dump(j) + "\n\n"); }
+  // Events wait in out_ until the replies at hand are handled (or it holds 64 kB).
+  bool SendEvent(const json& j) {
+    out_ += "data: ";
+    out_ += Dump(j);
+    out_ += "\n\n";
+    return out_.size() < (64u << 10) || FlushEvents();
+  }
+  bool FlushEvents() {
+    if (out_.empty()) {
+      return true;
+    }
+    const bool ok = http_.SendEvents(out_);
+    out_.clear();
+    return ok;
+  }
 
   json ChunkEnvelope(json choice) const {
     return {{"id", id_},
@@ -697,7 +746,8 @@ class Generation {
                  {"choices", json::array()},
                  {"usage", Usage()}});
     }
-    if (http_.SendEvents("data: [DONE]\n\n")) {
+    out_ += "data: [DONE]\n\n";
+    if (FlushEvents()) {
       http_.EndEvents();
     }
     return 200;
@@ -742,7 +792,9 @@ class Generation {
   }
 
   HttpExchange& http_;
-  Client& client_;
+  CoordinatorLink::Mailbox mailbox_;
+  size_t open_ = 0;  // choices without their final
+  std::string out_;  // stream events not yet written
   const ParsedRequest& req_;
   const ChatPrompt& prompt_;
   const std::string model_;
@@ -858,11 +910,7 @@ int HandleGenerate(HttpExchange& http, Endpoint endpoint) {
     e.param = "stop";
     return WriteError(http, e);
   }
-  Client* client = ThreadClient();
-  if (client == nullptr) {
-    return WriteError(http, Unavailable("cannot connect"));
-  }
-  auto model = ModelName(*client);
+  auto model = ModelName();
   if (!model.ok()) {
     return WriteError(http, Unavailable(std::string(model.status().message())));
   }
@@ -876,7 +924,7 @@ int HandleGenerate(HttpExchange& http, Endpoint endpoint) {
     e.param = "model";
     return WriteError(http, e);
   }
-  auto gen = std::make_unique<Generation>(http, *client, parsed->request, *prompt, *model);
+  auto gen = std::make_unique<Generation>(http, parsed->request, *prompt, *model);
   return gen->Run();
 }
 
@@ -896,11 +944,7 @@ int HandleHealth(HttpExchange& http) {
 }
 
 int HandleModels(HttpExchange& http) {
-  Client* client = ThreadClient();
-  if (client == nullptr) {
-    return WriteError(http, Unavailable("cannot connect"));
-  }
-  auto model = ModelName(*client);
+  auto model = ModelName();
   if (!model.ok()) {
     return WriteError(http, Unavailable(std::string(model.status().message())));
   }
@@ -967,7 +1011,7 @@ int HandleTokenize(HttpExchange& http) {
     return WriteError(http, BadParam("prompt", "give 'prompt' (a string) or 'messages'"));
   }
   json max_len = nullptr;
-  if (Client* client = ThreadClient(); client != nullptr && ModelName(*client).ok()) {
+  if (ModelName().ok()) {
     std::lock_guard<std::mutex> l(g_model_mu);
     if (g_max_model_len > 0) {
       max_len = g_max_model_len;
@@ -1137,6 +1181,14 @@ int Main(int argc, char** argv) {
     return Usage();
   }
 
+  auto link = CoordinatorLink::Start(o.coordinator);
+  if (!link.ok()) {
+    std::fprintf(stderr, "mlaserve-openai: --coordinator %s: %s\n", o.coordinator.c_str(),
+                 std::string(link.status().message()).c_str());
+    return 1;
+  }
+  g_link = link->get();
+
   signal(SIGPIPE, SIG_IGN);
   signal(SIGINT, [](int) { g_stop = true; });
   signal(SIGTERM, [](int) { g_stop = true; });
@@ -1158,6 +1210,22 @@ int Main(int argc, char** argv) {
       // the accept thread instead of seeing their SYN dropped and retried a second later.
       "listen_backlog", backlog.c_str(), nullptr};
   mg_callbacks callbacks{};
+  // The HTTP threads run kHttpThreadNice below the rest: the link thread that feeds them all
+  // (and the coordinator, when it shares the machine) is never starved by a thousand streams'
+  // writes; a flood of HTTP clients then slows the HTTP clients.
+  callbacks.init_thread = [](const mg_context*, int thread_type) -> void* {
+    if (thread_type == 1) {
+      const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+      errno = 0;
+      const int nice = getpriority(PRIO_PROCESS, tid);
+      if (errno == 0) {
+        (void)setpriority(PRIO_PROCESS, tid, nice + kHttpThreadNice);
+      }
+      sched_param param{};
+      (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
+    }
+    return nullptr;
+  };
   mg_context* ctx = mg_start(&callbacks, nullptr, civet_options);
   if (ctx == nullptr) {
     std::fprintf(stderr, "mlaserve-openai: cannot listen on %s\n", o.listen.c_str());

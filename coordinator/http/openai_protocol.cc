@@ -560,6 +560,10 @@ ApiError FromCoordinatorError(const std::string& code, const std::string& messag
     e.status = 503;
     e.type = "service_unavailable";
     e.code = code == "shuttingDown" ? "draining" : "worker_failed";
+  } else if (code == "unavailable") {  // the front end's own link to the coordinator failed
+    e.status = 503;
+    e.type = "service_unavailable";
+    e.code = "coordinator_unavailable";
   } else if (code == "notFound") {
     e.status = 404;
     e.type = "not_found_error";

@@ -780,10 +780,10 @@ TEST_F(OpenAiFailureTest, OverloadIs429AndDrainingIs503) {
   // The stream in flight is aborted at the drain deadline: an error event, then [DONE].
   bool done = false;
   const auto errors = StreamErrors(*stream, &done);
+  stop.join();
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0]["code"], "draining");
   EXPECT_TRUE(done);
-  stop.join();
 }
 
 TEST_F(OpenAiFailureTest, FailedWorkerJobIs503ThenCoordinatorGoneIs503) {
