@@ -216,6 +216,7 @@ absl::Status Coordinator::Start() {
   metrics_ =
       std::make_unique<CoordinatorMetrics>(options_.model_name, options_.metrics_address, ranks_);
   metrics_->kv_blocks_total->Set(kv_blocks);
+  metrics_->kv_dcp_ranks->Set(info.value("dcp", 1));
   metrics_->worker_up->Set(1);
   info["name"] = options_.model_name;
   info["max_model_len"] = max_len;

@@ -44,6 +44,8 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& model, const std::stri
   waiting = gauge("mlaserve_requests_waiting", "Requests waiting to be scheduled");
   kv_usage = gauge("mlaserve_kv_cache_usage_ratio", "Fraction of KV cache blocks in use");
   kv_blocks_total = gauge("mlaserve_kv_cache_blocks", "KV cache blocks (64 tokens each)");
+  kv_dcp_ranks = gauge("mlaserve_kv_cache_dcp_ranks",
+                       "Ranks the KV cache is split over (decode context parallelism; 1: none)");
   worker_up = gauge("mlaserve_worker_up", "1 while the worker job answers, 0 once it failed");
   ttft = hist("mlaserve_time_to_first_token_seconds", "Arrival to first token", LatencyBuckets());
   itl = hist("mlaserve_inter_token_latency_seconds", "Time between consecutive tokens of a request", LatencyBuckets());

@@ -32,6 +32,7 @@ class CoordinatorMetrics {
   prometheus::Gauge* waiting;
   prometheus::Gauge* kv_usage;           // used blocks / total, 0..1
   prometheus::Gauge* kv_blocks_total;
+  prometheus::Gauge* kv_dcp_ranks;  // ranks the KV cache is split over (1: every rank holds all)
   prometheus::Gauge* worker_up;          // 1 while the worker job answers
   prometheus::Histogram* ttft;
   prometheus::Histogram* itl;

@@ -71,6 +71,7 @@ void KvCacheWriteRef(KvCacheFormat format, float fp8_scale, const float* latent,
                      const int64_t* slots, int n, uint8_t* kv_pool) {
   const size_t row_bytes = KvCacheBytesPerToken(format);
   for (int r = 0; r < n; ++r) {
+    if (slots[r] < 0) continue;  // not this rank's row (padding, or another rank's under DCP)
     KvCacheEncodeRow(format, latent + static_cast<size_t>(r) * kMlaLatentDim,
                      rope + static_cast<size_t>(r) * kMlaRopeDim, fp8_scale,
                      kv_pool + static_cast<size_t>(slots[r]) * row_bytes);

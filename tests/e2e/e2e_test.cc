@@ -405,6 +405,43 @@ TEST(E2eDeterministicTest, SeededSamplingSurvivesPreemptionAndBatching) {
   EXPECT_EQ(server.Stop(), 0) << server.Logs();
 }
 
+// Decode context parallelism (--dcp 2, issue 20) behind the coordinator: 2 CPU ranks splitting
+// the cache (4 blocks each, 8 for the coordinator), 12 concurrent greedy requests that must be
+// preempted, then the same prompt again for a prefix-cache hit. Every output equals transformers'
+// golden continuation for its first 32 tokens and the request run alone for all 60 (f32 cache).
+TEST(E2eDcpTest, SplitCacheServesGoldenGreedyThroughPreemptionAndPrefixReuse) {
+  if (E2eOnGpu()) GTEST_SKIP() << "decode context parallelism runs on the CPU backend only so far";
+  ServerProcesses server;
+  ServerOptions o;
+  o.model_dir = FixtureDir(E2eModel());
+  o.ranks = 2;
+  o.kv_blocks = 4;
+  o.coordinator_args = {"--max-step-tokens", "512"};
+  o.worker_args = {"--dcp", "2"};
+  const std::string err = server.Start(o);
+  ASSERT_EQ(err, "") << err;
+  auto c = Client::Connect(server.endpoint());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(server.MetricValue("mlaserve_kv_cache_blocks"), 8.0) << server.Metrics();
+  EXPECT_EQ(server.MetricValue("mlaserve_kv_cache_dcp_ranks"), 2.0) << server.Metrics();
+  Golden golden(FixtureDir("kimi-tiny"));
+  const auto prompt = golden.Get<int32_t>("p2.ids");
+  const auto want = golden.Get<int32_t>("p2.greedy");
+  const auto alone = RunAll(**c, {Greedy(prompt, 60)})[0].final.token_ids;
+  ASSERT_EQ(alone.size(), 60u);
+  EXPECT_EQ(std::vector<int32_t>(alone.begin(), alone.begin() + want.size()), want);
+  std::vector<GenerateInput> batch(12, Greedy(prompt, 60));
+  for (const auto& out : RunAll(**c, batch)) EXPECT_EQ(out.final.token_ids, alone);
+  EXPECT_GT(server.MetricValue("mlaserve_preemptions_total"), 0.0) << server.Metrics();
+  const double hits = server.MetricValue("mlaserve_prefix_cache_hits_total");
+  EXPECT_EQ(RunAll(**c, {Greedy(prompt, 60)})[0].final.token_ids, alone);
+  EXPECT_GT(server.MetricValue("mlaserve_prefix_cache_hits_total"), hits) << server.Metrics();
+  auto info = (*c)->Info();
+  ASSERT_TRUE(info.ok());
+  EXPECT_NE(info->text.find("\"dcp\":2"), std::string::npos) << info->text;
+  EXPECT_EQ(server.Stop(), 0) << server.Logs();
+}
+
 // Text in, text out on the embedded tiny model (DeepSeek-V3's tokenizer and chat template):
 // streamed text deltas concatenate to the final text, stop strings cut the text exactly before
 // the match (and end the request with reason stop), logprobs come with their alternatives.

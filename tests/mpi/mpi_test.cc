@@ -70,6 +70,50 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// Decode context parallelism (issue 20): the cache split by blocks over the ranks, every format;
+// against transformers in f32 and against one rank of the same model in every format
+// (mpi_model_check --dcp says what is compared).
+struct DcpCase {
+  const char* model;
+  int ranks;
+  const char* kv;
+};
+
+class MpiDcpTest : public ::testing::TestWithParam<DcpCase> {};
+
+TEST_P(MpiDcpTest, MatchesOneRank) {
+  const DcpCase c = GetParam();
+  const RunResult r = RunMpi(c.ranks, "--model " + FixtureDir(c.model) + " --kv " + c.kv +
+                                          " --dcp " + std::to_string(c.ranks));
+  std::printf("%s", r.output.c_str());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("greedy 64 identical"), std::string::npos) << r.output;
+  if (std::string(c.kv) == "f32") {
+    EXPECT_NE(r.output.find("greedy identical"), std::string::npos) << r.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, MpiDcpTest,
+    ::testing::Values(DcpCase{"kimi-tiny", 2, "f32"}, DcpCase{"kimi-tiny", 4, "f32"},
+                      DcpCase{"kimi-tiny", 2, "bf16"}, DcpCase{"kimi-tiny", 2, "fp8"},
+                      DcpCase{"kimi-tiny", 4, "fp8_tiled"}, DcpCase{"dsv3-tiny", 2, "f32"},
+                      DcpCase{"noqlora-tiny", 3, "bf16"}, DcpCase{"kimi-tiny-nvfp4", 2, "f32"}),
+    [](const ::testing::TestParamInfo<DcpCase>& info) {
+      std::string name = std::string(info.param.model) + "_" + std::to_string(info.param.ranks) +
+                         "_" + info.param.kv;
+      for (char& ch : name) {
+        if (ch == '-') ch = '_';
+      }
+      return name;
+    });
+
+TEST(MpiFailureTest, DcpOtherThanTheRankCountIsAClearError) {
+  const RunResult r = RunMpi(2, "--model " + FixtureDir("kimi-tiny") + " --dcp 3");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("must equal the rank count"), std::string::npos) << r.output;
+}
+
 TEST(MpiFailureTest, Nvfp4TensorSplitOffScaleBlocksIsAClearError) {
   // 32-wide expert intermediate over 3 ranks: slices of 11/11/10 columns of down_proj do not
   // fall on NVFP4's 16-value scale blocks.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/activation/silu_mul_ref.h"
@@ -306,6 +307,127 @@ void CpuOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
           for (int c2 = 0; c2 < kMlaLatentDim; ++c2) acc += li[c2] * row[c2];
           oi[d] = acc;
         }
+      }
+    }
+  }
+}
+
+void CpuOps::MlaAbsorb(const MlaShape& s, const DcpShape& dcp, const Tensor& q, const Tensor& w_kb,
+                       Tensor& q_abs) {
+  const int64_t T = q.dim(0);
+  const int qk = s.qk_nope + s.qk_rope, slots = dcp.heads_per_rank;
+  const float* qd = q.data<float>();
+  const float* kb = w_kb.data<float>();
+  float* out = q_abs.data<float>();
+  std::fill(out, out + static_cast<size_t>(T) * slots * kMlaQkDim, 0.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int h = 0; h < s.heads; ++h) {
+      const float* qi = qd + (t * s.heads + h) * qk;
+      float* dst = out + (t * slots + h) * kMlaQkDim;
+      for (int d = 0; d < s.qk_nope; ++d) {
+        const float* row = kb + (static_cast<size_t>(h) * s.qk_nope + d) * kMlaLatentDim;
+        for (int c = 0; c < kMlaLatentDim; ++c) dst[c] += qi[d] * row[c];
+      }
+      std::copy(qi + s.qk_nope, qi + qk, dst + kMlaLatentDim);
+    }
+  }
+}
+
+void CpuOps::MlaAttend(const MlaShape& s, const DcpShape& dcp, const Tensor& q_all,
+                       const KvCacheLayer& cache, const StepTensors& step, int group,
+                       Tensor& latent, Tensor& lse) {
+  const StepLayout& L = *step.layout;
+  const StepLayout::DecodeGroup& g = L.decode[group];
+  const int64_t T = L.num_tokens;
+  const int H = dcp.ranks * dcp.heads_per_rank;  // every head slot of the DCP group
+  const float* qa = q_all.data<float>();
+  float* lat = latent.data<float>();
+  float* ls = lse.data<float>();
+  std::vector<float> q(static_cast<size_t>(H) * kMlaQkDim), o(static_cast<size_t>(H) * kMlaLatentDim),
+      l(H);
+  // Head slot (r, hl) of token t lives at [r][t][hl] in q_all, latent and lse.
+  auto at = [&](int r, int64_t t, int hl) {
+    return (static_cast<size_t>(r) * T + t) * dcp.heads_per_rank + hl;
+  };
+  for (int c = g.seq_begin; c < g.seq_begin + g.num_seqs; ++c) {
+    const SequenceSlice& seq = L.seqs[c];
+    const int64_t t = seq.token_begin;
+    const int32_t keys = L.attend_lens.empty() ? seq.context_len + 1 : L.attend_lens[c];
+    for (int r = 0; r < dcp.ranks; ++r) {
+      for (int hl = 0; hl < dcp.heads_per_rank; ++hl) {
+        const int h = r * dcp.heads_per_rank + hl;
+        std::copy(qa + at(r, t, hl) * kMlaQkDim, qa + (at(r, t, hl) + 1) * kMlaQkDim,
+                  q.data() + static_cast<size_t>(h) * kMlaQkDim);
+      }
+    }
+    if (keys == 0) {
+      std::fill(o.begin(), o.end(), 0.0f);
+      std::fill(l.begin(), l.end(), -std::numeric_limits<float>::infinity());
+    } else {
+      MlaDecodeRefParams p{};
+      p.q = q.data();
+      p.kv_pool = cache.pool.data<uint8_t>();
+      p.block_table = seq.block_table.data();
+      p.max_blocks_per_seq = static_cast<int>(seq.block_table.size());
+      p.seq_lens = &keys;
+      p.batch = 1;
+      p.s_q = 1;
+      p.heads = H;
+      p.format = cache.format;
+      p.kv_scale = cache.fp8_scale;
+      p.softmax_scale = s.softmax_scale;
+      p.out = o.data();
+      p.lse = l.data();
+      MlaDecodeRef(p);
+    }
+    for (int r = 0; r < dcp.ranks; ++r) {
+      for (int hl = 0; hl < dcp.heads_per_rank; ++hl) {
+        const int h = r * dcp.heads_per_rank + hl;
+        std::copy(o.data() + static_cast<size_t>(h) * kMlaLatentDim,
+                  o.data() + static_cast<size_t>(h + 1) * kMlaLatentDim,
+                  lat + at(r, t, hl) * kMlaLatentDim);
+        ls[at(r, t, hl)] = l[h];
+      }
+    }
+  }
+}
+
+void CpuOps::MlaMergeExpand(const MlaShape& s, const DcpShape& dcp, const Tensor& latent_all,
+                            const Tensor& lse_all, const Tensor& w_vb, Tensor& out) {
+  const int64_t T = out.dim(0);
+  const int N = dcp.ranks, slots = dcp.heads_per_rank;
+  const float* lat = latent_all.data<float>();
+  const float* ls = lse_all.data<float>();
+  const float* vb = w_vb.data<float>();
+  float* o = out.data<float>();
+  // Source rank src's partial for head slot (dcp.rank, hl) of token t.
+  auto at = [&](int src, int64_t t, int hl) {
+    return ((static_cast<size_t>(src) * N + dcp.rank) * T + t) * slots + hl;
+  };
+  std::vector<double> merged(kMlaLatentDim);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int hl = 0; hl < s.heads; ++hl) {
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int src = 0; src < N; ++src) mx = std::max(mx, static_cast<double>(ls[at(src, t, hl)]));
+      std::fill(merged.begin(), merged.end(), 0.0);
+      double wsum = 0.0;
+      if (mx > -std::numeric_limits<double>::infinity()) {
+        for (int src = 0; src < N; ++src) {
+          const double w = std::exp(static_cast<double>(ls[at(src, t, hl)]) - mx);
+          if (w == 0.0) continue;
+          wsum += w;
+          const float* part = lat + at(src, t, hl) * kMlaLatentDim;
+          for (int c = 0; c < kMlaLatentDim; ++c) merged[c] += w * part[c];
+        }
+      }
+      float* oi = o + (t * s.heads + hl) * s.v_dim;
+      for (int d = 0; d < s.v_dim; ++d) {
+        const float* row = vb + (static_cast<size_t>(hl) * s.v_dim + d) * kMlaLatentDim;
+        float acc = 0.0f;
+        for (int c = 0; c < kMlaLatentDim; ++c) {
+          acc += static_cast<float>(wsum > 0.0 ? merged[c] / wsum : 0.0) * row[c];
+        }
+        oi[d] = acc;
       }
     }
   }

@@ -847,6 +847,21 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
   impl_->Check(impl_->gemm->Run(expand, impl_->stream), [&] { return what() + " (v expand)"; });
 }
 
+void CudaOps::MlaAbsorb(const MlaShape&, const DcpShape&, const Tensor&, const Tensor&, Tensor&) {
+  impl_->Fail(absl::UnimplementedError(
+      "decode context parallelism (--dcp) runs on the CPU backend only so far"));
+}
+void CudaOps::MlaAttend(const MlaShape&, const DcpShape&, const Tensor&, const KvCacheLayer&,
+                        const StepTensors&, int, Tensor&, Tensor&) {
+  impl_->Fail(absl::UnimplementedError(
+      "decode context parallelism (--dcp) runs on the CPU backend only so far"));
+}
+void CudaOps::MlaMergeExpand(const MlaShape&, const DcpShape&, const Tensor&, const Tensor&,
+                             const Tensor&, Tensor&) {
+  impl_->Fail(absl::UnimplementedError(
+      "decode context parallelism (--dcp) runs on the CPU backend only so far"));
+}
+
 void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& bias, Tensor& ids,
                        Tensor& weights) {
   MLASERVE_SKIP_IF_FAILED();

@@ -66,6 +66,15 @@ class CudaOps : public Ops {
   void MlaPrefill(const MlaShape& shape, const Tensor& q, const Tensor& latent,
                   const Tensor& k_rope, const LinearWeight& kv_b, const KvCacheLayer& cache,
                   const StepTensors& step, Tensor& out) override;
+  // Decode context parallelism runs on the CPU backend only so far: these fail the step with
+  // an error that says so (worker/backend/NOTES.md).
+  void MlaAbsorb(const MlaShape& shape, const DcpShape& dcp, const Tensor& q, const Tensor& w_kb,
+                 Tensor& q_abs) override;
+  void MlaAttend(const MlaShape& shape, const DcpShape& dcp, const Tensor& q_all,
+                 const KvCacheLayer& cache, const StepTensors& step, int group, Tensor& latent,
+                 Tensor& lse) override;
+  void MlaMergeExpand(const MlaShape& shape, const DcpShape& dcp, const Tensor& latent_all,
+                      const Tensor& lse_all, const Tensor& w_vb, Tensor& out) override;
   void MlaDecode(const MlaShape& shape, const Tensor& q, const Tensor& w_kb, const Tensor& w_vb,
                  const KvCacheLayer& cache, const StepTensors& step, int group,
                  Tensor& out) override;

@@ -83,6 +83,15 @@ struct MlaShape {
   float softmax_scale = 1.0f;
 };
 
+// Decode context parallelism (ModelOptions::dcp): `ranks` ranks split the cache by blocks and
+// the heads as ever; each attends with every head over its own rows. Heads travel between ranks
+// in slots of heads_per_rank per rank (ceil(heads / ranks); a rank with fewer pads with zeros).
+struct DcpShape {
+  int ranks = 1;
+  int rank = 0;
+  int heads_per_rank = 0;
+};
+
 struct MoeRouting {
   int num_experts = 0;
   int top_k = 0;
@@ -181,6 +190,25 @@ class Ops {
   virtual void MlaDecode(const MlaShape& shape, const Tensor& q, const Tensor& w_kb,
                          const Tensor& w_vb, const KvCacheLayer& cache, const StepTensors& step,
                          int group, Tensor& out) = 0;
+
+  // The absorbed attention in three parts, for decode context parallelism (the model gathers
+  // q_abs and the partial outputs between the parts; StepLayoutOptions::dcp_size).
+  // q_abs [T, heads_per_rank, 576] = (q_nope W_kb[h] | q_rope) of the local heads (shape.heads),
+  // the slots past them zero.
+  virtual void MlaAbsorb(const MlaShape& shape, const DcpShape& dcp, const Tensor& q,
+                         const Tensor& w_kb, Tensor& q_abs) = 0;
+  // Decode group `group` (one-token sequences) against this rank's cache rows (step.layout's
+  // attend_lens keys each): q_all [ranks, T, heads_per_rank, 576] (every rank's q_abs) ->
+  // latent [ranks, T, heads_per_rank, 512] fp32, normalised over this rank's keys, and lse
+  // [ranks, T, heads_per_rank] (natural log; -inf and zeros where this rank has no keys).
+  virtual void MlaAttend(const MlaShape& shape, const DcpShape& dcp, const Tensor& q_all,
+                         const KvCacheLayer& cache, const StepTensors& step, int group,
+                         Tensor& latent, Tensor& lse) = 0;
+  // The local heads' output out [T, heads, v] from every rank's partials (latent_all [ranks,
+  // ranks, T, heads_per_rank, 512], lse_all [ranks, ranks, T, heads_per_rank]: by source rank,
+  // then head slot): merged by log-sum-exp, expanded through w_vb [heads, v, 512].
+  virtual void MlaMergeExpand(const MlaShape& shape, const DcpShape& dcp, const Tensor& latent_all,
+                              const Tensor& lse_all, const Tensor& w_vb, Tensor& out) = 0;
 
   // Router: logits [T, E] fp32, bias [E] or empty -> ids [T, k] (I32), weights [T, k] (F32).
   virtual void MoeRoute(const MoeRouting& routing, const Tensor& logits, const Tensor& bias,

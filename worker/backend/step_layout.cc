@@ -67,6 +67,56 @@ absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLay
   for (int32_t row : batch.logits_rows) {
     if (row < 0 || row >= T) return absl::InvalidArgumentError("logits row outside the step");
   }
+  if (o.dcp_size > 1) {
+    // Built directly (the batch is validated above): one one-token sequence per row, in row
+    // order, all in one decode group; this rank's blocks and keys only.
+    const int N = o.dcp_size;
+    if (o.dcp_rank < 0 || o.dcp_rank >= N) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DCP rank ", o.dcp_rank, " outside 0..", N - 1));
+    }
+    StepLayout L;
+    L.num_tokens = static_cast<int>(T);
+    L.num_seqs = static_cast<int>(T);
+    L.tokens = batch.tokens;
+    L.positions = batch.positions;
+    L.logits_rows = batch.logits_rows;
+    L.slots.resize(batch.slots.size());
+    for (size_t r = 0; r < batch.slots.size(); ++r) {
+      const int64_t g = batch.slots[r] / kKvBlockTokens, off = batch.slots[r] % kKvBlockTokens;
+      L.slots[r] = g % N == o.dcp_rank ? (g / N) * kKvBlockTokens + off : -1;
+    }
+    int width = 1;
+    for (int64_t r = 0; r < T; ++r) {
+      const SequenceSlice& s = batch.seqs[owner[r]];
+      const int p = batch.positions[r], pb = p / kKvBlockTokens;
+      SequenceSlice one;
+      one.token_begin = static_cast<int>(r);
+      one.num_tokens = 1;
+      int keys = 0;
+      for (int j = 0; j <= pb; ++j) {
+        const int32_t g = s.block_table[j];
+        if (g % N != o.dcp_rank) continue;
+        one.block_table.push_back(g / N);
+        keys += j < pb ? kKvBlockTokens : p % kKvBlockTokens + 1;
+      }
+      if (one.block_table.empty()) one.block_table.push_back(0);  // never read: no keys
+      one.context_len = std::max(keys - 1, 0);  // the local view's own length (table-consistent)
+      width = std::max(width, static_cast<int>(one.block_table.size()));
+      L.attend_lens.push_back(keys);
+      L.seq_lens.push_back(one.context_len + 1);
+      L.context_lens.push_back(one.context_len);
+      L.seqs.push_back(std::move(one));
+    }
+    L.max_blocks = width;
+    L.block_tables.assign(static_cast<size_t>(T) * width, 0);
+    for (int64_t c = 0; c < T; ++c) {
+      std::copy(L.seqs[c].block_table.begin(), L.seqs[c].block_table.end(),
+                L.block_tables.begin() + c * width);
+    }
+    if (T > 0) L.decode.push_back({1, 0, static_cast<int>(T), 0});
+    return L;
+  }
   if (o.per_token_attention) {
     // One sequence per token, in the caller's sequence order (validated above as a whole).
     StepBatch split;

@@ -54,6 +54,9 @@ struct StepLayout {
   std::vector<int32_t> block_tables;  // [S, max_blocks], unused entries 0
   std::vector<int32_t> seq_lens;      // [S] context_len + num_tokens
   std::vector<int32_t> context_lens;  // [S]
+  // Under DCP (StepLayoutOptions::dcp_size > 1): [S] this rank's cached keys each one-token
+  // sequence attends to (may be 0); empty otherwise.
+  std::vector<int32_t> attend_lens;
 
   // Decode groups: sequences [seq_begin, seq_begin + num_seqs) each with s_q new tokens, rows
   // [row_begin, row_begin + num_seqs * s_q).
@@ -88,6 +91,15 @@ struct StepLayoutOptions {
   int num_blocks = 0;
   bool force_absorbed = false;
   bool per_token_attention = false;
+  // Decode context parallelism (ModelOptions::dcp): dcp_size ranks split the cache by whole
+  // blocks, global block g living on rank g % dcp_size as its local block g / dcp_size (the
+  // caller's block ids and slots are global: num_blocks and num_slots count all ranks' pools).
+  // This rank's layout: every token is a one-token sequence (as per_token_attention) whose block
+  // table lists only this rank's blocks up to the token's position (local ids) and whose
+  // attend_lens entry counts this rank's keys at positions <= the token's (0 when it has none);
+  // slots are local, -1 for rows another rank stores.
+  int dcp_rank = 0;
+  int dcp_size = 1;
 };
 
 absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch,

@@ -347,6 +347,15 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const Ten
         ": the rank must be in [0, world) and the communicator single-rank (found ", comm.size(),
         " ranks)"));
   }
+  if (options.dcp != 1 && (options.dcp != comm.size() || options.shard_world > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode context parallelism over ", options.dcp, " ranks: it must equal the rank count (",
+        comm.size(), "), the only grouping so far, and cannot be combined with a shard override"));
+  }
+  if (options.dcp > 1 && ops.device() != Device::kCpu) {
+    return absl::UnimplementedError(
+        "decode context parallelism (--dcp) runs on the CPU backend only so far");
+  }
   std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model(ops, comm));
   m->config_ = config;
   m->options_ = options;
@@ -617,6 +626,33 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
   ops_.KvWrite(latent, k_rope, step, L.kv);
 
   Tensor attn = ops_.Activation({T, static_cast<int64_t>(heads_.count) * c.v_head_dim});
+  if (options_.dcp > 1) {
+    // Every rank attends with all heads over its own cache rows: gather q, attend, gather the
+    // partial outputs with their log-sum-exp, merge this rank's heads, expand.
+    const int N = options_.dcp;
+    DcpShape d;
+    d.ranks = N;
+    d.rank = comm_.rank();
+    d.heads_per_rank = (c.num_attention_heads + N - 1) / N;
+    const int64_t slots = d.heads_per_rank;
+    Tensor q_abs = ops_.Activation({T, slots, kMlaQkDim});
+    ops_.MlaAbsorb(mla_, d, q, L.w_kb, q_abs);
+    Tensor q_all = ops_.Activation({N, T, slots, kMlaQkDim});
+    if (auto s = comm_.AllGatherDevice(q_abs, q_all); !s.ok()) return s;
+    Tensor latent_part = ops_.Activation({N, T, slots, kMlaLatentDim}, DType::kF32);
+    Tensor lse_part = ops_.Activation({N, T, slots}, DType::kF32);
+    for (size_t g = 0; g < step.layout->decode.size(); ++g) {
+      ops_.MlaAttend(mla_, d, q_all, L.kv, step, static_cast<int>(g), latent_part, lse_part);
+    }
+    Tensor latent_all = ops_.Activation({N, N, T, slots, kMlaLatentDim}, DType::kF32);
+    Tensor lse_all = ops_.Activation({N, N, T, slots}, DType::kF32);
+    if (auto s = comm_.AllGatherDevice(latent_part, latent_all); !s.ok()) return s;
+    if (auto s = comm_.AllGatherDevice(lse_part, lse_all); !s.ok()) return s;
+    ops_.MlaMergeExpand(mla_, d, latent_all, lse_all, L.w_vb, attn);
+    ops_.Phase("attn.o_proj");
+    ops_.Linear(attn, L.o_proj, out);
+    return AllReduce(out);
+  }
   if (step.layout->prefill.num_seqs > 0) {
     ops_.MlaPrefill(mla_, q, latent, k_rope, L.kv_b, L.kv, step, attn);
   }
@@ -669,6 +705,12 @@ absl::StatusOr<Tensor> DeepseekV3Model::Forward(const StepBatch& batch) {
   lo.num_slots = static_cast<int64_t>(options_.num_kv_blocks) * kKvBlockTokens;
   lo.force_absorbed = options_.force_absorbed;
   lo.per_token_attention = options_.deterministic;
+  if (options_.dcp > 1) {
+    lo.dcp_size = options_.dcp;
+    lo.dcp_rank = comm_.rank();
+    lo.num_blocks = options_.num_kv_blocks * options_.dcp;
+    lo.num_slots = static_cast<int64_t>(lo.num_blocks) * kKvBlockTokens;
+  }
   auto layout = BuildStepLayout(batch, lo);
   if (!layout.ok()) return layout.status();
   layout_ = *std::move(layout);

@@ -38,6 +38,14 @@ struct ModelOptions {
   // per_token_attention) and the backend's ops are batch-invariant (Ops::SetBatchInvariant).
   // Prefill then costs O(prompt x context) attention through the decode kernel.
   bool deterministic = false;
+  // Decode context parallelism (issue 20): the ranks split the latent cache by blocks (global
+  // block g on rank g % dcp) instead of each holding all of it, and each attends with every head
+  // over its own rows; partial outputs are merged by log-sum-exp (StepLayoutOptions::dcp_size,
+  // Ops::MlaAbsorb / MlaAttend / MlaMergeExpand). 1: off; otherwise the rank count (the only
+  // grouping so far). num_kv_blocks stays per rank; the step plans' block ids count all ranks'
+  // pools (dcp x num_kv_blocks). Every token's attention runs as a one-token decode over the
+  // cache (as in the deterministic mode), prefills included.
+  int dcp = 1;
   // Load the shard of rank `shard_rank` of `shard_world` (heads, vocabulary, MLP slices and
   // experts split as a world of that size splits them) instead of the communicator's own rank
   // and size, when shard_world > 0. Meant for a single-rank communicator (a one-GPU benchmark of

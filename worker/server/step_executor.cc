@@ -16,7 +16,8 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
   ExecutedStep result;
   if (!plan.isStep()) return result;
   const auto seqs = plan.getStep();
-  const int num_blocks = model_.options().num_kv_blocks;
+  // Block ids count every rank's pool under decode context parallelism (ModelOptions::dcp).
+  const int num_blocks = model_.options().num_kv_blocks * model_.options().dcp;
   const int vocab = model_.config().vocab_size;
   StepBatch batch;
   std::vector<int> sample_seq;  // index into seqs for each logits row

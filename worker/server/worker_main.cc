@@ -4,8 +4,11 @@
 //       [--device cuda|cpu] [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N]
 //       [--gpu-memory-fraction F] [--max-step-tokens N] [--max-seqs N]
 //       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off] [--deterministic on|off]
-//       [--coordinator-curve-key FILE]
+//       [--coordinator-curve-key FILE] [--dcp N]
 //
+// --dcp N (decode context parallelism, issue 20; N = the rank count, CPU backend so far): the
+// ranks split the latent cache by blocks instead of each holding all of it; --kv-blocks is per
+// rank and the coordinator gets N times as many (ModelOptions::dcp).
 // --deterministic on (issue 23): a request's tokens do not depend on what it is batched with nor
 // on preemption: batch-invariant kernels and every token's attention through the decode path
 // (ModelOptions::deterministic; its cost is in bench/RESULTS.md).
@@ -62,6 +65,7 @@ struct Args {
   int max_step_tokens = 2048, max_seqs = 256;
   bool cuda_graphs = true;  // single-token decode steps replayed as CUDA graphs
   bool deterministic = false;
+  int dcp = 1;
   std::string metrics_host = "127.0.0.1";
   int metrics_port = 0;  // rank r serves on metrics_port + r; 0: off
   int coordinator_timeout_s = 15;  // no message (plans or idle pings) for this long: exit
@@ -110,6 +114,7 @@ int main(int argc, char** argv) {
     else if (k == "--max-step-tokens") ok = absl::SimpleAtoi(v, &a.max_step_tokens) && a.max_step_tokens > 0;
     else if (k == "--max-seqs") ok = absl::SimpleAtoi(v, &a.max_seqs) && a.max_seqs > 0;
     else if (k == "--cuda-graphs") ok = (v == "on" || v == "off") && ((a.cuda_graphs = v == "on"), true);
+    else if (k == "--dcp") ok = absl::SimpleAtoi(v, &a.dcp) && a.dcp > 0;
     else if (k == "--deterministic") ok = (v == "on" || v == "off") && ((a.deterministic = v == "on"), true);
     else if (k == "--threads") ok = absl::SimpleAtoi(v, &a.threads) && a.threads > 0;
     else if (k == "--metrics-port") ok = absl::SimpleAtoi(v, &a.metrics_port) && a.metrics_port >= 0;
@@ -135,6 +140,7 @@ int main(int argc, char** argv) {
   ModelOptions options;
   options.moe = a.moe == "tensor" ? MoeParallelism::kTensor : MoeParallelism::kExpert;
   options.deterministic = a.deterministic;
+  options.dcp = a.dcp;
   std::unique_ptr<Ops> ops;
   std::string plan_note;
   // The model's collectives: MPI on the CPU backend, NCCL between GPU ranks.
@@ -239,7 +245,8 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     const ModelConfig& c = (*model)->config();
     nlohmann::json info = {{"model", a.model}, {"ranks", comm.size()}, {"kv_format", a.kv},
-                           {"kv_blocks", a.kv_blocks}, {"moe", a.moe}, {"vocab_size", c.vocab_size},
+                           {"kv_blocks", a.kv_blocks * a.dcp}, {"kv_blocks_per_rank", a.kv_blocks},
+                           {"dcp", a.dcp}, {"moe", a.moe}, {"vocab_size", c.vocab_size},
                            {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
                            {"heads", c.num_attention_heads}, {"experts", c.n_routed_experts},
                            {"max_position_embeddings", c.max_position_embeddings},
