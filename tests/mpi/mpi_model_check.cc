@@ -4,7 +4,7 @@
 //
 //   mpi_model_check --model DIR [--moe expert|tensor] [--kv f32|bf16|fp8|fp8_tiled]
 //                   [--fail-rank R] [--crash-rank R] [--dcp N]
-// --dcp N (decode context parallelism over the N ranks): besides the golden checks (f32 cache:
+// --dcp N (decode context parallelism, groups of N ranks): besides the golden checks (f32 cache:
 // the cache is read back at every position, so only the lossless format can match transformers),
 // every rank also loads the whole model alone (one rank, the same per-token attention over the
 // same cache format) and the job's logits must equal that single rank's at every position of the

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/backend/tensor.h"
 
 namespace mlaserve {
@@ -29,6 +30,13 @@ class Communicator {
   virtual absl::Status WaitForDevice() { return absl::OkStatus(); }
   // Every rank contributes send[count]; recv[size() * count] gets them in rank order.
   virtual absl::Status AllGather(const float* send, size_t count, float* recv) = 0;
+  // The ranks of the same `color`, ordered by `key`, as a communicator of their own (collective:
+  // every rank calls it). Decode context parallelism's groups use it.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) {
+    (void)color;
+    (void)key;
+    return absl::UnimplementedError("this communicator cannot be split into groups");
+  }
 };
 
 // Wraps a communicator and adds up the wall time spent inside its collectives (the
@@ -43,6 +51,9 @@ class TimedCommunicator : public Communicator {
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
   absl::Status AllGatherDevice(const Tensor& send, Tensor& recv) override;
   absl::Status WaitForDevice() override { return inner_.WaitForDevice(); }
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    return inner_.Split(color, key);
+  }
   double seconds() const { return seconds_; }
   uint64_t calls() const { return calls_; }
 
@@ -70,6 +81,9 @@ class SingleRankCommunicator : public Communicator {
   absl::Status AllReduceSum(float*, size_t) override { return absl::OkStatus(); }
   absl::Status AllReduceSum(Tensor&) override { return absl::OkStatus(); }
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int, int) override {
+    return std::unique_ptr<Communicator>(new SingleRankCommunicator());
+  }
 };
 
 }  // namespace mlaserve

@@ -17,6 +17,22 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
 }
 
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owned_ && !finalized) MPI_Comm_free(&comm_);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {
+  MPI_Comm group = MPI_COMM_NULL;
+  if (const int err = MPI_Comm_split(comm_, color, key, &group); err != MPI_SUCCESS) {
+    return absl::InternalError(absl::StrCat("MPI_Comm_split failed (error ", err, ")"));
+  }
+  auto c = std::make_unique<MpiCommunicator>(group);
+  c->owned_ = true;
+  return std::unique_ptr<Communicator>(std::move(c));
+}
+
 absl::Status MpiCommunicator::AllReduceSum(float* data, size_t count) {
   // MPI counts are int: reduce in pieces of at most INT_MAX / 2 elements.
   for (size_t done = 0; done < count;) {

@@ -10,11 +10,15 @@ namespace mlaserve {
 class MpiCommunicator : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   using Communicator::AllReduceSum;
   absl::Status AllReduceSum(float* data, size_t count) override;
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
   // Every rank passes its own status; all get back the first failure in rank order, as
   // "rank R: <message>", or OK. Used after loading so that one rank's bad shard stops the job
@@ -23,6 +27,7 @@ class MpiCommunicator : public Communicator {
 
  private:
   MPI_Comm comm_;
+  bool owned_ = false;  // made by Split: freed with the object
   int rank_ = 0;
   int size_ = 1;
 };

@@ -347,10 +347,11 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const Ten
         ": the rank must be in [0, world) and the communicator single-rank (found ", comm.size(),
         " ranks)"));
   }
-  if (options.dcp != 1 && (options.dcp != comm.size() || options.shard_world > 0)) {
+  if (options.dcp < 1 || comm.size() % options.dcp != 0 ||
+      (options.dcp > 1 && options.shard_world > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "decode context parallelism over ", options.dcp, " ranks: it must equal the rank count (",
-        comm.size(), "), the only grouping so far, and cannot be combined with a shard override"));
+        "decode context parallelism over ", options.dcp, " ranks: it must divide the rank count (",
+        comm.size(), ") and cannot be combined with a shard override"));
   }
   if (options.dcp > 1 && ops.device() != Device::kCpu) {
     return absl::UnimplementedError(
@@ -359,6 +360,13 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const Ten
   std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model(ops, comm));
   m->config_ = config;
   m->options_ = options;
+  m->dcp_comm_ = &comm;
+  if (options.dcp > 1 && options.dcp < comm.size()) {
+    auto group = comm.Split(comm.rank() / options.dcp, comm.rank());
+    if (!group.ok()) return group.status();
+    m->dcp_group_ = *std::move(group);
+    m->dcp_comm_ = m->dcp_group_.get();
+  }
   if (auto s = ops.SetBatchInvariant(options.deterministic); !s.ok()) return s;
   if (auto s = m->LoadWeights(source); !s.ok()) return s;
   return m;
@@ -630,15 +638,17 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
     // Every rank attends with all heads over its own cache rows: gather q, attend, gather the
     // partial outputs with their log-sum-exp, merge this rank's heads, expand.
     const int N = options_.dcp;
+    Communicator& group = *dcp_comm_;
     DcpShape d;
     d.ranks = N;
-    d.rank = comm_.rank();
-    d.heads_per_rank = (c.num_attention_heads + N - 1) / N;
+    d.rank = group.rank();
+    // Head slots per rank: the most heads any rank holds (heads are split over every rank).
+    d.heads_per_rank = (c.num_attention_heads + comm_.size() - 1) / comm_.size();
     const int64_t slots = d.heads_per_rank;
     Tensor q_abs = ops_.Activation({T, slots, kMlaQkDim});
     ops_.MlaAbsorb(mla_, d, q, L.w_kb, q_abs);
     Tensor q_all = ops_.Activation({N, T, slots, kMlaQkDim});
-    if (auto s = comm_.AllGatherDevice(q_abs, q_all); !s.ok()) return s;
+    if (auto s = group.AllGatherDevice(q_abs, q_all); !s.ok()) return s;
     Tensor latent_part = ops_.Activation({N, T, slots, kMlaLatentDim}, DType::kF32);
     Tensor lse_part = ops_.Activation({N, T, slots}, DType::kF32);
     for (size_t g = 0; g < step.layout->decode.size(); ++g) {
@@ -646,8 +656,8 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
     }
     Tensor latent_all = ops_.Activation({N, N, T, slots, kMlaLatentDim}, DType::kF32);
     Tensor lse_all = ops_.Activation({N, N, T, slots}, DType::kF32);
-    if (auto s = comm_.AllGatherDevice(latent_part, latent_all); !s.ok()) return s;
-    if (auto s = comm_.AllGatherDevice(lse_part, lse_all); !s.ok()) return s;
+    if (auto s = group.AllGatherDevice(latent_part, latent_all); !s.ok()) return s;
+    if (auto s = group.AllGatherDevice(lse_part, lse_all); !s.ok()) return s;
     ops_.MlaMergeExpand(mla_, d, latent_all, lse_all, L.w_vb, attn);
     ops_.Phase("attn.o_proj");
     ops_.Linear(attn, L.o_proj, out);
@@ -707,7 +717,7 @@ absl::StatusOr<Tensor> DeepseekV3Model::Forward(const StepBatch& batch) {
   lo.per_token_attention = options_.deterministic;
   if (options_.dcp > 1) {
     lo.dcp_size = options_.dcp;
-    lo.dcp_rank = comm_.rank();
+    lo.dcp_rank = dcp_comm_->rank();
     lo.num_blocks = options_.num_kv_blocks * options_.dcp;
     lo.num_slots = static_cast<int64_t>(lo.num_blocks) * kKvBlockTokens;
   }

@@ -44,7 +44,9 @@ struct ModelOptions {
   // Ops::MlaAbsorb / MlaAttend / MlaMergeExpand). 1: off; otherwise the rank count (the only
   // grouping so far). num_kv_blocks stays per rank; the step plans' block ids count all ranks'
   // pools (dcp x num_kv_blocks). Every token's attention runs as a one-token decode over the
-  // cache (as in the deterministic mode), prefills included.
+  // cache (as in the deterministic mode), prefills included. dcp divides the rank count: ranks
+  // r and r' with r / dcp == r' / dcp form a group that splits the cache (rank r stores blocks
+  // g with g % dcp == r % dcp), and the groups hold the same shares of it (replicas).
   int dcp = 1;
   // Load the shard of rank `shard_rank` of `shard_world` (heads, vocabulary, MLP slices and
   // experts split as a world of that size splits them) instead of the communicator's own rank
@@ -123,6 +125,10 @@ class DeepseekV3Model {
 
   Ops& ops_;
   Communicator& comm_;
+  // The rank's decode-context-parallel group (ModelOptions::dcp): comm_ itself when the group is
+  // every rank, else a split of it.
+  std::unique_ptr<Communicator> dcp_group_;
+  Communicator* dcp_comm_ = nullptr;
   ModelConfig config_;
   ModelOptions options_;
   ShardRange heads_;

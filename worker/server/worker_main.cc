@@ -6,9 +6,9 @@
 //       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off] [--deterministic on|off]
 //       [--coordinator-curve-key FILE] [--dcp N]
 //
-// --dcp N (decode context parallelism, issue 20; N = the rank count, CPU backend so far): the
-// ranks split the latent cache by blocks instead of each holding all of it; --kv-blocks is per
-// rank and the coordinator gets N times as many (ModelOptions::dcp).
+// --dcp N (decode context parallelism, issue 20; N divides the rank count, CPU backend so far):
+// groups of N ranks split the latent cache by blocks instead of each holding all of it;
+// --kv-blocks is per rank and the coordinator gets N times as many (ModelOptions::dcp).
 // --deterministic on (issue 23): a request's tokens do not depend on what it is batched with nor
 // on preemption: batch-invariant kernels and every token's attention through the decode path
 // (ModelOptions::deterministic; its cost is in bench/RESULTS.md).
