@@ -8,7 +8,8 @@
 # process used (from /proc/PID/stat), per step and per token.
 #   bench/loadgen/run_http_overhead.sh [BUILD_DIR]
 #   env: CONCURRENCIES (default 256), WAVES (4), INPUT_LEN (1000), OUTPUT_LEN (256),
-#        HOLD_STREAMS (1024; 0 skips), HOLD_OUTPUT_LEN (1024)
+#        HOLD_STREAMS (1024; 0 skips), HOLD_OUTPUT_LEN (1024), OPENAI_BIN (another
+#        mlaserve-openai binary, e.g. an older commit's, against the same processes)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${1:-$root/build}"
@@ -28,7 +29,7 @@ coord=$!
 "$build/bench/coordinator/mlaserve-null-worker" --coordinator "ipc://$dir/worker" --vocab $vocab \
   --kv-blocks 262144 >"$dir/null-worker.log" 2>&1 &
 worker=$!
-"$build/coordinator/http/mlaserve-openai" --coordinator "tcp://127.0.0.1:$port" \
+"${OPENAI_BIN:-$build/coordinator/http/mlaserve-openai}" --coordinator "tcp://127.0.0.1:$port" \
   --listen "127.0.0.1:$http_port" --threads 1088 >"$dir/openai.log" 2>&1 &
 front=$!
 trap 'kill -TERM $front $coord 2>/dev/null; wait $front $coord 2>/dev/null; kill $worker 2>/dev/null; rm -rf "$dir"' EXIT
