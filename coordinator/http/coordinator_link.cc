@@ -15,8 +15,8 @@ bool CoordinatorLink::Mailbox::Wait(std::chrono::milliseconds timeout, std::vect
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::Start(
-    const std::string& endpoint) {
-  auto client = Client::Connect(endpoint);
+    const std::string& endpoint, const ClientSecurity& security) {
+  auto client = Client::Connect(endpoint, security);
   if (!client.ok()) {
     return client.status();
   }

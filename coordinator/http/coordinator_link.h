@@ -56,7 +56,9 @@ class CoordinatorLink {
 
   // Connects (ZeroMQ connects lazily: a coordinator not there yet is no error) and starts the
   // link thread.
-  static absl::StatusOr<std::unique_ptr<CoordinatorLink>> Start(const std::string& endpoint);
+  // With `security`'s key files the connection is CURVE (a coordinator with --curve-secret-key).
+  static absl::StatusOr<std::unique_ptr<CoordinatorLink>> Start(
+      const std::string& endpoint, const ClientSecurity& security = {});
   ~CoordinatorLink();
 
   // Submits every input, their replies to go to `mailbox`; returns their request ids (in input

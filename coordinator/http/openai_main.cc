@@ -1,6 +1,7 @@
 // mlaserve-openai: the OpenAI-compatible HTTP API (issue 17) in front of a running coordinator.
 //
 //   mlaserve-openai --coordinator tcp://HOST:PORT --listen HOST:PORT [--api-key KEY]
+//                   [--server-key FILE --client-key FILE] (a CURVE coordinator, deploy/README 7)
 //                   [--served-model-name NAME] [--threads N] [--default-max-tokens N]
 //                   [--request-timeout-s S] [--keep-alive-timeout-s S] [--client-timeout-s S]
 //                   [--max-body-bytes N] [--model DIR] [--reasoning-parser deepseek|kimi|none]
@@ -84,6 +85,9 @@ using nlohmann::json;
 
 struct Options {
   std::string coordinator;
+  // CURVE key files for a coordinator whose client socket requires them (deploy/README.md,
+  // section 7): its public key and this front end's key pair. Both or neither.
+  ClientSecurity security;
   std::string listen = "127.0.0.1:8000";
   std::string api_key;
   std::string served_model_name;
@@ -171,7 +175,7 @@ class CoordinatorWatch {
       std::unique_ptr<Client> client;
       while (!stop_) {
         if (client == nullptr) {
-          auto c = Client::Connect(g_options->coordinator);
+          auto c = Client::Connect(g_options->coordinator, g_options->security);
           if (c.ok()) {
             client = std::move(*c);
           }
@@ -219,7 +223,7 @@ CoordinatorLink* g_link = nullptr;
 Client* ThreadClient() {
   thread_local std::unique_ptr<Client> client;
   if (client == nullptr) {
-    auto c = Client::Connect(g_options->coordinator);
+    auto c = Client::Connect(g_options->coordinator, g_options->security);
     if (!c.ok()) {
       return nullptr;
     }
@@ -1093,7 +1097,7 @@ int Route(mg_connection* conn, void*) {
 int Usage() {
   std::fprintf(stderr,
                "usage: mlaserve-openai --coordinator tcp://HOST:PORT --listen HOST:PORT "
-               "[--api-key KEY]\n"
+               "[--api-key KEY] [--server-key FILE --client-key FILE]\n"
                "       [--served-model-name NAME] [--threads N] [--default-max-tokens N] "
                "[--request-timeout-s S]\n"
                "       [--keep-alive-timeout-s S] [--client-timeout-s S] [--max-body-bytes N]\n"
@@ -1116,6 +1120,10 @@ int Main(int argc, char** argv) {
       o.listen = v;
     } else if (a == "--api-key") {
       o.api_key = v;
+    } else if (a == "--server-key") {
+      o.security.server_key_file = v;
+    } else if (a == "--client-key") {
+      o.security.client_key_file = v;
     } else if (a == "--served-model-name") {
       o.served_model_name = v;
     } else if (a == "--threads") {
@@ -1181,7 +1189,11 @@ int Main(int argc, char** argv) {
     return Usage();
   }
 
-  auto link = CoordinatorLink::Start(o.coordinator);
+  if (o.security.server_key_file.empty() != o.security.client_key_file.empty()) {
+    std::fprintf(stderr, "mlaserve-openai: --server-key and --client-key go together\n");
+    return 2;
+  }
+  auto link = CoordinatorLink::Start(o.coordinator, o.security);
   if (!link.ok()) {
     std::fprintf(stderr, "mlaserve-openai: --coordinator %s: %s\n", o.coordinator.c_str(),
                  std::string(link.status().message()).c_str());

@@ -53,6 +53,7 @@ struct ServerOptions {
   int kv_blocks = 64;
   std::vector<std::string> coordinator_args;
   std::vector<std::string> worker_args;
+  ClientSecurity client_security;  // keys for the readiness check (a CURVE coordinator)
 };
 
 class ServerProcesses {
@@ -91,7 +92,7 @@ class ServerProcesses {
     workers.insert(workers.end(), o.worker_args.begin(), o.worker_args.end());
     workers_ = Spawn(workers, (dir_ / "workers.log").string());
     // Ready when health answers ok.
-    auto c = Client::Connect(client_endpoint_);
+    auto c = Client::Connect(client_endpoint_, o.client_security);
     if (!c.ok()) return std::string(c.status().message());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
     while (std::chrono::steady_clock::now() < deadline) {

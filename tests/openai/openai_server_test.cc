@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "coordinator/auth/curve_keys.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/server_fixture.h"
@@ -784,6 +785,56 @@ TEST_F(OpenAiFailureTest, OverloadIs429AndDrainingIs503) {
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0]["code"], "draining");
   EXPECT_TRUE(done);
+}
+
+// The front end before a coordinator that requires CURVE (issue 24): with --server-key and
+// --client-key (an allowed pair) it is served; without keys its requests get 503.
+TEST(OpenAiCurveTest, FrontEndWithKeysIsServedByACurveCoordinator) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("mlaserve-openai-curve-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  auto server_pair = GenerateCurveKeyPair();
+  auto client_pair = GenerateCurveKeyPair();
+  ASSERT_TRUE(server_pair.ok() && client_pair.ok());
+  ASSERT_TRUE(WriteCurveKeyFiles((dir / "server").string(), *server_pair, "server").ok());
+  ASSERT_TRUE(WriteCurveKeyFiles((dir / "http").string(), *client_pair, "http front end").ok());
+  {
+    std::ifstream in(dir / "http.pub");
+    std::ofstream(dir / "allowed") << in.rdbuf();
+  }
+  ServerProcesses server;
+  ServerOptions o;
+  o.model_dir = MLASERVE_TINY_MODEL_DIR;
+  o.kv_blocks = 64;
+  o.coordinator_args = {"--curve-secret-key", (dir / "server.key").string(),
+                        "--curve-allowed-clients", (dir / "allowed").string()};
+  o.client_security = {(dir / "server.pub").string(), (dir / "http.key").string()};
+  ASSERT_EQ(server.Start(o), "");
+  pid_t with_keys = -1, without = -1;
+  const int port = StartFrontEnd("--coordinator " + server.endpoint() + " --server-key " +
+                                     (dir / "server.pub").string() + " --client-key " +
+                                     (dir / "http.key").string(),
+                                 "curve", &with_keys);
+  ASSERT_GT(port, 0);
+  const std::string chat = R"({"model": "tiny-deepseek-v3", "messages": [{"role": "user",
+      "content": "Hi"}], "max_tokens": 5, "ignore_eos": true})";
+  std::string ok;
+  for (int i = 0; i < 100 && StatusOf(ok) != 200; ++i) {
+    if (i > 0) std::this_thread::sleep_for(100ms);
+    ok = RawHttp(port, Post("/v1/chat/completions", chat));
+  }
+  EXPECT_EQ(StatusOf(ok), 200) << ok;
+  EXPECT_EQ(BodyOf(ok)["usage"]["completion_tokens"], 5) << ok;
+  const int bare = StartFrontEnd("--coordinator " + server.endpoint(), "curve-bare", &without);
+  ASSERT_GT(bare, 0);
+  const std::string refused = RawHttp(bare, Post("/v1/chat/completions", chat));
+  EXPECT_EQ(StatusOf(refused), 503) << refused;
+  for (pid_t p : {with_keys, without}) {
+    kill(p, SIGTERM);
+    waitpid(p, nullptr, 0);
+  }
+  server.Kill();
+  fs::remove_all(dir);
 }
 
 TEST_F(OpenAiFailureTest, FailedWorkerJobIs503ThenCoordinatorGoneIs503) {
