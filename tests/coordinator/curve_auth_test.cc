@@ -26,6 +26,7 @@
 #include "coordinator/auth/curve_keys.h"
 #include "coordinator/client/client.h"
 #include "gtest/gtest.h"
+#include "tests/shell_command.h"
 #include "tests/coordinator/coordinator_fixture.h"
 #include "tests/model/golden_fixture.h"
 
@@ -35,21 +36,9 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-struct Outcome {
-  int rc = -1;
-  std::string out;  // stdout and stderr
-};
+using Outcome = ShellOutcome;
 
-Outcome Shell(const std::string& cmd) {
-  Outcome r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Outcome Shell(const std::string& cmd) { return RunShell(cmd); }
 
 GenerateInput Ids(std::vector<int32_t> ids, uint32_t max_tokens) {
   GenerateInput in;

@@ -78,6 +78,13 @@ struct Report {
   }
 };
 
+// The deterministic mode's promise: no row differed in any scenario.
+inline void ExpectNoneDiffer(const Report& r) {
+  EXPECT_EQ(r.prefill_differ, 0) << r.Describe();
+  EXPECT_EQ(r.chunked_differ, 0) << r.Describe();
+  EXPECT_EQ(r.batched_differ, 0) << r.Describe();
+}
+
 // `model` needs >= 20 KV blocks; prompt + steps <= 256 tokens, other + steps <= 128. `prompt` (>= 8 tokens) is prefilled, then `steps` greedy tokens
 // are decoded alone (the reference); then the same positions are recomputed and run in batches.
 inline Report Check(DeepseekV3Model& model, const std::vector<int32_t>& prompt,

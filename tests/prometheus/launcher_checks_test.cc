@@ -13,30 +13,19 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/shell_command.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int rc = -1;
-  std::string out;  // stdout and stderr
-};
+using Outcome = mlaserve::ShellOutcome;
 
 std::string SourceDir() { return std::getenv("MLASERVE_SOURCE_DIR"); }
 std::string BinaryDir() { return std::getenv("MLASERVE_BINARY_DIR"); }
 std::string Launcher() { return SourceDir() + "/deploy/mlaserve-launch"; }
 
-Outcome Shell(const std::string& cmd) {
-  Outcome r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Outcome Shell(const std::string& cmd) { return mlaserve::RunShell(cmd); }
 
 class LauncherChecksTest : public ::testing::Test {
  protected:

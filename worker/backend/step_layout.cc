@@ -67,10 +67,12 @@ absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLay
   for (int32_t row : batch.logits_rows) {
     if (row < 0 || row >= T) return absl::InvalidArgumentError("logits row outside the step");
   }
-  if (o.dcp_size > 1) {
+  if (o.per_token_attention || o.dcp_size > 1) {
     // Built directly (the batch is validated above): one one-token sequence per row, in row
-    // order, all in one decode group; this rank's blocks and keys only.
-    const int N = o.dcp_size;
+    // order, all in one decode group, its table the blocks up to the token's position (so the
+    // table width, and a graph's bucket, follow the longest context as in a decode step). Under
+    // DCP only this rank's blocks and keys; without it (N = 1) every block is the rank's own.
+    const int N = std::max(o.dcp_size, 1);
     if (o.dcp_rank < 0 || o.dcp_rank >= N) {
       return absl::InvalidArgumentError(
           absl::StrCat("DCP rank ", o.dcp_rank, " outside 0..", N - 1));
@@ -103,7 +105,7 @@ absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLay
       if (one.block_table.empty()) one.block_table.push_back(0);  // never read: no keys
       one.context_len = std::max(keys - 1, 0);  // the local view's own length (table-consistent)
       width = std::max(width, static_cast<int>(one.block_table.size()));
-      L.attend_lens.push_back(keys);
+      if (N > 1) L.attend_lens.push_back(keys);
       L.seq_lens.push_back(one.context_len + 1);
       L.context_lens.push_back(one.context_len);
       L.seqs.push_back(std::move(one));
@@ -117,33 +119,6 @@ absl::StatusOr<StepLayout> BuildStepLayout(const StepBatch& batch, const StepLay
     if (T > 0) L.decode.push_back({1, 0, static_cast<int>(T), 0});
     return L;
   }
-  if (o.per_token_attention) {
-    // One sequence per token, in the caller's sequence order (validated above as a whole).
-    StepBatch split;
-    split.tokens = batch.tokens;
-    split.positions = batch.positions;
-    split.slots = batch.slots;
-    split.logits_rows = batch.logits_rows;
-    split.seqs.reserve(static_cast<size_t>(T));
-    for (const SequenceSlice& s : batch.seqs) {
-      for (int i = 0; i < s.num_tokens; ++i) {
-        SequenceSlice one;
-        one.token_begin = s.token_begin + i;
-        one.num_tokens = 1;
-        one.context_len = s.context_len + i;
-        // Only the blocks up to this token's position: the table width (and so a graph's
-        // bucket) then depends on the longest context, as in an ordinary decode step.
-        const size_t need = static_cast<size_t>(one.context_len) / kKvBlockTokens + 1;
-        one.block_table.assign(s.block_table.begin(), s.block_table.begin() + need);
-        split.seqs.push_back(std::move(one));
-      }
-    }
-    StepLayoutOptions inner = o;
-    inner.per_token_attention = false;
-    inner.force_absorbed = true;
-    return BuildStepLayout(split, inner);
-  }
-
   // Canonical order: decode groups by s_q ascending, then prefills; stable within a group.
   auto decode_sq = [&](const SequenceSlice& s) {
     if (o.force_absorbed) return s.num_tokens;

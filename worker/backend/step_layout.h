@@ -83,8 +83,8 @@ struct StepLayout {
 // its sequence's block table), all in one decode group of s_q = 1. A token's attention is then
 // the same computation whether it is decoded, prefilled or recomputed after preemption, and
 // whatever else shares the step: the cache write of the whole step precedes attention in every
-// layer, so the prefix a one-token sequence reads is in the cache. The logits rows and the row
-// order are those of the ordinary layout; only the attention sees more, shorter sequences.
+// layer, so the prefix a one-token sequence reads is in the cache. Rows stay in the caller's
+// order (one sequence per row), and logits_rows are the caller's.
 struct StepLayoutOptions {
   int vocab_size = 0;
   int64_t num_slots = 0;  // KV blocks * 64
