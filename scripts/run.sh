@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, starts a coordinator and two `mpirun` worker
-# ranks on the embedded tiny model (random weights, DeepSeek-V3's tokenizer and chat template)
-# on the CPU, streams a chat answer to the terminal, and shuts the server down.
+# ranks on the embedded model (models/tiny-en-nvfp4: 4.3 M parameters, DeepSeek-V3 architecture,
+# NVFP4 routed experts, trained on the Brown corpus by models/train/train_tiny_en.py) on the CPU,
+# streams a chat answer to the terminal, and shuts the server down.
 #   scripts/run.sh ["your message"]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${MLASERVE_BUILD_DIR:-$root/build-cpu}"  # CPU only: the main job needs no CUDA
 "$root/scripts/install_deps.sh"
 MLASERVE_BUILD_DIR="$build" MLASERVE_CUDA="${MLASERVE_CUDA:-OFF}" "$root/scripts/build.sh" mlaserve-coordinator mlaserve-worker \
-  mlaserve-cli tiny_model
-model="$build/models/tiny-deepseek-v3"
+  mlaserve-cli
+model="${MLASERVE_MODEL:-$root/models/tiny-en-nvfp4}"
 port=${MLASERVE_PORT:-5555}
 endpoint="tcp://127.0.0.1:$port"
 "$root/deploy/mlaserve-launch" --model "$model" --cpu --ranks 2 --bin "$build" \
@@ -23,8 +24,9 @@ for _ in $(seq 300); do
   sleep 0.2
 done
 echo "== server up: $("$build/coordinator/client/mlaserve-cli" --endpoint "$endpoint" health)"
-echo "== chat (the tiny model has random weights: expect gibberish, streamed token by token)"
-"$build/coordinator/client/mlaserve-cli" --endpoint "$endpoint" chat --max-tokens 48 --ignore-eos \
-  --temperature 0.7 --seed 7 "${1:-Explain mixture-of-experts models in one paragraph.}"
+echo "== chat (a 4.3 M-parameter model that read the Brown corpus: it continues your sentence in"
+echo "   the corpus' 1961 American English, streamed token by token)"
+"$build/coordinator/client/mlaserve-cli" --endpoint "$endpoint" chat --max-tokens 64 \
+  --temperature 0 "${1:-The old man walked down the road to the village.}"
 echo "== metrics sample:"
 curl -s "http://127.0.0.1:$((port + 2))/metrics" 2>/dev/null | grep -E '^mlaserve_(requests_total|generation_tokens_total)' || true

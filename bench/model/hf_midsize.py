@@ -129,7 +129,14 @@ def oracle(args):
         model = model.float()
         fix_rotary(model)
     vocab = model.config.vocab_size
-    ids = random_ids((1, args.prompt_len), vocab, args.seed)
+    if args.prompt_text:
+        # A real prompt for a trained model (models/train/train_tiny_en.py --preset midsize):
+        # the text through the model's own tokenizer, cut to --prompt-len tokens.
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+        ids = torch.tensor([tok.encode(args.prompt_text).ids[:args.prompt_len]], device="cuda")
+    else:
+        ids = random_ids((1, args.prompt_len), vocab, args.seed)
     tail = min(16, args.prompt_len)
     cache = DynamicCache(config=model.config)
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=tail)
@@ -151,6 +158,7 @@ def oracle(args):
         "prefill_tail_logits": tail_logits.cpu().contiguous(),
     }
     meta = {"seed": str(args.seed), "attn_implementation": impl,
+            "prompt": "text" if args.prompt_text else "random ids",
             "dtype": "float32" if args.fp32 else "bfloat16",
             "kv_cache": "DynamicCache " + ("fp32" if args.fp32 else "bf16"), "transformers": transformers.__version__,
             "torch": torch.__version__, "model": os.path.abspath(args.model)}
@@ -235,6 +243,8 @@ def main():
     o.add_argument("--prompt-len", type=int, required=True)
     o.add_argument("--new-tokens", type=int, required=True)
     o.add_argument("--seed", type=int, default=1234)
+    o.add_argument("--prompt-text", default=None,
+                   help="tokenize this text with the model's tokenizer.json instead of random ids")
     o.add_argument("--attn", default="eager", help="eager (default) or sdpa")
     o.add_argument("--fp32", action="store_true",
                    help="compute (and cache) in fp32 on the bf16 weights: the exact oracle")

@@ -11,9 +11,13 @@
 
 namespace mlaserve {
 
+// A fixture by name (tests/fixtures/models/NAME), or by a path from the source root when the
+// name has a '/' (the shipped models: models/tiny-en).
 inline std::string FixtureDir(const std::string& name) {
   const char* root = std::getenv("MLASERVE_SOURCE_DIR");
-  return std::string(root != nullptr ? root : ".") + "/tests/fixtures/models/" + name;
+  const std::string base = root != nullptr ? root : ".";
+  if (name.find('/') != std::string::npos) return base + "/" + name;
+  return base + "/tests/fixtures/models/" + name;
 }
 
 class Golden {

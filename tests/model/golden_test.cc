@@ -14,6 +14,7 @@
 //    p2.bf16kv.* and bf16kv_relative_drift in the golden files. The lossy formats are compared
 //    with the f32 cache in kv_format_test.)
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include "gtest/gtest.h"
@@ -142,7 +143,15 @@ TEST_P(GoldenTest, AbsorbedAndChunkedPrefillMatch) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                          ::testing::Values("dsv3-tiny", "kimi-tiny", "noqlora-tiny",
-                                           "kimi-tiny-nvfp4"));
+                                           "kimi-tiny-nvfp4", "models/tiny-en",
+                                           "models/tiny-en-nvfp4"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace mlaserve

@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 
@@ -292,10 +293,13 @@ TEST_P(GpuModelTest, DeterministicModeIsBatchInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelTest,
                          ::testing::Values("dsv3-tiny", "kimi-tiny", "kimi-tiny-nvfp4",
-                                           "noqlora-tiny"),
+                                           "noqlora-tiny", "models/tiny-en",
+                                           "models/tiny-en-nvfp4"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
+                           for (char& c : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
                            return n;
                          });
 
