@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
     void *x, *out, *scratch;
     CHECK_CUDA(cudaMalloc(&x, int64_t{max_rows} * p.k * 2));
     CHECK_CUDA(cudaMalloc(&out, int64_t{max_rows} * p.n * 2));
-    CHECK_CUDA(cudaMalloc(&scratch, mlaserve::Fp8BlockGemm::ScratchBytes(max_rows, p.k)));
+    CHECK_CUDA(cudaMalloc(&scratch, mlaserve::Fp8BlockGemm::ScratchBytes(max_rows, p.n, p.k)));
     CHECK_CUDA(cudaMemset(x, 0x3c, int64_t{max_rows} * p.k * 2));
     for (int m : rows) {
       int turn = 0;
@@ -138,8 +138,7 @@ int main(int argc, char** argv) {
       a.x_stride = p.k;
       a.out = out;
       a.out_stride = p.n;
-      a.xq = static_cast<uint8_t*>(scratch);
-      a.x_scale = reinterpret_cast<float*>(static_cast<char*>(scratch) + (int64_t{m} * p.k + 255) / 256 * 256);
+      a.scratch = scratch;
       bool ok = true;
       const double t8 = MedianMs([&] {
         a.w = static_cast<const uint8_t*>(w8[turn % copies]);

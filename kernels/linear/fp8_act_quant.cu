@@ -15,7 +15,7 @@ constexpr int kWarpsPerBlock = 4;
 // One warp per (row, 128-column group): 4 values a lane, amax by shuffles, s = amax / 448.
 __global__ void QuantizeFp8BlockKernel(const __nv_bfloat16* __restrict__ x, int64_t x_stride,
                                        int64_t m, int64_t groups, uint8_t* __restrict__ xq,
-                                       float* __restrict__ x_scale) {
+                                       float* __restrict__ x_scale, int64_t scale_stride) {
   const int64_t task = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (task >= m * groups) return;
   const int lane = threadIdx.x % 32;
@@ -38,20 +38,21 @@ __global__ void QuantizeFp8BlockKernel(const __nv_bfloat16* __restrict__ x, int6
     packed |= q << (8 * i);
   }
   *reinterpret_cast<uint32_t*>(xq + row * groups * kGroup + g * kGroup + lane * 4) = packed;
-  if (lane == 0) x_scale[g * m + row] = s;
+  if (lane == 0) x_scale[g * scale_stride + row] = s;
 }
 
 }  // namespace
 
 cudaError_t QuantizeActivationsFp8Block(const void* x, int64_t x_stride, int64_t m, int64_t k,
-                                        uint8_t* xq, float* x_scale, cudaStream_t stream) {
+                                        uint8_t* xq, float* x_scale, int64_t scale_stride,
+                                        cudaStream_t stream) {
   if (m == 0) return cudaSuccess;
-  if (k % kGroup != 0 || x_stride < k) return cudaErrorInvalidValue;
+  if (k % kGroup != 0 || x_stride < k || scale_stride < m) return cudaErrorInvalidValue;
   const int64_t groups = k / kGroup;
   const int64_t tasks = m * groups;
   const int64_t blocks = (tasks + kWarpsPerBlock - 1) / kWarpsPerBlock;
   QuantizeFp8BlockKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(x), x_stride, m, groups, xq, x_scale);
+      static_cast<const __nv_bfloat16*>(x), x_stride, m, groups, xq, x_scale, scale_stride);
   return cudaGetLastError();
 }
 

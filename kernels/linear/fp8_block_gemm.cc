@@ -61,7 +61,9 @@ struct Fp8BlockGemm::Impl {
     if (lt != nullptr) cublasLtDestroy(lt);
   }
 
-  absl::StatusOr<const Plan*> GetPlan(const Key& key) {
+  // w_scale / x_scale: the first call's scale pointers, set before the heuristic query (with
+  // block scale modes and no pointers cuBLASLt answers INVALID_VALUE); Run sets each call's.
+  absl::StatusOr<const Plan*> GetPlan(const Key& key, const float* w_scale, const float* x_scale) {
     if (auto it = plans.find(key); it != plans.end()) return it->second.get();
     auto plan = std::make_unique<Plan>();
     const auto shape = [&] { return absl::StrCat("m ", key.m, " n ", key.n, " k ", key.k); };
@@ -78,6 +80,8 @@ struct Fp8BlockGemm::Impl {
     set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode));
     set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode));
     set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum));
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale));
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale));
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, key.k, key.n, key.k);
     if (s == CUBLAS_STATUS_SUCCESS)
@@ -87,7 +91,6 @@ struct Fp8BlockGemm::Impl {
     if (s != CUBLAS_STATUS_SUCCESS) {
       return absl::InternalError(absl::StrCat("Fp8BlockGemm: describing ", shape(), ": ", LtError(s)));
     }
-    // The scale pointers are per call; the heuristic needs the modes only.
     cublasLtMatmulPreference_t pref = nullptr;
     s = cublasLtMatmulPreferenceCreate(&pref);
     if (s == CUBLAS_STATUS_SUCCESS) {
@@ -143,9 +146,18 @@ absl::StatusOr<std::unique_ptr<Fp8BlockGemm>> Fp8BlockGemm::Create(size_t worksp
 Fp8BlockGemm::Fp8BlockGemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Fp8BlockGemm::~Fp8BlockGemm() = default;
 
-size_t Fp8BlockGemm::ScratchBytes(int64_t m, int64_t k) {
-  return Align256(static_cast<size_t>(m * k)) +
-         Align256(static_cast<size_t>((k / kBlock) * m) * sizeof(float));
+namespace {
+int64_t PaddedRows(int64_t m) {
+  return (m + Fp8BlockGemm::kRowMultiple - 1) / Fp8BlockGemm::kRowMultiple *
+         Fp8BlockGemm::kRowMultiple;
+}
+}  // namespace
+
+size_t Fp8BlockGemm::ScratchBytes(int64_t m, int64_t n, int64_t k) {
+  const int64_t mp = PaddedRows(m);
+  return Align256(static_cast<size_t>(mp * k)) +
+         Align256(static_cast<size_t>((k / kBlock) * mp) * sizeof(float)) +
+         (mp != m ? Align256(static_cast<size_t>(mp * n) * 2) : 0);
 }
 
 absl::Status Fp8BlockGemm::Run(const Args& a, cudaStream_t stream) {
@@ -158,32 +170,57 @@ absl::Status Fp8BlockGemm::Run(const Args& a, cudaStream_t stream) {
         "block scales 16-byte aligned)"));
   }
   if (a.x == nullptr || a.w == nullptr || a.w_scale == nullptr || a.out == nullptr ||
-      a.xq == nullptr || a.x_scale == nullptr) {
+      a.scratch == nullptr) {
     return absl::InvalidArgumentError("Fp8BlockGemm: a null pointer");
   }
-  if (cudaError_t e = QuantizeActivationsFp8Block(a.x, a.x_stride, a.m, a.k, a.xq, a.x_scale, stream);
-      e != cudaSuccess) {
+  const int64_t mp = PaddedRows(a.m);
+  uint8_t* xq = static_cast<uint8_t*>(a.scratch);
+  float* x_scale = reinterpret_cast<float*>(xq + Align256(static_cast<size_t>(mp * a.k)));
+  void* d = a.out;
+  int64_t d_stride = a.out_stride;
+  cudaError_t e = cudaSuccess;
+  if (mp != a.m) {
+    // Zero rows (codes 0, scales 0: their products are 0) up to the multiple cuBLASLt takes.
+    d = reinterpret_cast<char*>(x_scale) + Align256(static_cast<size_t>((a.k / kBlock) * mp) * 4);
+    d_stride = a.n;
+    e = cudaMemsetAsync(xq + a.m * a.k, 0, static_cast<size_t>((mp - a.m) * a.k), stream);
+    if (e == cudaSuccess) {
+      e = cudaMemsetAsync(x_scale, 0, static_cast<size_t>((a.k / kBlock) * mp) * 4, stream);
+    }
+  }
+  if (e == cudaSuccess) {
+    e = QuantizeActivationsFp8Block(a.x, a.x_stride, a.m, a.k, xq, x_scale, mp, stream);
+  }
+  if (e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("Fp8BlockGemm: activation quantization m ", a.m, " k ",
                                             a.k, ": ", cudaGetErrorString(e)));
   }
-  const Key key{a.m, a.n, a.k, a.out_stride, Alignment(a.out, a.out_stride * 2)};
-  absl::StatusOr<const Plan*> plan = impl_->GetPlan(key);
+  const Key key{mp, a.n, a.k, d_stride, Alignment(d, d_stride * 2)};
+  absl::StatusOr<const Plan*> plan = impl_->GetPlan(key, a.w_scale, x_scale);
   if (!plan.ok()) return plan.status();
   const Plan& p = **plan;
   cublasStatus_t s = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                     &a.w_scale, sizeof(a.w_scale));
   if (s == CUBLAS_STATUS_SUCCESS) {
-    s = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a.x_scale,
-                                       sizeof(a.x_scale));
+    s = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale,
+                                       sizeof(x_scale));
   }
   const float alpha = 1.0f, beta = 0.0f;
   if (s == CUBLAS_STATUS_SUCCESS) {
-    s = cublasLtMatmul(impl_->lt, p.op, &alpha, a.w, p.a, a.xq, p.b, &beta, a.out, p.d, a.out, p.d,
-                       &p.algo, impl_->workspace, impl_->workspace_bytes, stream);
+    s = cublasLtMatmul(impl_->lt, p.op, &alpha, a.w, p.a, xq, p.b, &beta, d, p.d, d, p.d, &p.algo,
+                       impl_->workspace, impl_->workspace_bytes, stream);
   }
   if (s != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("Fp8BlockGemm: cublasLtMatmul m ", a.m, " n ", a.n,
                                             " k ", a.k, ": ", LtError(s)));
+  }
+  if (d != a.out) {
+    e = cudaMemcpy2DAsync(a.out, a.out_stride * 2, d, d_stride * 2, a.n * 2, a.m,
+                          cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("Fp8BlockGemm: copying the padded output: ",
+                                              cudaGetErrorString(e)));
+    }
   }
   return absl::OkStatus();
 }

@@ -37,9 +37,11 @@
 namespace mlaserve {
 
 // Quantizes bf16 x [m, k] (row stride x_stride elements) to e4m3 xq [m, k] (dense) and fp32
-// scales [k / 128, m] as described above. k % 128 == 0. One warp per 128-column group.
+// scales [k / 128, scale_stride >= m] as described above. k % 128 == 0. One warp per 128-column
+// group.
 cudaError_t QuantizeActivationsFp8Block(const void* x, int64_t x_stride, int64_t m, int64_t k,
-                                        uint8_t* xq, float* x_scale, cudaStream_t stream);
+                                        uint8_t* xq, float* x_scale, int64_t scale_stride,
+                                        cudaStream_t stream);
 
 class Fp8BlockGemm {
  public:
@@ -58,11 +60,14 @@ class Fp8BlockGemm {
     const float* w_scale = nullptr; // fp32 [ceil(n/128), k/128] row-major
     void* out = nullptr;            // bf16 [m, n], row stride out_stride
     int64_t out_stride = 0;
-    uint8_t* xq = nullptr;          // scratch: e4m3 [m, k]
-    float* x_scale = nullptr;       // scratch: fp32 [k/128, m]
+    void* scratch = nullptr;        // ScratchBytes(m, n, k) bytes of device memory
   };
-  // Scratch bytes of xq + x_scale for m rows of k columns (each part 256-byte aligned).
-  static size_t ScratchBytes(int64_t m, int64_t k);
+  // cuBLASLt's block modes take only row counts that are multiples of kRowMultiple (measured on
+  // the H200: 8, 64, 256 run, 1, 3, 17, 33, 129 are NOT_SUPPORTED); other m are padded with zero
+  // rows in the scratch and the product goes through a scratch output.
+  static constexpr int64_t kRowMultiple = 8;
+  // Scratch: padded xq, its scales, and (for m not a multiple of kRowMultiple) the padded output.
+  static size_t ScratchBytes(int64_t m, int64_t n, int64_t k);
 
   // Quantizes x into the scratch, then one cuBLASLt call. No host sync, no allocation after a
   // shape's first call (graph-capturable once planned).

@@ -12,6 +12,7 @@
 //    partial sum is scaled and promoted to fp32 (the reason DeepSeek chose 128-blocks);
 //    measured errors sit well inside (printed).
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -73,8 +74,8 @@ TEST_P(Fp8BlockGemmTest, MatchesTheHostReference) {
   }
 
   DeviceBuffer<uint16_t> dx(x.size()), dout(m * n);
-  DeviceBuffer<uint8_t> dw(w.size()), dxq(m * k);
-  DeviceBuffer<float> dws(ws.size()), dxs(kb * m);
+  DeviceBuffer<uint8_t> dw(w.size()), dscratch(Fp8BlockGemm::ScratchBytes(m, n, k));
+  DeviceBuffer<float> dws(ws.size());
   ASSERT_EQ(dx.Upload(x), cudaSuccess);
   ASSERT_EQ(dw.Upload(w), cudaSuccess);
   ASSERT_EQ(dws.Upload(ws), cudaSuccess);
@@ -91,14 +92,25 @@ TEST_P(Fp8BlockGemmTest, MatchesTheHostReference) {
   a.w_scale = dws.ptr;
   a.out = dout.ptr;
   a.out_stride = n;
-  a.xq = dxq.ptr;
-  a.x_scale = dxs.ptr;
+  a.scratch = dscratch.ptr;
   const absl::Status st = (*gemm)->Run(a, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_OK(cudaDeviceSynchronize());
 
-  EXPECT_EQ(dxq.Download(), xq_ref) << "activation codes";
-  EXPECT_EQ(dxs.Download(), xs_ref) << "activation scales";
+  {
+    // The scratch holds the codes [mp, k] then (256-byte aligned) the scales [k/128, mp].
+    const int64_t mp = (m + Fp8BlockGemm::kRowMultiple - 1) / Fp8BlockGemm::kRowMultiple *
+                       Fp8BlockGemm::kRowMultiple;
+    const std::vector<uint8_t> scratch = dscratch.Download();
+    const std::vector<uint8_t> codes(scratch.begin(), scratch.begin() + m * k);
+    EXPECT_EQ(codes, xq_ref) << "activation codes";
+    const size_t scale_at = (static_cast<size_t>(mp * k) + 255) / 256 * 256;
+    std::vector<float> scales(kb * m);
+    for (int64_t g = 0; g < kb; ++g) {
+      std::memcpy(&scales[g * m], scratch.data() + scale_at + (g * mp) * 4, m * 4);
+    }
+    EXPECT_EQ(scales, xs_ref) << "activation scales";
+  }
 
   const std::vector<uint16_t> out = dout.Download();
   double worst = 0;  // max |gpu - ref| / bound
