@@ -48,10 +48,12 @@ absl::Status CheckSource(const Int4SourceRows& w, const char* what) {
       w.group_size % kInt4ScaleSlotCols != 0 || w.col0 < 0 || w.col0 % kInt4ScaleSlotCols != 0 ||
       w.col0 + w.cols > w.src_cols || (w.rows > 0 && (w.packed == nullptr || w.scale == nullptr))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "INT4 relayout (", what, "): need rows >= 0, packed and scale set, group_size a multiple "
+        "INT4 relayout (", what,
+        "): need rows >= 0, packed and scale set, group_size a multiple "
         "of 32 (the GPU layout's scale slot), col0 a multiple of 32 and col0 + cols <= the "
-        "checkpoint's columns; got rows ", w.rows, ", group_size ", w.group_size, ", columns [",
-        w.col0, ", ", w.col0 + w.cols, ") of ", w.src_cols));
+        "checkpoint's columns; got rows ",
+        w.rows, ", group_size ", w.group_size, ", columns [", w.col0, ", ", w.col0 + w.cols,
+        ") of ", w.src_cols));
   }
   return absl::OkStatus();
 }
@@ -63,8 +65,10 @@ absl::Status Relayout(const std::vector<RowSource>& rows_src, int col0, int cols
   const int rows = static_cast<int>(rows_src.size());
   if (rows % kInt4TileRows != 0 || cols_p % kInt4TileCols != 0 || cols > cols_p) {
     return absl::InvalidArgumentError(absl::StrCat("INT4 relayout: padded shape [", rows, ", ",
-                                                   cols_p, "] is not a multiple of [16, 64] or "
-                                                   "narrower than the ", cols, " columns"));
+                                                   cols_p,
+                                                   "] is not a multiple of [16, 64] or "
+                                                   "narrower than the ",
+                                                   cols, " columns"));
   }
   const Placement& P = Places();
   const int groups = (src_cols + group_size - 1) / group_size;
@@ -83,9 +87,9 @@ absl::Status Relayout(const std::vector<RowSource>& rows_src, int col0, int cols
             const int group = (col0 + c) / group_size;
             s = src.scale[group];
             if (!Bf16Finite(s)) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "INT4 relayout: row ", src.row, ", group ", group, " of ", groups,
-                  ": scale bf16 0x", absl::Hex(s), " is not finite"));
+              return absl::InvalidArgumentError(
+                  absl::StrCat("INT4 relayout: row ", src.row, ", group ", group, " of ", groups,
+                               ": scale bf16 0x", absl::Hex(s), " is not finite"));
             }
           }
           const int at = (r % 8) * 8 + (2 * h + r / 8) * 2;
@@ -120,7 +124,8 @@ absl::Status Relayout(const std::vector<RowSource>& rows_src, int col0, int cols
       uint8_t* dst = tiled_codes + tile * 512;
       for (int lane = 0; lane < 32; ++lane) {
         for (int j = 0; j < 4; ++j) {
-          for (int b = 0; b < 4; ++b) dst[lane * 16 + j * 4 + b] = (words[lane][j] >> (8 * b)) & 0xff;
+          for (int b = 0; b < 4; ++b)
+            dst[lane * 16 + j * 4 + b] = (words[lane][j] >> (8 * b)) & 0xff;
         }
       }
     }
@@ -146,8 +151,7 @@ absl::Status RelayoutInt4(const Int4SourceRows& w, int rows_p, int cols_p, uint8
   }
   std::vector<RowSource> src(rows_p);
   for (int r = 0; r < w.rows; ++r) src[r] = Row(w, r);
-  return Relayout(src, w.col0, w.cols, w.src_cols, w.group_size, cols_p, tiled_codes,
-                  tiled_scales);
+  return Relayout(src, w.col0, w.cols, w.src_cols, w.group_size, cols_p, tiled_codes, tiled_scales);
 }
 
 absl::Status RelayoutInt4GateUp(const Int4SourceRows& gate, const Int4SourceRows& up,
@@ -157,14 +161,14 @@ absl::Status RelayoutInt4GateUp(const Int4SourceRows& gate, const Int4SourceRows
   if (absl::Status st = CheckSource(up, "up"); !st.ok()) return st;
   if (gate.rows != up.rows || gate.cols != up.cols || gate.col0 != up.col0 ||
       gate.src_cols != up.src_cols || gate.group_size != up.group_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "INT4 gate/up relayout: gate [", gate.rows, ", ", gate.cols, "] and up [", up.rows, ", ",
-        up.cols, "] differ in shape, column window or group size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("INT4 gate/up relayout: gate [", gate.rows, ", ", gate.cols, "] and up [",
+                     up.rows, ", ", up.cols, "] differ in shape, column window or group size"));
   }
   if (intermediate_p < gate.rows || intermediate_p % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("INT4 gate/up relayout: ", gate.rows,
-                                                   " features do not fit a padded ",
-                                                   intermediate_p, " (a multiple of 8)"));
+                                                   " features do not fit a padded ", intermediate_p,
+                                                   " (a multiple of 8)"));
   }
   std::vector<RowSource> src(2 * static_cast<size_t>(intermediate_p));
   for (int i = 0; i < gate.rows; ++i) {
@@ -186,8 +190,7 @@ void DequantizeTiledInt4(const uint8_t* tiled_codes, const uint8_t* tiled_scales
       const size_t tile = static_cast<size_t>(mt) * kchunks + kc;
       const MmaAFragmentSlot s = MmaAFragmentSlotOf(rr, cc);
       const uint8_t* w = tiled_codes + tile * 512 + s.lane * 16 + j * 4;
-      const uint32_t word =
-          w[0] | (w[1] << 8) | (w[2] << 16) | (static_cast<uint32_t>(w[3]) << 24);
+      const uint32_t word = w[0] | (w[1] << 8) | (w[2] << 16) | (static_cast<uint32_t>(w[3]) << 24);
       const uint32_t pair = Int4BiasedPair(word, s.reg);
       const uint16_t biased = static_cast<uint16_t>(s.elem ? pair >> 16 : pair & 0xffff);
       const float q = Bf16ToFloat(biased) - 136.0f;  // exact: 128 + u - 136

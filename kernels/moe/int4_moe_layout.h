@@ -6,13 +6,14 @@
 // codes and one 8-byte vector of scales; the bytes per weight are NVFP4's too (0.5 + 2 / 32).
 //
 // codes  [rows/16][cols/64][32 lanes][4 words]: word j of lane 4g+t holds the 8 nibbles of the
-//        lane's A fragment for columns 64c + 16j .. +15 (mma_fragment_layout.h: a0 = W[g][2t..2t+1],
-//        a1 = W[g+8][2t..2t+1], a2 = W[g][2t+8..2t+9], a3 = W[g+8][2t+8..2t+9]). Register r's first
-//        element sits at bits 4r..4r+3 and its second at bits 16+4r..16+4r+3, as the checkpoint's
-//        own nibble u = q + 8 (q in [-8, 7]). So the kernel gets register r with one shift and one
-//        LOP3: ((word >> 4r) & 0x000f000f) | 0x43004300 is the bf16 pair (128 + u0, 128 + u1)
-//        (exponent 2^7, u in the low mantissa bits); one bf16x2 FMA with 1.0 and -136 makes it the
-//        pair (q0, q1) exactly, a second multiplies it by the pair of scales.
+//        lane's A fragment for columns 64c + 16j .. +15 (mma_fragment_layout.h: a0 =
+//        W[g][2t..2t+1], a1 = W[g+8][2t..2t+1], a2 = W[g][2t+8..2t+9], a3 = W[g+8][2t+8..2t+9]).
+//        Register r's first element sits at bits 4r..4r+3 and its second at bits 16+4r..16+4r+3, as
+//        the checkpoint's own nibble u = q + 8 (q in [-8, 7]). So the kernel gets register r with
+//        one shift and one LOP3: ((word >> 4r) & 0x000f000f) | 0x43004300 is the bf16 pair (128 +
+//        u0, 128 + u1) (exponent 2^7, u in the low mantissa bits); one bf16x2 subtraction of 136
+//        makes it the pair (q0, q1) exactly, one bf16x2 multiply by the pair of scales rounds it
+//        once.
 // scales [rows/16][cols/64][8 g][4 bf16]: (s(g, 0), s(g+8, 0), s(g, 1), s(g+8, 1)), s(r, h) = the
 //        bf16 scale of row r for columns 64c + 32h .. +31 (a checkpoint group of 32 columns; a
 //        group of 64, 128, ... columns is repeated in each of its 32-column slots).
@@ -44,7 +45,9 @@ inline constexpr int kInt4TileRows = 16;
 inline constexpr int kInt4TileCols = 64;
 inline constexpr int kInt4ScaleSlotCols = 32;  // columns sharing one scale in the tiled layout
 
-// bf16x2 constants of the kernel's decode: (1.0, 1.0) and (-136, -136) (136 = 128 + 8).
+// bf16x2 constants of the kernel's decode: (136, 136) (136 = 128 + 8), and for the sm_80 form
+// (x * 1 + -136) (1.0, 1.0) and (-136, -136).
+inline constexpr uint32_t kInt4Bf16x2Bias = 0x43084308u;
 inline constexpr uint32_t kInt4Bf16x2One = 0x3f803f80u;
 inline constexpr uint32_t kInt4Bf16x2MinusBias = 0xc308c308u;
 
@@ -82,7 +85,8 @@ absl::Status RelayoutInt4(const Int4SourceRows& w, int rows_p, int cols_p, uint8
                           uint8_t* tiled_scales);
 
 // gate and up, each [intermediate, cols] (the same shape), into one interleaved
-// [2 * intermediate_p, cols_p] projection (intermediate_p >= intermediate, intermediate_p % 8 == 0).
+// [2 * intermediate_p, cols_p] projection (intermediate_p >= intermediate, intermediate_p % 8 ==
+// 0).
 absl::Status RelayoutInt4GateUp(const Int4SourceRows& gate, const Int4SourceRows& up,
                                 int intermediate_p, int cols_p, uint8_t* tiled_codes,
                                 uint8_t* tiled_scales);

@@ -59,8 +59,8 @@ Int4SourceRows Source(const Packed& p, int col0, int cols) {
 // Columns [col0, col0 + cols) of every row, dequantized by the project's reference.
 std::vector<float> Reference(const Packed& p, int col0, int cols) {
   std::vector<float> out(static_cast<size_t>(p.rows) * cols);
-  DequantizeInt4Group({p.packed.data(), p.scale_f32.data(), p.rows, p.src_cols, p.group}, 0,
-                      p.rows, col0, cols, out.data());
+  DequantizeInt4Group({p.packed.data(), p.scale_f32.data(), p.rows, p.src_cols, p.group}, 0, p.rows,
+                      col0, cols, out.data());
   return out;
 }
 
@@ -79,10 +79,10 @@ TEST(Int4LayoutTest, RelayoutMatchesTheReferenceExactly) {
   };
   uint32_t seed = 1;
   for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " src_cols " << c.src_cols
-                                      << " group " << c.group << " cols [" << c.col0 << ", "
-                                      << c.col0 + c.cols << ") padded " << c.rows_p << "x"
-                                      << c.cols_p);
+    SCOPED_TRACE(::testing::Message()
+                 << "rows " << c.rows << " src_cols " << c.src_cols << " group " << c.group
+                 << " cols [" << c.col0 << ", " << c.col0 + c.cols << ") padded " << c.rows_p << "x"
+                 << c.cols_p);
     const Packed p = RandomPacked(c.rows, c.src_cols, c.group, ++seed);
     std::vector<uint8_t> codes(Int4TiledCodeBytes(c.rows_p, c.cols_p), 0x5a);
     std::vector<uint8_t> scales(Int4TiledScaleBytes(c.rows_p, c.cols_p), 0x5a);
@@ -141,6 +141,8 @@ TEST(Int4LayoutTest, KernelDecodeFollowsThePtxFragmentLayout) {
     EXPECT_EQ(Bf16ToFloat(static_cast<uint16_t>(pair >> 16)), 128.0f + u);
     EXPECT_EQ(FloatToBf16(128.0f + u - 136.0f), FloatToBf16(static_cast<float>(u) - 8.0f));
   }
+  EXPECT_EQ(Bf16ToFloat(kInt4Bf16x2Bias & 0xffff), 136.0f);
+  EXPECT_EQ(kInt4Bf16x2Bias >> 16, kInt4Bf16x2Bias & 0xffff);
   EXPECT_EQ(Bf16ToFloat(kInt4Bf16x2One & 0xffff), 1.0f);
   EXPECT_EQ(Bf16ToFloat(kInt4Bf16x2MinusBias & 0xffff), -136.0f);
   EXPECT_EQ(kInt4Bf16x2One >> 16, kInt4Bf16x2One & 0xffff);
@@ -200,8 +202,8 @@ TEST(Int4LayoutTest, OneRowByHand) {
   for (int c = 32; c < 64; ++c) EXPECT_EQ(out[c], 2.0f) << c;
   // Lane 0 word 0: a0 = columns (0, 1) -> nibbles 8, 9 at bits 0 and 16; a2 = columns (8, 9) ->
   // nibbles 0, 1 at bits 8 and 24; a1 / a3 are row 8 (q = 0: nibble 8) at bits 4, 20, 12, 28.
-  const uint32_t w0 = codes[0] | (codes[1] << 8) | (codes[2] << 16) |
-                      (static_cast<uint32_t>(codes[3]) << 24);
+  const uint32_t w0 =
+      codes[0] | (codes[1] << 8) | (codes[2] << 16) | (static_cast<uint32_t>(codes[3]) << 24);
   EXPECT_EQ(w0, 0x81898088u);
 }
 
@@ -229,9 +231,9 @@ TEST(Int4LayoutTest, RejectsBadShapesAndScales) {
   EXPECT_NE(std::string(st.message()).find("row 3, group 2"), std::string::npos) << st;
   // Gate and up of different shapes.
   const Packed q = RandomPacked(8, 128, 32, 9);
-  EXPECT_FALSE(RelayoutInt4GateUp(Source(p, 0, 128), Source(q, 0, 128), 16, 128, codes.data(),
-                                  sc.data())
-                   .ok());
+  EXPECT_FALSE(
+      RelayoutInt4GateUp(Source(p, 0, 128), Source(q, 0, 128), 16, 128, codes.data(), sc.data())
+          .ok());
 }
 
 }  // namespace
