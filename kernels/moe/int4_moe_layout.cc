@@ -118,14 +118,17 @@ absl::Status Relayout(const std::vector<RowSource>& rows_src, int col0, int cols
                            : kZeroNibble;
             }
           }
-          for (int k = 0; k < 16; ++k) words[P.lane[r][k]][j] |= nib[k] << P.bit[r][k];
+          for (int k = 0; k < 16; ++k) {
+            words[P.lane[r][k]][j] |= nib[k] << P.bit[r][k];
+          }
         }
       }
       uint8_t* dst = tiled_codes + tile * 512;
       for (int lane = 0; lane < 32; ++lane) {
         for (int j = 0; j < 4; ++j) {
-          for (int b = 0; b < 4; ++b)
+          for (int b = 0; b < 4; ++b) {
             dst[lane * 16 + j * 4 + b] = (words[lane][j] >> (8 * b)) & 0xff;
+          }
         }
       }
     }
@@ -143,22 +146,30 @@ RowSource Row(const Int4SourceRows& w, int r) {
 
 absl::Status RelayoutInt4(const Int4SourceRows& w, int rows_p, int cols_p, uint8_t* tiled_codes,
                           uint8_t* tiled_scales) {
-  if (absl::Status st = CheckSource(w, "projection"); !st.ok()) return st;
+  if (absl::Status st = CheckSource(w, "projection"); !st.ok()) {
+    return st;
+  }
   if (rows_p < w.rows || rows_p % kInt4TileRows != 0) {
     return absl::InvalidArgumentError(absl::StrCat("INT4 relayout: ", w.rows,
                                                    " rows do not fit a padded height of ", rows_p,
                                                    " (a multiple of 16)"));
   }
   std::vector<RowSource> src(rows_p);
-  for (int r = 0; r < w.rows; ++r) src[r] = Row(w, r);
+  for (int r = 0; r < w.rows; ++r) {
+    src[r] = Row(w, r);
+  }
   return Relayout(src, w.col0, w.cols, w.src_cols, w.group_size, cols_p, tiled_codes, tiled_scales);
 }
 
 absl::Status RelayoutInt4GateUp(const Int4SourceRows& gate, const Int4SourceRows& up,
                                 int intermediate_p, int cols_p, uint8_t* tiled_codes,
                                 uint8_t* tiled_scales) {
-  if (absl::Status st = CheckSource(gate, "gate"); !st.ok()) return st;
-  if (absl::Status st = CheckSource(up, "up"); !st.ok()) return st;
+  if (absl::Status st = CheckSource(gate, "gate"); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = CheckSource(up, "up"); !st.ok()) {
+    return st;
+  }
   if (gate.rows != up.rows || gate.cols != up.cols || gate.col0 != up.col0 ||
       gate.src_cols != up.src_cols || gate.group_size != up.group_size) {
     return absl::InvalidArgumentError(

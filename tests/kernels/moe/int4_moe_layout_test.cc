@@ -5,6 +5,7 @@
 // written out by hand here; shape rules and non-finite scales are errors.
 #include "kernels/moe/int4_moe_layout.h"
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -37,7 +38,9 @@ Packed RandomPacked(int rows, int src_cols, int group, uint32_t seed) {
     for (int w = 0; w < words; ++w) {
       uint32_t v = 0;
       for (int k = 0; k < 8; ++k) {
-        if (8 * w + k < src_cols) v |= (rng() & 0xfu) << (4 * k);
+        if (8 * w + k < src_cols) {
+          v |= (rng() & 0xfu) << (4 * k);
+        }
       }
       p.packed[static_cast<size_t>(r) * words + w] = static_cast<int32_t>(v);
     }
@@ -48,7 +51,9 @@ Packed RandomPacked(int rows, int src_cols, int group, uint32_t seed) {
     const float v = std::ldexp(1.0f + (r & 127) / 128.0f, -20 + static_cast<int>((r >> 8) % 24));
     s = (r >> 16) % 16 == 0 ? 0 : FloatToBf16((r >> 20) % 8 == 0 ? -v : v);
   }
-  for (uint16_t s : p.scale) p.scale_f32.push_back(Bf16ToFloat(s));
+  for (uint16_t s : p.scale) {
+    p.scale_f32.push_back(Bf16ToFloat(s));
+  }
   return p;
 }
 
@@ -97,7 +102,9 @@ TEST(Int4LayoutTest, RelayoutMatchesTheReferenceExactly) {
       for (int col = 0; col < c.cols_p; ++col) {
         const float got = tiled[static_cast<size_t>(r) * c.cols_p + col];
         if (r < c.rows && col < c.cols) {
-          mismatches += std::memcmp(&got, &ref[static_cast<size_t>(r) * c.cols + col], 4) != 0;
+          // Bit for bit (the sign of zero included).
+          mismatches += std::bit_cast<uint32_t>(got) !=
+                        std::bit_cast<uint32_t>(ref[static_cast<size_t>(r) * c.cols + col]);
         } else {
           nonzero_pad += got != 0.0f;
         }
@@ -186,7 +193,9 @@ TEST(Int4LayoutTest, OneRowByHand) {
   std::vector<int32_t> packed(16 * 8, static_cast<int32_t>(0x88888888u));
   packed[0] = static_cast<int32_t>(0xfedcba98u);  // columns 0..7: q 0..7
   packed[1] = static_cast<int32_t>(0x76543210u);  // columns 8..15: q -8..-1
-  for (int w = 4; w < 8; ++w) packed[w] = static_cast<int32_t>(0x99999999u);
+  for (int w = 4; w < 8; ++w) {
+    packed[w] = static_cast<int32_t>(0x99999999u);
+  }
   std::vector<uint16_t> scale(16 * 2, FloatToBf16(1.0f));
   scale[0] = FloatToBf16(0.5f);
   scale[1] = FloatToBf16(2.0f);
@@ -196,10 +205,18 @@ TEST(Int4LayoutTest, OneRowByHand) {
                   .ok());
   std::vector<float> out(16 * 64);
   DequantizeTiledInt4(codes.data(), sc.data(), 16, 64, out.data());
-  for (int c = 0; c < 8; ++c) EXPECT_EQ(out[c], 0.5f * c) << c;
-  for (int c = 8; c < 16; ++c) EXPECT_EQ(out[c], 0.5f * (c - 16)) << c;
-  for (int c = 16; c < 32; ++c) EXPECT_EQ(out[c], 0.0f) << c;
-  for (int c = 32; c < 64; ++c) EXPECT_EQ(out[c], 2.0f) << c;
+  for (int c = 0; c < 8; ++c) {
+    EXPECT_EQ(out[c], 0.5f * c) << c;
+  }
+  for (int c = 8; c < 16; ++c) {
+    EXPECT_EQ(out[c], 0.5f * (c - 16)) << c;
+  }
+  for (int c = 16; c < 32; ++c) {
+    EXPECT_EQ(out[c], 0.0f) << c;
+  }
+  for (int c = 32; c < 64; ++c) {
+    EXPECT_EQ(out[c], 2.0f) << c;
+  }
   // Lane 0 word 0: a0 = columns (0, 1) -> nibbles 8, 9 at bits 0 and 16; a2 = columns (8, 9) ->
   // nibbles 0, 1 at bits 8 and 24; a1 / a3 are row 8 (q = 0: nibble 8) at bits 4, 20, 12, 28.
   const uint32_t w0 =
