@@ -44,8 +44,8 @@ struct Int4Format {
   static __device__ __forceinline__ void Fragment(const uint4& cw, const uint2& sw, int j,
                                                   uint32_t (&a)[4]) {
     const uint32_t word = j < 2 ? sw.x : sw.y;
-    const uint32_t sg = __byte_perm(word, 0, 0x1010u);   // (s(g), s(g)): registers a0, a2
-    const uint32_t sg8 = __byte_perm(word, 0, 0x3232u);  // (s(g + 8), s(g + 8)): a1, a3
+    const uint32_t sg = Int4ScalePair(word, false);  // (s(g), s(g)): registers a0, a2
+    const uint32_t sg8 = Int4ScalePair(word, true);  // (s(g + 8), s(g + 8)): a1, a3
     const uint32_t q = j == 0 ? cw.x : j == 1 ? cw.y : j == 2 ? cw.z : cw.w;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {

@@ -57,6 +57,18 @@ MLASERVE_INT4_HD uint32_t Int4BiasedPair(uint32_t word, int reg) {
   return ((word >> (4 * reg)) & 0x000f000fu) | 0x43004300u;
 }
 
+// The bf16 scale pair a register is multiplied by, from a lane's scale word (s(g), s(g + 8)) of one
+// 32-column group: (s(g), s(g)) for registers a0 / a2 (rows g), (s(g + 8), s(g + 8)) for a1 / a3.
+// On the device one PRMT (selectors 0x1010 / 0x3232: bytes 0,1,0,1 / 2,3,2,3 of the word).
+MLASERVE_INT4_HD uint32_t Int4ScalePair(uint32_t word, bool row_plus_8) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(word, 0, row_plus_8 ? 0x3232u : 0x1010u);
+#else
+  const uint32_t s = row_plus_8 ? word >> 16 : word & 0xffffu;
+  return s | (s << 16);
+#endif
+}
+
 // Bytes of the rearranged arrays for a [rows, cols] projection (rows % 16 == 0, cols % 64 == 0).
 inline size_t Int4TiledCodeBytes(int rows, int cols) {
   return static_cast<size_t>(rows) * cols / 2;

@@ -137,7 +137,8 @@ TEST(Int4LayoutTest, GateUpInterleavesRowsByEight) {
 }
 
 // The kernel's decode, register by register, against the PTX A-fragment layout written out here
-// (not through mma_fragment_layout.h): lane 4g+t, word j; a0 = (W[g][2t], W[g][2t+1]),
+// (not through mma_fragment_layout.h), with the kernel's scale selection (Int4ScalePair): lane
+// 4g+t, word j; a0 = (W[g][2t], W[g][2t+1]),
 // a1 = (W[g+8][2t], ..), a2 = (W[g][2t+8], ..), a3 = (W[g+8][2t+8], ..) of columns 16j..16j+15.
 // Also the bf16 arithmetic the kernel relies on: the biased pair is 128 + u exactly, 128 + u - 136
 // is q exactly, and both fit bf16's 8 significant bits.
@@ -173,6 +174,34 @@ TEST(Int4LayoutTest, KernelDecodeFollowsThePtxFragmentLayout) {
         for (int half = 0; half < 2; ++half) {
           const uint16_t bits = static_cast<uint16_t>(half ? pair >> 16 : pair & 0xffff);
           EXPECT_EQ(Bf16ToFloat(bits), 128.0f + nibble(rows[r], 16 * j + cols[r] + half))
+              << "lane " << lane << " word " << j << " a" << r << " half " << half;
+        }
+      }
+    }
+    // The whole register as the kernel forms it: (biased pair - 136) * the scale pair that
+    // Int4ScalePair selects from the lane's scale word of the block's group, rounded once to bf16:
+    // bf16(q * s) of the fragment's element, s its row's scale (register a0 / a2: row g,
+    // a1 / a3: row g + 8).
+    const uint8_t* sb = scales.data() + g * 8;
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* b = codes.data() + lane * 16 + j * 4;
+      const uint32_t word = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+      const uint8_t* sw = sb + (j < 2 ? 0 : 4);
+      const uint32_t scale_word =
+          sw[0] | (sw[1] << 8) | (sw[2] << 16) | (static_cast<uint32_t>(sw[3]) << 24);
+      const int rows[4] = {g, g + 8, g, g + 8};
+      const int cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t pair = Int4BiasedPair(word, r);
+        const uint32_t spair = Int4ScalePair(scale_word, r % 2 == 1);
+        for (int half = 0; half < 2; ++half) {
+          const float q =
+              Bf16ToFloat(static_cast<uint16_t>(half ? pair >> 16 : pair & 0xffff)) - 136.0f;
+          const float sc = Bf16ToFloat(static_cast<uint16_t>(half ? spair >> 16 : spair & 0xffff));
+          const int row = rows[r], col = 16 * j + cols[r] + half;
+          const float want = (static_cast<float>(nibble(row, col)) - 8.0f) *
+                             Bf16ToFloat(p.scale[row * 2 + col / 32]);
+          EXPECT_EQ(FloatToBf16(q * sc), FloatToBf16(want))
               << "lane " << lane << " word " << j << " a" << r << " half " << half;
         }
       }
