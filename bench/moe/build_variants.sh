@@ -1,5 +1,5 @@
 #!/bin/bash
-# Builds moe_bench variants with other tile knobs (nvfp4_moe_gemm.cuh macros) into
+# Builds moe_bench variants with other tile knobs (moe_weight_only_gemm.cuh macros) into
 # build-moe/variants/, for tuning runs (bench/moe/run_device.sh with VARIANTS=1). Needs build-moe.
 set -e
 cd "$(dirname "$0")/../.."

@@ -1,14 +1,18 @@
-// NVFP4 MoE expert-path benchmark on full-size shapes (hidden 7168, intermediate 2048, top-8):
-// decode (1..128 tokens) against the device's measured copy bandwidth on the weight bytes of the
-// active experts, prefill (2k..32k tokens) in TFLOP/s. Weights are cold: L2 is flushed (a 256 MB
-// memset) before every timed run. The BF16 peer (cuBLAS through PyTorch) is bf16_peer.py.
+// NVFP4 and INT4 MoE expert-path benchmark on full-size shapes (hidden 7168, intermediate 2048,
+// top-8): decode (1..256 tokens) against the device's measured copy bandwidth on the weight bytes
+// of the active experts (codes + scales), prefill (2k..32k tokens) in TFLOP/s. Weights are cold:
+// L2 is flushed (a 256 MB memset) before every timed run. The BF16 peer (cuBLAS through PyTorch)
+// is bf16_peer.py.
 //
 // Times per configuration: the four stages one by one (events between them, plain launches; the
-// stage columns), the layer as one InvokeNvfp4Moe call with plain launches ("plain") and with its
-// default launches ("layer": programmatic for small decode batches, kMoeProgrammaticMaxRows), and
-// for decode that call replayed as a CUDA graph ("graph").
+// stage columns), the layer as one InvokeNvfp4Moe / InvokeInt4Moe call with plain launches
+// ("plain") and with its default launches ("layer": programmatic for small decode batches,
+// kMoeProgrammaticMaxRows), and for decode that call replayed as a CUDA graph ("graph").
 //
-// Usage: moe_bench [--quick | --decode | --prefill]
+// Usage: moe_bench [--quick | --decode | --prefill] [--int4]
+//   --int4: Kimi-K2.5 EP8 (48 of 384 experts local) in INT4 (compressed-tensors, group 32,
+//   bf16 scales: kernels/moe/int4_moe.h) and, in the same process for comparison, in NVFP4, at
+//   1, 8, 64 and 256 decode tokens (with --prefill: 8192 tokens instead).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +22,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/moe/int4_moe.h"
 #include "kernels/moe/nvfp4_moe.h"
 #include "kernels/moe/nvfp4_moe_gemm.h"
 
@@ -53,6 +58,12 @@ __global__ void FillScales(uint8_t* p, size_t n, uint32_t seed) {
     p[i] = static_cast<uint8_t>(((12 + (h & 3)) << 3) | ((h >> 2) & 7));
   }
 }
+// INT4 group scales: bf16 in [2^-8, 2^-7) (exponent 119, random mantissa).
+__global__ void FillInt4Scales(uint16_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    p[i] = static_cast<uint16_t>(0x3b80u | (Hash(i, seed) & 0x7fu));
+  }
+}
 __global__ void FillBf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     p[i] = __float2bfloat16((Hash(i, seed) & 0xffff) / 32768.0f - 1.0f);
@@ -66,8 +77,9 @@ float Median(std::vector<float> v) {
 
 struct Config {
   const char* name;
-  int num_experts;  // global
-  int num_local;    // experts on this rank: ids [0, num_local)
+  int num_experts;    // global
+  int num_local;      // experts on this rank: ids [0, num_local)
+  bool int4 = false;  // INT4 weights (else NVFP4)
 };
 
 }  // namespace
@@ -76,11 +88,12 @@ using namespace mlaserve;  // NOLINT: a benchmark main
 
 int main(int argc, char** argv) {
   // --quick: prefill 2k only; --decode: decode only (for comparing build variants).
-  bool quick = false, decode_only = false, prefill_only = false;
+  bool quick = false, decode_only = false, prefill_only = false, int4 = false;
   for (int i = 1; i < argc; ++i) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     decode_only |= std::strcmp(argv[i], "--decode") == 0;
     prefill_only |= std::strcmp(argv[i], "--prefill") == 0;
+    int4 |= std::strcmp(argv[i], "--int4") == 0;
   }
   const int H = 7168, I = 2048, K = 8;
   cudaDeviceProp prop;
@@ -119,7 +132,7 @@ int main(int argc, char** argv) {
     CK(cudaFree(b));
   }
 
-  const Config configs[] = {{"ep8_48_of_384", 384, 48}, {"all_256", 256, 256}};
+  std::vector<Config> configs = {{"ep8_48_of_384", 384, 48}, {"all_256", 256, 256}};
   std::vector<int> decode_tokens = {1, 8, 32, 64, 128};
   std::vector<int> prefill_tokens = {2048, 8192, 32768};
   if (quick) prefill_tokens = {2048};
@@ -128,21 +141,31 @@ int main(int argc, char** argv) {
     decode_tokens = {};
     prefill_tokens = {8192};
   }
+  if (int4) {
+    configs = {{"ep8_48_of_384", 384, 48, false}, {"ep8_48_of_384", 384, 48, true}};
+    if (!prefill_only) decode_tokens = {1, 8, 64, 256};
+    prefill_tokens = prefill_only ? std::vector<int>{8192} : std::vector<int>{};
+  }
   const size_t gu_codes_e = static_cast<size_t>(2 * I) * H / 2, gu_scales_e = gu_codes_e / 8;
   const size_t dn_codes_e = static_cast<size_t>(H) * I / 2, dn_scales_e = dn_codes_e / 8;
   const double bytes_per_expert = gu_codes_e + gu_scales_e + dn_codes_e + dn_scales_e;
   const double flop_per_row = 2.0 * (2.0 * I * H + 1.0 * H * I);
-  std::printf("weight bytes per expert (codes + e4m3 scales): %.2f MB; bf16: %.2f MB\n",
-              bytes_per_expert / 1e6, 3.0 * H * I * 2 / 1e6);
+  // INT4's layout has the same bytes: codes 4 bits a weight, one bf16 scale per 32 weights.
   std::printf(
-      "\n%-14s %6s %4s %6s %7s | %8s %8s %8s %8s %8s | %8s %8s %8s | %7s %6s %6s "
+      "weight bytes per expert (codes + scales: e4m3 per 16 for NVFP4, bf16 per 32 for INT4): "
+      "%.2f MB; bf16: %.2f MB\n",
+      bytes_per_expert / 1e6, 3.0 * H * I * 2 / 1e6);
+  std::printf(
+      "\n%-14s %5s %6s %4s %6s %7s | %8s %8s %8s %8s %8s | %8s %8s %8s | %7s %6s %6s "
       "%6s | %8s %8s\n",
-      "config", "tokens", "tile", "active", "rows", "dispatch", "gate_up", "down", "combine",
+      "config", "fmt", "tokens", "tile", "active", "rows", "dispatch", "gate_up", "down", "combine",
       "stages", "plain", "layer", "graph", "GB/s", "%stage", "%layer", "%graph", "TFLOP/s",
       "TF_layer");
 
   std::mt19937 rng(1234);
   for (const Config& c : configs) {
+    // --int4: both formats see the same routing draws.
+    if (int4) rng.seed(1234);
     const int E = c.num_local;
     uint8_t *gu_c, *gu_s, *dn_c, *dn_s;
     float *gu_gs, *dn_gs;
@@ -153,18 +176,26 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&gu_gs, 2 * E * sizeof(float)));
     CK(cudaMalloc(&dn_gs, E * sizeof(float)));
     FillCodes<<<4096, 256, 0, s>>>(gu_c, gu_codes_e * E, 1);
-    FillScales<<<4096, 256, 0, s>>>(gu_s, gu_scales_e * E, 2);
     FillCodes<<<4096, 256, 0, s>>>(dn_c, dn_codes_e * E, 3);
-    FillScales<<<4096, 256, 0, s>>>(dn_s, dn_scales_e * E, 4);
+    if (c.int4) {
+      FillInt4Scales<<<4096, 256, 0, s>>>(reinterpret_cast<uint16_t*>(gu_s), gu_scales_e * E / 2,
+                                          2);
+      FillInt4Scales<<<4096, 256, 0, s>>>(reinterpret_cast<uint16_t*>(dn_s), dn_scales_e * E / 2,
+                                          4);
+    } else {
+      FillScales<<<4096, 256, 0, s>>>(gu_s, gu_scales_e * E, 2);
+      FillScales<<<4096, 256, 0, s>>>(dn_s, dn_scales_e * E, 4);
+    }
     std::vector<float> gs(2 * E, 1e-3f);
     CK(cudaMemcpy(gu_gs, gs.data(), 2 * E * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dn_gs, gs.data(), E * 4, cudaMemcpyHostToDevice));
     const Nvfp4MoeWeights weights{0, E, H, I, gu_c, gu_s, gu_gs, dn_c, dn_s, dn_gs};
+    const Int4MoeWeights int4_weights{0, E, H, I, gu_c, gu_s, dn_c, dn_s};
 
     std::vector<int> all_tokens = decode_tokens;
     all_tokens.insert(all_tokens.end(), prefill_tokens.begin(), prefill_tokens.end());
     for (int tokens : all_tokens) {
-      const bool decode = tokens <= 128;
+      const bool decode = tokens <= 256;
       // Uniform routing over all global experts, 8 distinct per token.
       std::vector<int32_t> ids(static_cast<size_t>(tokens) * K);
       std::vector<int> perm(c.num_experts);
@@ -209,19 +240,47 @@ int main(int argc, char** argv) {
       p.out = d_out;
       p.workspace = ws;
       p.workspace_bytes = ws_bytes;
+      // The same call in the INT4 format (its workspace is NVFP4's).
+      Int4MoeParams q{};
+      q.weights = int4_weights;
+      q.tokens = p.tokens;
+      q.top_k = p.top_k;
+      q.tile_tokens = p.tile_tokens;
+      q.x = p.x;
+      q.topk_ids = p.topk_ids;
+      q.topk_weights = p.topk_weights;
+      q.out = p.out;
+      q.workspace = p.workspace;
+      q.workspace_bytes = p.workspace_bytes;
+      Nvfp4MoeParams plain = p;
+      plain.plain_launches = true;
+      Int4MoeParams q_plain = q;
+      q_plain.plain_launches = true;
+      auto stage = [&](int i) {
+        if (c.int4) {
+          return i == 0   ? InvokeInt4MoeDispatchStage(q, s)
+                 : i == 1 ? InvokeInt4MoeGateUpStage(q, s)
+                 : i == 2 ? InvokeInt4MoeDownStage(q, s)
+                          : InvokeInt4MoeCombineStage(q, s);
+        }
+        return i == 0   ? InvokeNvfp4MoeDispatchStage(p, s)
+               : i == 1 ? InvokeNvfp4MoeGateUpStage(p, s)
+               : i == 2 ? InvokeNvfp4MoeDownStage(p, s)
+                        : InvokeNvfp4MoeCombineStage(p, s);
+      };
+      auto layer = [&](bool plain_launches) {
+        if (c.int4) return InvokeInt4Moe(plain_launches ? q_plain : q, s);
+        return InvokeNvfp4Moe(plain_launches ? plain : p, s);
+      };
       const int reps = decode ? 30 : (tokens >= 32768 ? 3 : 6);
       std::vector<float> t_disp, t_gu, t_dn, t_comb, t_total;
       for (int it = 0; it < reps + 2; ++it) {
         CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
         CK(cudaEventRecord(ev[0], s));
-        CK(InvokeNvfp4MoeDispatchStage(p, s));
-        CK(cudaEventRecord(ev[1], s));
-        CK(InvokeNvfp4MoeGateUpStage(p, s));
-        CK(cudaEventRecord(ev[2], s));
-        CK(InvokeNvfp4MoeDownStage(p, s));
-        CK(cudaEventRecord(ev[3], s));
-        CK(InvokeNvfp4MoeCombineStage(p, s));
-        CK(cudaEventRecord(ev[4], s));
+        for (int i = 0; i < 4; ++i) {
+          CK(stage(i));
+          CK(cudaEventRecord(ev[i + 1], s));
+        }
         CK(cudaEventSynchronize(ev[4]));
         if (it < 2) continue;  // warm-up
         float ms[4], tot;
@@ -248,16 +307,14 @@ int main(int argc, char** argv) {
         }
         return static_cast<double>(Median(t));
       };
-      Nvfp4MoeParams plain = p;
-      plain.plain_launches = true;
-      const double us_plain = time_layer([&] { CK(InvokeNvfp4Moe(plain, s)); });
-      const double us_layer = time_layer([&] { CK(InvokeNvfp4Moe(p, s)); });
+      const double us_plain = time_layer([&] { CK(layer(true)); });
+      const double us_layer = time_layer([&] { CK(layer(false)); });
       double us_graph = 0;
       if (decode) {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        CK(InvokeNvfp4Moe(p, s));
+        CK(layer(false));
         CK(cudaStreamEndCapture(s, &graph));
         CK(cudaGraphInstantiate(&exec, graph, 0));
         us_graph = time_layer([&] { CK(cudaGraphLaunch(exec, s)); });
@@ -271,11 +328,11 @@ int main(int argc, char** argv) {
       };
       const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
       std::printf(
-          "%-14s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
+          "%-14s %5s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
           "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f\n",
-          c.name, tokens, p.tile_tokens, active, rows, Median(t_disp), Median(t_gu), Median(t_dn),
-          Median(t_comb), us_total, us_plain, us_layer, us_graph, bytes / (us_layer * 1e-6) / 1e9,
-          pct(us_total), pct(us_layer), pct(us_graph), tflops,
+          c.name, c.int4 ? "int4" : "nvfp4", tokens, p.tile_tokens, active, rows, Median(t_disp),
+          Median(t_gu), Median(t_dn), Median(t_comb), us_total, us_plain, us_layer, us_graph,
+          bytes / (us_layer * 1e-6) / 1e9, pct(us_total), pct(us_layer), pct(us_graph), tflops,
           flop_per_row * rows / (us_layer * 1e-6) / 1e12);
       std::fflush(stdout);
       CK(cudaFree(ws));
@@ -293,10 +350,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "\nus: stages = dispatch + gate_up + down + combine timed one by one; plain = one "
-      "InvokeNvfp4Moe call, plain launches; layer = the same call, default launches "
-      "(programmatic for tokens * top_k <= 256 in decode); graph = that call replayed as a CUDA "
-      "graph (decode only). GB/s: weight bytes of the active experts (codes + scales) / layer "
-      "time; %%stage, %%layer, %%graph: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 * H "
-      "* I / (gate_up + down time); TF_layer: the same over the layer time.\n");
+      "InvokeNvfp4Moe / InvokeInt4Moe call, plain launches; layer = the same call, default "
+      "launches (programmatic for tokens * top_k <= 256 in decode); graph = that call replayed as "
+      "a CUDA graph (decode only). GB/s: weight bytes of the active experts (codes + scales) / "
+      "layer time; %%stage, %%layer, %%graph: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 "
+      "* H * I / (gate_up + down time); TF_layer: the same over the layer time.\n");
   return 0;
 }

@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/moe/bf16_moe_gemm.h"
+#include "kernels/moe/int4_moe.h"
+#include "kernels/moe/int4_moe_layout.h"
 #include "kernels/moe/moe_combine.h"
 #include "kernels/moe/moe_dispatch.h"
 #include "kernels/moe/moe_experts.h"
@@ -76,6 +78,14 @@ absl::Status Validate(const MoeExpertsHostWeights& w) {
         absl::StrCat("MoE experts: expected ", E, " gate, up and down projections, got ",
                      w.gate.size(), ", ", w.up.size(), ", ", w.down.size()));
   }
+  if (w.nvfp4 && w.int4) {
+    return absl::InvalidArgumentError("MoE experts: both nvfp4 and int4 set; one format a layer");
+  }
+  if (w.int4 && (w.int4_group_size <= 0 || w.int4_group_size % kInt4ScaleSlotCols != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoE experts: INT4 group size ", w.int4_group_size,
+        " is not a multiple of 32, which the GPU layout's scale slots need (Kimi's is 32)"));
+  }
   if (w.nvfp4 && (w.hidden % 16 != 0 || w.intermediate % 16 != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MoE experts: NVFP4 weights need hidden and intermediate multiples of 16 (one e4m3 scale "
@@ -88,13 +98,15 @@ absl::Status Validate(const MoeExpertsHostWeights& w) {
     for (int k = 0; k < 3; ++k) {
       const auto& pr = *proj[k];
       const bool ok =
-          w.nvfp4 ? pr.packed != nullptr && pr.scale != nullptr && std::isfinite(pr.global_scale)
-                  : pr.bf16 != nullptr;
+          w.nvfp4  ? pr.packed != nullptr && pr.scale != nullptr && std::isfinite(pr.global_scale)
+          : w.int4 ? pr.int4_packed != nullptr && pr.int4_scale != nullptr && pr.int4_src_cols > 0
+                   : pr.bf16 != nullptr;
       if (!ok) {
         return absl::InvalidArgumentError(
             absl::StrCat("MoE experts: expert ", w.first_expert + i, " ", names[k], ": ",
-                         w.nvfp4 ? "NVFP4 needs packed, scale and a finite global_scale"
-                                 : "bf16 weights missing (bf16 == nullptr)"));
+                         w.nvfp4  ? "NVFP4 needs packed, scale and a finite global_scale"
+                         : w.int4 ? "INT4 needs int4_packed, int4_scale and int4_src_cols"
+                                  : "bf16 weights missing (bf16 == nullptr)"));
       }
     }
   }
@@ -127,6 +139,7 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
   g->intermediate_ = I;
   g->num_routed_experts_ = w.num_routed_experts > 0 ? w.num_routed_experts : E;
   g->nvfp4_ = w.nvfp4;
+  g->int4_ = w.int4;
   if (E == 0) return g;
   const int Hp = RoundUp(H, kPadMultiple), Ip = RoundUp(I, kPadMultiple);
   g->padded_hidden_ = Hp;
@@ -181,17 +194,19 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
     return g;
   }
 
-  // NVFP4: pad (host), rearrange with the project's relayout (host), copy.
-  const size_t gu_c = Nvfp4TiledCodeBytes(2 * Ip, Hp), gu_s = Nvfp4TiledScaleBytes(2 * Ip, Hp);
-  const size_t dn_c = Nvfp4TiledCodeBytes(Hp, Ip), dn_s = Nvfp4TiledScaleBytes(Hp, Ip);
+  // NVFP4 and INT4: rearranged on the host into the kernels' layout (padding included), copied.
+  auto code_bytes = w.int4 ? Int4TiledCodeBytes : Nvfp4TiledCodeBytes;
+  auto scale_bytes = w.int4 ? Int4TiledScaleBytes : Nvfp4TiledScaleBytes;
+  const size_t gu_c = code_bytes(2 * Ip, Hp), gu_s = scale_bytes(2 * Ip, Hp);
+  const size_t dn_c = code_bytes(Hp, Ip), dn_s = scale_bytes(Hp, Ip);
   g->gate_up_codes_ = static_cast<uint8_t*>(g->Alloc(gu_c * E, &err));
   if (err == cudaSuccess) g->gate_up_scales_ = static_cast<uint8_t*>(g->Alloc(gu_s * E, &err));
   if (err == cudaSuccess) g->down_codes_ = static_cast<uint8_t*>(g->Alloc(dn_c * E, &err));
   if (err == cudaSuccess) g->down_scales_ = static_cast<uint8_t*>(g->Alloc(dn_s * E, &err));
-  if (err == cudaSuccess) {
+  if (w.nvfp4 && err == cudaSuccess) {
     g->gate_up_global_scale_ = static_cast<float*>(g->Alloc(sizeof(float) * 2 * E, &err));
   }
-  if (err == cudaSuccess) {
+  if (w.nvfp4 && err == cudaSuccess) {
     g->down_global_scale_ = static_cast<float*>(g->Alloc(sizeof(float) * E, &err));
   }
   if (err != cudaSuccess) return CudaStatus(err, what + ": cudaMalloc");
@@ -200,12 +215,12 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
   // Experts are rearranged on the host in waves, one thread each (the relayout is per element:
   // 2.1 G weights a MoE layer on a Kimi-K2.5 rank), then copied wave by wave.
   struct Slot {
-    std::vector<uint8_t> gp, gs, up, us, dp, ds;  // padded checkpoint layout
+    std::vector<uint8_t> gp, gs, up, us, dp, ds;  // NVFP4: padded checkpoint layout
     std::vector<uint8_t> gu_c, gu_s, dn_c, dn_s;  // tiled
     std::string error;                            // empty: rearranged
   };
-  const int wave = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1,
-                              std::min(E, 16));
+  const int wave =
+      std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, std::min(E, 16));
   std::vector<Slot> slots(wave);
   for (Slot& sl : slots) {
     sl.gu_c.resize(gu_c);
@@ -213,8 +228,32 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
     sl.dn_c.resize(dn_c);
     sl.dn_s.resize(dn_s);
   }
+  // INT4 pads while it rearranges (int4_moe_layout.h): gate / up [I, H] are whole checkpoint
+  // rows, down [H, I] a column window of them.
+  auto relayout_int4 = [&](int i, Slot& sl, const std::string& ew) {
+    const auto &wg = w.gate[i], &wu = w.up[i], &wd = w.down[i];
+    const int gs = w.int4_group_size;
+    const Int4SourceRows gate{
+        wg.int4_packed, wg.int4_scale, I, wg.int4_src_cols, gs, wg.int4_col0, H};
+    const Int4SourceRows up{
+        wu.int4_packed, wu.int4_scale, I, wu.int4_src_cols, gs, wu.int4_col0, H};
+    const Int4SourceRows down{
+        wd.int4_packed, wd.int4_scale, H, wd.int4_src_cols, gs, wd.int4_col0, I};
+    const absl::Status gu = RelayoutInt4GateUp(gate, up, Ip, Hp, sl.gu_c.data(), sl.gu_s.data());
+    if (!gu.ok()) {
+      sl.error = absl::StrCat(ew, " gate/up: ", gu.message());
+      return;
+    }
+    const absl::Status dn = RelayoutInt4(down, Hp, Ip, sl.dn_c.data(), sl.dn_s.data());
+    if (!dn.ok()) sl.error = absl::StrCat(ew, " down: ", dn.message());
+  };
   auto relayout = [&](int i, Slot& sl) {
     const std::string ew = absl::StrCat(what, ": expert ", w.first_expert + i);
+    sl.error.clear();
+    if (w.int4) {
+      relayout_int4(i, sl, ew);
+      return;
+    }
     const auto &wg = w.gate[i], &wu = w.up[i], &wd = w.down[i];
     const uint8_t *g_p = wg.packed, *g_s = wg.scale, *u_p = wu.packed, *u_s = wu.scale;
     const uint8_t *d_p = wd.packed, *d_s = wd.scale;
@@ -225,7 +264,6 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
       g_p = sl.gp.data(), g_s = sl.gs.data(), u_p = sl.up.data(), u_s = sl.us.data();
       d_p = sl.dp.data(), d_s = sl.ds.data();
     }
-    sl.error.clear();
     const absl::Status gu =
         RelayoutNvfp4GateUp(g_p, g_s, u_p, u_s, Ip, Hp, sl.gu_c.data(), sl.gu_s.data());
     if (!gu.ok()) {
@@ -266,6 +304,7 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
     }
     if (err = cudaStreamSynchronize(stream); err != cudaSuccess) return CudaStatus(err, what);
   }
+  if (w.int4) return g;
   err = cudaMemcpyAsync(g->gate_up_global_scale_, gu_global.data(), sizeof(float) * 2 * E,
                         cudaMemcpyHostToDevice, stream);
   if (err == cudaSuccess) {
@@ -279,7 +318,7 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
 
 namespace {
 
-// Workspace: the dispatch/GEMM/combine region of nvfp4_moe.h (used by both paths), then, when
+// Workspace: the dispatch/GEMM/combine region of nvfp4_moe.h (used by every path), then, when
 // hidden is padded, x, shared_out and the output at the padded width [tokens, Hp] bf16.
 struct Workspace {
   void* core;
@@ -416,6 +455,31 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     np.workspace_bytes = ws.core_bytes;
     if (cudaError_t e = InvokeNvfp4Moe(np, stream); e != cudaSuccess) {
       return CudaStatus(e, "NVFP4 experts");
+    }
+  } else if (g.int4()) {
+    Int4MoeParams ip{};
+    ip.weights = Int4MoeWeights{g.first_expert(),
+                                E,
+                                Hp,
+                                g.padded_intermediate(),
+                                g.gate_up_codes_,
+                                g.gate_up_scales_,
+                                g.down_codes_,
+                                g.down_scales_};
+    ip.tokens = p.tokens;
+    ip.top_k = p.top_k;
+    ip.tile_tokens = tile;
+    ip.plain_launches = false;
+    ip.x = x;
+    ip.topk_ids = p.topk_ids;
+    ip.topk_weights = p.topk_weights;
+    ip.shared_out = shared;
+    ip.out = nullptr;
+    ip.out_bf16 = out;
+    ip.workspace = ws.core;
+    ip.workspace_bytes = ws.core_bytes;
+    if (cudaError_t e = InvokeInt4Moe(ip, stream); e != cudaSuccess) {
+      return CudaStatus(e, "INT4 experts");
     }
   } else {
     // The NVFP4 sequence (nvfp4_moe.cu) with the BF16 GEMMs: dispatch plainly, then gate_up,

@@ -1,5 +1,6 @@
 // One GPU entry point for a layer's routed experts, whatever the checkpoint stores: BF16 experts
-// (bf16_moe_gemm.h) or NVFP4 experts (nvfp4_moe.h), at any hidden / intermediate size (padded at
+// (bf16_moe_gemm.h), NVFP4 experts (nvfp4_moe.h) or compressed-tensors INT4 experts (int4_moe.h,
+// held as 4 bits + a bf16 scale per 32 weights), at any hidden / intermediate size (padded at
 // load to the kernels' multiples of 128 with zero weights). The same function as MoeExpertsRef
 // (moe_ref.h), with the rounding of a BF16 PyTorch MoE: x bf16, fp32 accumulation,
 // h = silu(gate x) * (up x) rounded to bf16, down(h) in fp32 times the routing weight, the experts
@@ -30,11 +31,23 @@ struct MoeExpertsHostWeights {
   // rows per expert = tokens * top_k / num_routed_experts); 0: num_local_experts.
   int num_routed_experts = 0;
   bool nvfp4 = false;
+  // compressed-tensors INT4 pack-quantized (kernels/linear/int4_group_ref.h), symmetric, one bf16
+  // scale per int4_group_size columns (a multiple of 32).
+  bool int4 = false;
+  int int4_group_size = 32;
   struct Projection {                 // one expert's gate, up or down
     const uint16_t* bf16 = nullptr;   // bf16 bits [rows, cols] (bf16 checkpoints)
     const uint8_t* packed = nullptr;  // NVFP4: [rows, cols/2], low nibble first
     const uint8_t* scale = nullptr;   // NVFP4: e4m3 [rows, cols/16]
     float global_scale = 1.0f;        // NVFP4 weight_scale_2
+    // INT4: the projection's rows of the checkpoint tensor, whole ([rows, ceil(int4_src_cols / 8)]
+    // words, bf16 scales [rows, ceil(int4_src_cols / int4_group_size)]); the projection is
+    // columns [int4_col0, int4_col0 + cols) of them (int4_col0 > 0: a tensor-parallel slice of
+    // down_proj; a multiple of 32).
+    const int32_t* int4_packed = nullptr;
+    const uint16_t* int4_scale = nullptr;
+    int int4_src_cols = 0;
+    int int4_col0 = 0;
   };
   // Per local expert: gate [intermediate, hidden], up [intermediate, hidden],
   // down [hidden, intermediate]. NVFP4 needs hidden and intermediate multiples of 16.
@@ -60,6 +73,7 @@ class MoeExpertsGpu {
   int hidden() const { return hidden_; }
   int intermediate() const { return intermediate_; }
   bool nvfp4() const { return nvfp4_; }
+  bool int4() const { return int4_; }
   int padded_hidden() const { return padded_hidden_; }
   int padded_intermediate() const { return padded_intermediate_; }
   // Bytes of workspace for a call with `tokens` tokens of top_k assignments (0 with no local
@@ -76,12 +90,14 @@ class MoeExpertsGpu {
   int num_routed_experts_ = 0;
   int padded_hidden_ = 0, padded_intermediate_ = 0;
   bool nvfp4_ = false;
+  bool int4_ = false;
   size_t device_bytes_ = 0;
   std::vector<void*> allocations_;
   // BF16: gate_up [E][2Ip, Hp] and down [E][Hp, Ip] in the layout of bf16_moe_gemm.h.
   void* bf16_gate_up_ = nullptr;
   void* bf16_down_ = nullptr;
-  // NVFP4: the arrays of Nvfp4MoeWeights (nvfp4_moe.h).
+  // NVFP4: the arrays of Nvfp4MoeWeights (nvfp4_moe.h); INT4: the codes and scales arrays of
+  // Int4MoeWeights (int4_moe.h), no global scales.
   uint8_t* gate_up_codes_ = nullptr;
   uint8_t* gate_up_scales_ = nullptr;
   float* gate_up_global_scale_ = nullptr;

@@ -7,18 +7,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "kernels/moe/mma_fragment_layout.h"
 
 namespace mlaserve {
 namespace {
 
 // Fragment register (0..3), element (0: first, 1: second) and lane of element (r, c) of a 16x16
-// tile (PTX ISA mma.m16n8k16 .bf16 A layout).
+// tile (mma_fragment_layout.h).
 void FragmentSlot(int r, int c, int* lane, int* reg, int* elem) {
-  const int g = r % 8, hi_row = r / 8;
-  const int t = (c % 8) / 2, hi_col = c / 8;
-  *lane = 4 * g + t;
-  *reg = hi_row + 2 * hi_col;
-  *elem = c % 2;
+  const MmaAFragmentSlot s = MmaAFragmentSlotOf(r, c);
+  *lane = s.lane;
+  *reg = s.reg;
+  *elem = s.elem;
 }
 
 // Bit positions in the code word of bits (m, e0, e1, s) of register `reg`'s first element

@@ -29,9 +29,9 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
-#include "tests/kernels/device_buffer.h"
 #include "kernels/mla/kv_cache_format.h"
 #include "kernels/moe/nvfp4_ref.h"
+#include "tests/kernels/device_buffer.h"
 #include "worker/backend/cpu_ops.h"
 
 namespace mlaserve {
@@ -382,18 +382,68 @@ TEST_F(CudaOpsTest, MlaPrefillAndDecode) {
   }
 }
 
+// A compressed-tensors INT4 projection as the loader hands routed experts over
+// (LinearWeight::int4_*): w's columns quantized symmetrically per 32 (scale = bf16(amax / 7),
+// q = round(w / scale) clamped to [-8, 7], nibble q + 8), placed at columns [col0, col0 + cols)
+// of a checkpoint tensor src_cols wide whose other columns are zero.
+void QuantizeInt4(const std::vector<float>& w, int rows, int cols, int src_cols, int col0,
+                  LinearWeight* lw) {
+  const int words = (src_cols + 7) / 8, groups = (src_cols + 31) / 32;
+  lw->out_features = rows;
+  lw->in_features = cols;
+  lw->int4_packed = Tensor::Host(DType::kI32, {rows, words});
+  lw->int4_scale = Tensor::Host(DType::kBF16, {rows, groups});
+  lw->int4_in = src_cols;
+  lw->int4_col0 = col0;
+  lw->int4_group = 32;
+  auto* packed = lw->int4_packed.data<int32_t>();
+  auto* scale = lw->int4_scale.data<uint16_t>();
+  std::fill(packed, packed + static_cast<size_t>(rows) * words, static_cast<int32_t>(0x88888888u));
+  std::fill(scale, scale + static_cast<size_t>(rows) * groups, 0);
+  for (int r = 0; r < rows; ++r) {
+    for (int g0 = 0; g0 < cols; g0 += 32) {
+      float amax = 0;
+      for (int c = g0; c < std::min(cols, g0 + 32); ++c)
+        amax = std::max(amax, std::fabs(w[r * cols + c]));
+      const uint16_t sb = FloatToBf16(amax > 0 ? amax / 7.0f : 1.0f);
+      scale[static_cast<size_t>(r) * groups + (col0 + g0) / 32] = sb;
+      for (int c = g0; c < std::min(cols, g0 + 32); ++c) {
+        const int q =
+            std::clamp(static_cast<int>(std::lround(w[r * cols + c] / Bf16ToFloat(sb))), -8, 7);
+        const int col = col0 + c;
+        uint32_t word = static_cast<uint32_t>(packed[static_cast<size_t>(r) * words + col / 8]);
+        word =
+            (word & ~(0xfu << (4 * (col % 8)))) | (static_cast<uint32_t>(q + 8) << (4 * (col % 8)));
+        packed[static_cast<size_t>(r) * words + col / 8] = static_cast<int32_t>(word);
+      }
+    }
+  }
+}
+
+// Routed experts: BF16, NVFP4 and INT4 (kept packed on the GPU, dequantized exactly on the CPU:
+// the GPU's weights bf16(q * s) add ~2e-6 to the NMSE, far under the bound).
 TEST_F(CudaOpsTest, MoeRouteAndExperts) {
   std::mt19937 rng(5);
+  enum Format { kBf16, kNvfp4, kInt4 };
   struct Case {
     int tokens, hidden, inter, experts, top_k, n_group, topk_group, first, local;
-    bool nvfp4, shared;
+    Format format;
+    bool shared;
+    int down_col0 = 0;  // INT4: down_proj as a tensor-parallel window of a wider tensor
   };
-  for (const Case& c : std::vector<Case>{{1, 64, 24, 16, 4, 4, 2, 0, 16, false, true},
-                                         {7, 96, 32, 32, 8, 1, 1, 0, 32, true, true},
-                                         {257, 2048, 1408, 64, 6, 1, 1, 16, 32, false, false},
-                                         {33, 2048, 1408, 64, 6, 1, 1, 0, 64, true, true}}) {
+  for (const Case& c : std::vector<Case>{{1, 64, 24, 16, 4, 4, 2, 0, 16, kBf16, true},
+                                         {7, 96, 32, 32, 8, 1, 1, 0, 32, kNvfp4, true},
+                                         {257, 2048, 1408, 64, 6, 1, 1, 16, 32, kBf16, false},
+                                         {33, 2048, 1408, 64, 6, 1, 1, 0, 64, kNvfp4, true},
+                                         {1, 64, 24, 16, 4, 4, 2, 0, 16, kInt4, true},
+                                         {7, 256, 128, 32, 8, 1, 1, 8, 16, kInt4, true, 128},
+                                         {33, 2048, 1408, 64, 6, 1, 1, 0, 64, kInt4, false}}) {
+    const bool nvfp4 = c.format == kNvfp4;
     const std::string tag = std::to_string(c.tokens) + " tokens " + std::to_string(c.hidden) + "/" +
-                            std::to_string(c.inter) + (c.nvfp4 ? " nvfp4" : " bf16");
+                            std::to_string(c.inter) +
+                            (nvfp4               ? " nvfp4"
+                             : c.format == kInt4 ? " int4"
+                                                 : " bf16");
     StepLayout L;
     StepTensors gs;
     ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
@@ -421,7 +471,11 @@ TEST_F(CudaOpsTest, MoeRouteAndExperts) {
         const auto w = RandomBf16(size_t(rows) * cols, rng, 0.05f);
         lw->out_features = rows;
         lw->in_features = cols;
-        if (c.nvfp4) {
+        if (c.format == kInt4) {
+          const bool down = lw == &e.down;
+          QuantizeInt4(w, rows, cols, down ? cols + 2 * c.down_col0 : cols, down ? c.down_col0 : 0,
+                       lw);
+        } else if (nvfp4) {
           lw->weight = Tensor::Host(DType::kU8, {rows, cols / 2});
           lw->block_scale = Tensor::Host(DType::kF8E4M3, {rows, cols / 16});
           QuantizeNvfp4(w.data(), rows, cols, lw->weight.data<uint8_t>(),

@@ -1,6 +1,8 @@
 // The whole model on the CUDA backend against the CPU backend (label gpu; skips without a GPU),
-// on every fixture of tests/fixtures/models, both with a bf16 KV cache: prefill logits at every
-// position of the golden prompts, chunked prefill against whole prefill on the GPU, and a
+// on every fixture of tests/fixtures/models and on dsv3-tiny with its routed experts in
+// compressed-tensors INT4 (written at test time by quantized_checkpoint_writer.h; the GPU keeps
+// them packed, the CPU dequantizes them exactly), both with a bf16 KV cache: prefill logits at
+// every position of the golden prompts, chunked prefill against whole prefill on the GPU, and a
 // 32-token greedy continuation through token-by-token decode.
 //
 // Tolerance, measured rather than guessed: the GPU keeps activations in bf16 (relative rounding
@@ -28,6 +30,7 @@
 #include "tests/kernels/device_buffer.h"
 #include "tests/model/determinism_checks.h"
 #include "tests/model/golden_fixture.h"
+#include "tests/model/quantized_checkpoint_writer.h"
 #include "worker/backend/cpu_ops.h"
 #include "worker/backend/cuda_ops.h"
 #include "worker/model/local_session.h"
@@ -78,11 +81,40 @@ double Margin(const float* row, int vocab) {
   return a - b;
 }
 
+// A fixture's folder; "dsv3-tiny-int4" is dsv3-tiny with compressed-tensors INT4 routed experts
+// (group 32, symmetric), written once per process into a temporary folder with dsv3-tiny's
+// golden prompts beside it, and removed at exit.
+std::string ModelDir(const std::string& name) {
+  if (name != "dsv3-tiny-int4") return FixtureDir(name);
+  struct Written {
+    std::filesystem::path dir;
+    Written() {
+      const std::filesystem::path tmp = std::filesystem::temp_directory_path();
+      const std::string tag = std::to_string(::getpid());
+      dir = tmp / ("mlaserve_gpu_model_int4_" + tag);
+      const std::filesystem::path deq = tmp / ("mlaserve_gpu_model_int4_deq_" + tag);
+      for (const auto& d : {dir, deq}) {
+        std::filesystem::remove_all(d);
+        std::filesystem::create_directories(d);
+      }
+      quantized_fixture::WriteFolders(quantized_fixture::Layout::kInt4, dir, deq);
+      std::filesystem::copy_file(
+          std::filesystem::path(FixtureDir("dsv3-tiny")) / "golden.safetensors",
+          dir / "golden.safetensors");
+      std::filesystem::remove_all(deq);
+    }
+    ~Written() { std::filesystem::remove_all(dir); }
+  };
+  static const Written written;
+  return written.dir.string();
+}
+
 class GpuModelTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no GPU";
-    dir_ = FixtureDir(GetParam());
+    dir_ = ModelDir(GetParam());
+    ASSERT_FALSE(HasFatalFailure()) << "writing " << GetParam();
     golden_ = std::make_unique<Golden>(dir_);
     ASSERT_TRUE(golden_->ok()) << dir_;
     auto g = CudaOps::Create();
@@ -285,15 +317,39 @@ TEST_P(GpuModelTest, DeterministicModeIsBatchInvariant) {
     auto m = DeepseekV3Model::Load(dir_, o, *ops, comm_);
     ASSERT_TRUE(m.ok()) << m.status();
     const determinism::Report r = determinism::Check(**m, prompt, other, 24);
-    std::printf("[gpu_model] %s %s: %s\n", GetParam(),
-                deterministic ? "deterministic" : "default", r.Describe().c_str());
+    std::printf("[gpu_model] %s %s: %s\n", GetParam(), deterministic ? "deterministic" : "default",
+                r.Describe().c_str());
     if (deterministic) determinism::ExpectNoneDiffer(r);
   }
 }
 
+// The INT4 folder's routed experts are held packed on the GPU (not dequantized to bf16): 4 bits +
+// a bf16 scale per 32 weights of the kernels' padded shapes (multiples of 128), nothing else.
+TEST(GpuModelInt4Test, ExpertsStayPackedOnTheGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  const std::string dir = ModelDir("dsv3-tiny-int4");
+  ASSERT_FALSE(HasFatalFailure());
+  auto g = CudaOps::Create();
+  ASSERT_TRUE(g.ok()) << g.status();
+  SingleRankCommunicator comm;
+  ModelOptions o;
+  o.num_kv_blocks = 4;
+  auto m = DeepseekV3Model::Load(dir, o, **g, comm);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = (*m)->config();
+  auto pad = [](int x) { return (x + 127) / 128 * 128; };
+  int moe_layers = 0;
+  for (int i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.IsMoeLayer(i);
+  const size_t weights = static_cast<size_t>(moe_layers) * c.n_routed_experts * 3 *
+                         pad(c.hidden_size) * pad(c.moe_intermediate_size);
+  EXPECT_EQ((*m)->expert_bytes(), weights / 2 + weights / 16);
+  std::printf("[gpu_model] dsv3-tiny-int4: routed experts hold %zu bytes on the GPU (bf16: %zu)\n",
+              (*m)->expert_bytes(), weights * 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelTest,
                          ::testing::Values("dsv3-tiny", "kimi-tiny", "kimi-tiny-nvfp4",
-                                           "noqlora-tiny", "models/tiny-en",
+                                           "noqlora-tiny", "dsv3-tiny-int4", "models/tiny-en",
                                            "models/tiny-en-nvfp4"),
                          [](const auto& info) {
                            std::string n = info.param;

@@ -1,9 +1,10 @@
 // The checkpoints users hold (issue 21): compressed-tensors INT4 pack-quantized (Kimi-K2 Thinking /
 // K2.5: routed experts only, group 32, symmetric) and DeepSeek FP8 block-128 (every projection
-// but embed, lm_head and the router). Both are written here from the dsv3-tiny BF16 fixture by a
-// quantizer and packer written from the format descriptions (kernels/linear/int4_group_ref.h,
-// fp8_block_ref.h), independent of the loader's unpacking; the same weights, dequantized here by
-// their bit fields, are also written as F32 into a plain folder. The CPU backend computes in fp32
+// but embed, lm_head and the router). Both are written from the dsv3-tiny BF16 fixture by
+// tests/model/quantized_checkpoint_writer.h (a quantizer and packer written from the format
+// descriptions, kernels/linear/int4_group_ref.h and fp8_block_ref.h, independent of the loader's
+// unpacking); the same weights, dequantized by their bit fields, are also written as F32 into a
+// plain folder. The CPU backend computes in fp32
 // from fp32 weights, and the loader's dequantization is exact for INT4 (|q| * bf16 scale fits
 // fp32) and one fp32 rounding for FP8, the same rounding this test's dequantization makes, so the
 // two folders' logits must be identical bit for bit.
@@ -18,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/golden_fixture.h"
+#include "tests/model/quantized_checkpoint_writer.h"
 #include "worker/backend/cpu_ops.h"
 #include "worker/model/local_session.h"
 
@@ -26,6 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using namespace quantized_fixture;  // NOLINT: the writer's names throughout this test
 
 fs::path TempDir(const std::string& name) {
   fs::path d =
@@ -33,193 +36,6 @@ fs::path TempDir(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
-}
-
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-bool EndsWith(const std::string& s, const std::string& end) {
-  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
-}
-
-// bf16 and e4m3 decoded from their bit fields (not with common/dtype.h).
-float Bf16Bits(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t ToBf16Truncated(float f) {  // any bf16 near amax / 7 will do as a scale
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-float E4m3Bits(uint8_t b) {
-  const float sign = (b & 0x80) ? -1.0f : 1.0f;
-  const int e = (b >> 3) & 0xf, m = b & 7;
-  if (e == 0) return sign * std::ldexp(m / 8.0f, -6);
-  return sign * std::ldexp(1.0f + m / 8.0f, e - 7);
-}
-// Nearest e4m3 code of |x| <= 448 by search over the 127 non-negative finite codes.
-uint8_t ToE4m3(float x) {
-  uint8_t best = 0;
-  for (int c = 0; c < 0x7f; ++c) {
-    if (std::fabs(E4m3Bits(c) - std::fabs(x)) < std::fabs(E4m3Bits(best) - std::fabs(x))) best = c;
-  }
-  return static_cast<uint8_t>(best | (x < 0 ? 0x80 : 0));
-}
-
-// Tensors to write, owning their bytes.
-struct Folder {
-  std::vector<TensorToWrite> tensors;
-  std::deque<std::vector<uint8_t>> store;
-  template <class T>
-  void Add(const std::string& name, DType dtype, std::vector<int64_t> shape,
-           const std::vector<T>& v) {
-    store.emplace_back(reinterpret_cast<const uint8_t*>(v.data()),
-                       reinterpret_cast<const uint8_t*>(v.data()) + v.size() * sizeof(T));
-    tensors.push_back({name, dtype, std::move(shape), store.back()});
-  }
-  void Write(const fs::path& dir, const json& config) {
-    std::ofstream(dir / "config.json") << config.dump(2);
-    ASSERT_TRUE(WriteSafetensors((dir / "model.safetensors").string(), tensors).ok());
-  }
-};
-
-enum class Layout { kInt4, kFp8 };
-
-// Which 2-D weights each layout quantizes (Kimi: routed experts; DeepSeek: all but embed,
-// lm_head, router).
-bool Quantized(Layout layout, const std::string& name) {
-  if (!EndsWith(name, ".weight")) return false;
-  if (layout == Layout::kInt4) return Contains(name, ".mlp.experts.");
-  return name != "model.embed_tokens.weight" && name != "lm_head.weight" &&
-         !EndsWith(name, ".mlp.gate.weight");
-}
-
-constexpr int kGroup = 32;   // Kimi's group_size
-constexpr int kBlock = 128;  // DeepSeek's weight_block_size
-
-json Int4Config() {
-  return {{"quant_method", "compressed-tensors"},
-          {"format", "pack-quantized"},
-          {"quantization_status", "compressed"},
-          {"config_groups",
-           {{"group_0",
-             {{"targets", {"Linear"}},
-              {"input_activations", nullptr},
-              {"output_activations", nullptr},
-              {"weights",
-               {{"num_bits", 4},
-                {"type", "int"},
-                {"strategy", "group"},
-                {"group_size", kGroup},
-                {"symmetric", true},
-                {"dynamic", false},
-                {"actorder", nullptr},
-                {"observer", "minmax"}}}}}}},
-          {"ignore",
-           {"lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
-            "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"}}};
-}
-json Fp8Config() {
-  return {{"quant_method", "fp8"},
-          {"fmt", "e4m3"},
-          {"weight_block_size", {kBlock, kBlock}},
-          {"activation_scheme", "dynamic"}};
-}
-
-// Writes `layout`'s quantized folder and the dequantized F32 twin. `edit` may change the quantized
-// tensors (malformed cases) before writing.
-void WriteFolders(Layout layout, const fs::path& quant_dir, const fs::path& deq_dir,
-                  const std::function<void(Folder&)>& edit = {}) {
-  const fs::path src = FixtureDir("dsv3-tiny");
-  auto ckpt = Checkpoint::Open(src.string());
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  Folder quant, deq;
-  for (const std::string& n : ckpt->Names()) {
-    auto t = ckpt->Get(n);
-    ASSERT_TRUE(t.ok());
-    if (!Quantized(layout, n) || t->info->shape.size() != 2) {
-      quant.tensors.push_back({n, t->info->dtype, t->info->shape, t->bytes});
-      deq.tensors.push_back({n, t->info->dtype, t->info->shape, t->bytes});
-      continue;
-    }
-    ASSERT_EQ(t->info->dtype, DType::kBF16) << n;
-    const int64_t rows = t->info->shape[0], cols = t->info->shape[1];
-    std::vector<float> w(rows * cols), d(rows * cols);
-    for (int64_t i = 0; i < rows * cols; ++i) {
-      uint16_t b;
-      std::memcpy(&b, t->bytes.data() + 2 * i, 2);
-      w[i] = Bf16Bits(b);
-    }
-    const std::string module = n.substr(0, n.size() - 7);
-    if (layout == Layout::kInt4) {
-      // Symmetric: scale = amax / 7 (as bf16), q = clamp(round(w / scale), -8, 7); nibble q + 8,
-      // column c at bits 4 * (c % 8) of word c / 8.
-      const int64_t groups = (cols + kGroup - 1) / kGroup, words = (cols + 7) / 8;
-      std::vector<uint16_t> scale(rows * groups);
-      std::vector<int32_t> packed(rows * words, 0);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < groups; ++g) {
-          float amax = 0;
-          for (int64_t c = g * kGroup; c < std::min(cols, (g + 1) * kGroup); ++c)
-            amax = std::max(amax, std::fabs(w[r * cols + c]));
-          uint16_t s = ToBf16Truncated(amax > 0 ? amax / 7.0f : 1.0f);
-          scale[r * groups + g] = s;
-          for (int64_t c = g * kGroup; c < std::min(cols, (g + 1) * kGroup); ++c) {
-            const int q =
-                std::clamp(static_cast<int>(std::lround(w[r * cols + c] / Bf16Bits(s))), -8, 7);
-            uint32_t word = static_cast<uint32_t>(packed[r * words + c / 8]);
-            word |= static_cast<uint32_t>(q + 8) << (4 * (c % 8));
-            packed[r * words + c / 8] = static_cast<int32_t>(word);
-            d[r * cols + c] = static_cast<float>(q) * Bf16Bits(s);
-          }
-        }
-      }
-      quant.Add(module + ".weight_packed", DType::kI32, {rows, words}, packed);
-      quant.Add(module + ".weight_scale", DType::kBF16, {rows, groups}, scale);
-      quant.Add(module + ".weight_shape", DType::kI32, {2},
-                std::vector<int32_t>{static_cast<int32_t>(rows), static_cast<int32_t>(cols)});
-    } else {
-      // Per 128x128 block: scale_inv = amax / 448, code = nearest e4m3 of w / scale_inv.
-      const int64_t br = (rows + kBlock - 1) / kBlock, bc = (cols + kBlock - 1) / kBlock;
-      std::vector<float> scale(br * bc);
-      std::vector<uint8_t> codes(rows * cols);
-      for (int64_t i = 0; i < br; ++i) {
-        for (int64_t j = 0; j < bc; ++j) {
-          float amax = 0;
-          for (int64_t r = i * kBlock; r < std::min(rows, (i + 1) * kBlock); ++r)
-            for (int64_t c = j * kBlock; c < std::min(cols, (j + 1) * kBlock); ++c)
-              amax = std::max(amax, std::fabs(w[r * cols + c]));
-          const float s = amax > 0 ? amax / 448.0f : 1.0f;
-          scale[i * bc + j] = s;
-          for (int64_t r = i * kBlock; r < std::min(rows, (i + 1) * kBlock); ++r) {
-            for (int64_t c = j * kBlock; c < std::min(cols, (j + 1) * kBlock); ++c) {
-              codes[r * cols + c] = ToE4m3(w[r * cols + c] / s);
-              d[r * cols + c] = E4m3Bits(codes[r * cols + c]) * s;
-            }
-          }
-        }
-      }
-      quant.Add(n, DType::kF8E4M3, {rows, cols}, codes);
-      quant.Add(module + ".weight_scale_inv", DType::kF32, {br, bc}, scale);
-    }
-    deq.Add(n, DType::kF32, {rows, cols}, d);
-  }
-  if (layout == Layout::kFp8) {
-    // DeepSeek's MTP layer (here layer 3 = num_hidden_layers) is in the checkpoint and ignored:
-    // tensors no loader could read prove it is never touched.
-    quant.Add("model.layers.3.eh_proj.weight", DType::kU8, {3}, std::vector<uint8_t>{1, 2, 3});
-    quant.Add("model.layers.3.self_attn.kv_b_proj.weight_scale_inv", DType::kU8, {1},
-              std::vector<uint8_t>{0});
-  }
-  if (edit) edit(quant);
-  std::ifstream in(src / "config.json");
-  json config = json::parse(in);
-  deq.Write(deq_dir, config);
-  config["quantization_config"] = layout == Layout::kInt4 ? Int4Config() : Fp8Config();
-  quant.Write(quant_dir, config);
 }
 
 absl::StatusOr<std::vector<float>> PrefillLogits(const std::string& dir) {

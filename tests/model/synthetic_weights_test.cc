@@ -1,7 +1,8 @@
 // SyntheticCheckpoint (worker/model/synthetic_checkpoint.h): the tensors a real checkpoint of a
 // config holds (names, dtypes and shapes checked against the fixtures the oracle wrote), the same
-// bytes for the same seed, a model that loads and runs from it (also one rank's shard of two), the
-// shipped full-size configs (bench/model/configs) and the memory plan of a Kimi-K2.5 rank.
+// bytes for the same seed, a model that loads and runs from it (BF16, NVFP4, compressed-tensors
+// INT4; also one rank's shard of two), the shipped full-size configs (bench/model/configs) and the
+// memory plan of a Kimi-K2.5 rank (NVFP4 and INT4).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -121,6 +122,59 @@ TEST(SyntheticWeightsTest, TinyNvfp4LoadsAndDecodesFinite) {
   EXPECT_TRUE(source.Has("model.layers.1.mlp.shared_experts.down_proj.input_scale"));
   EXPECT_EQ(source.Info("model.layers.1.mlp.gate.weight").value()->dtype, DType::kBF16);
   EXPECT_EQ(source.Info("model.layers.1.self_attn.kv_b_proj.weight").value()->dtype, DType::kBF16);
+  LoadsAndRuns(c);
+}
+
+// compressed-tensors INT4 as Kimi-K2 Thinking / K2.5 release it: routed experts only (the ignore
+// list keeps attention, shared experts and the dense MLP; the router is no Linear), group 32.
+json Int4QuantizationConfig() {
+  return json::parse(R"({"quant_method": "compressed-tensors", "format": "pack-quantized",
+      "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null,
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+                    "symmetric": true, "dynamic": false, "actorder": null}}},
+      "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                 "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]})");
+}
+
+TEST(SyntheticWeightsTest, TinyInt4LoadsAndDecodesFinite) {
+  json config = TinyConfig();
+  config["quantization_config"] = Int4QuantizationConfig();
+  const ModelConfig c = Parse(config);
+  ASSERT_EQ(c.quant.method, QuantConfig::Method::kInt4Group);
+  SyntheticCheckpoint source(c);
+  const std::string ex = "model.layers.1.mlp.experts.3.down_proj";
+  EXPECT_EQ(source.Info(ex + ".weight_packed").value()->dtype, DType::kI32);
+  EXPECT_EQ(source.Info(ex + ".weight_packed").value()->shape, (std::vector<int64_t>{64, 4}));
+  EXPECT_EQ(source.Info(ex + ".weight_scale").value()->shape, (std::vector<int64_t>{64, 1}));
+  EXPECT_FALSE(source.Has(ex + ".weight"));
+  for (const char* dense : {"model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.weight",
+                            "model.layers.1.mlp.shared_experts.up_proj.weight", "lm_head.weight",
+                            "model.layers.1.self_attn.kv_b_proj.weight"}) {
+    EXPECT_EQ(source.Info(dense).value()->dtype, DType::kBF16) << dense;
+  }
+  auto shape = source.Get(ex + ".weight_shape");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  int32_t dims[2];
+  std::memcpy(dims, shape->bytes.data(), 8);
+  EXPECT_EQ(dims[0], 64);
+  EXPECT_EQ(dims[1], 32);
+  // Dequantized (q = nibble - 8 times the bf16 group scale) the weights have std ~0.02: 2048
+  // samples, the rms estimate within ~4% (3 sigma).
+  auto packed = source.Get(ex + ".weight_packed");
+  std::vector<uint8_t> pk(packed->bytes.begin(), packed->bytes.end());
+  auto scale = source.Get(ex + ".weight_scale");
+  double sq = 0;
+  for (int r = 0; r < 64; ++r) {
+    uint16_t sb;
+    std::memcpy(&sb, scale->bytes.data() + 2 * r, 2);
+    for (int col = 0; col < 32; ++col) {
+      uint32_t word;
+      std::memcpy(&word, pk.data() + 4 * (r * 4 + col / 8), 4);
+      const double w = (static_cast<int>((word >> (4 * (col % 8))) & 0xf) - 8) * Bf16ToFloat(sb);
+      sq += w * w;
+    }
+  }
+  EXPECT_NEAR(std::sqrt(sq / 2048), 0.02, 0.0015);
   LoadsAndRuns(c);
 }
 
@@ -258,6 +312,14 @@ TEST(SyntheticWeightsTest, RankOneOfTwoLoadsItsShard) {
 
 TEST(SyntheticWeightsTest, ShippedFullSizeConfigsParse) {
   const std::string dir = SourceDir() + "/bench/model/configs/";
+  auto int4 = LoadModelConfig(dir + "kimi-k2.5-int4");
+  ASSERT_TRUE(int4.ok()) << int4.status();
+  EXPECT_EQ(int4->tensor_prefix, "language_model.");
+  EXPECT_EQ(int4->quant.method, QuantConfig::Method::kInt4Group);
+  EXPECT_EQ(int4->quant.group_size, 32);
+  EXPECT_TRUE(int4->quant.IsExcluded("model.layers.0.mlp.gate_proj"));
+  EXPECT_TRUE(int4->quant.IsExcluded("model.layers.5.self_attn.o_proj"));
+  EXPECT_FALSE(int4->quant.IsExcluded("model.layers.5.mlp.experts.3.up_proj"));
   auto kimi = LoadModelConfig(dir + "kimi-k2.5");
   ASSERT_TRUE(kimi.ok()) << kimi.status();
   EXPECT_EQ(kimi->tensor_prefix, "language_model.");
@@ -290,7 +352,7 @@ TEST(SyntheticWeightsTest, ShippedFullSizeConfigsParse) {
 // generated) on an H200 (141 GB free) and an RTX PRO 6000 Blackwell (96 GB free).
 TEST(SyntheticWeightsTest, FullSizeMemoryPlans) {
   const std::string dir = SourceDir() + "/bench/model/configs/";
-  for (const char* model : {"kimi-k2.5", "deepseek-r1-nvfp4", "deepseek-r1"}) {
+  for (const char* model : {"kimi-k2.5", "kimi-k2.5-int4", "deepseek-r1-nvfp4", "deepseek-r1"}) {
     auto c = LoadModelConfig(dir + model);
     ASSERT_TRUE(c.ok()) << c.status();
     SyntheticCheckpoint source(*c);
@@ -312,6 +374,15 @@ TEST(SyntheticWeightsTest, FullSizeMemoryPlans) {
         EXPECT_GE(plan->weights, 60e9);
         EXPECT_LE(plan->weights, 80e9);
         EXPECT_GT(plan->kv_blocks, 0);
+      }
+      // INT4 experts stay packed on the GPU: 4 bits + a bf16 scale per 32 weights, the bytes
+      // NVFP4 takes (4 bits + an e4m3 scale per 16), so the same plan as kimi-k2.5 (dequantized
+      // to bf16 they would need ~240 GiB a rank). It fits both GPUs.
+      if (std::string(model) == "kimi-k2.5-int4") {
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        EXPECT_GE(plan->weights, 60e9);
+        EXPECT_LE(plan->weights, 80e9);
+        EXPECT_GT(plan->kv_blocks, free_gb > 100 ? 10000 : 1000);
       }
     }
     EXPECT_EQ(source.generated_bytes(), 0u);

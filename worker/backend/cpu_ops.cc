@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/activation/silu_mul_ref.h"
+#include "kernels/linear/int4_group_ref.h"
 #include "kernels/linear/linear_ref.h"
 #include "kernels/mla/mla_decode_ref.h"
 #include "kernels/mla/mla_prefill_ref.h"
@@ -88,6 +89,19 @@ absl::StatusOr<Tensor> CpuOps::Upload(const Tensor& host) {
 
 absl::StatusOr<LinearWeight> CpuOps::UploadLinear(const LinearWeight& host) {
   LinearWeight w = host;
+  if (host.int4()) {
+    // Packed INT4 (routed experts): q * scale, exact in fp32 (int4_group_ref.h).
+    w.int4_packed = w.int4_scale = Tensor();
+    Tensor scale = Tensor::Host(DType::kF32, host.int4_scale.shape());
+    DecodeFloats(host.int4_scale.dtype(), host.int4_scale.data<void>(),
+                 static_cast<size_t>(host.int4_scale.numel()), scale.data<float>());
+    w.weight = Tensor::Host(DType::kF32, {host.out_features, host.in_features});
+    DequantizeInt4Group({host.int4_packed.data<int32_t>(), scale.data<float>(), host.out_features,
+                         host.int4_in, host.int4_group},
+                        0, host.out_features, host.int4_col0, host.in_features,
+                        w.weight.data<float>());
+    return w;
+  }
   auto weight = Upload(host.weight);
   if (!weight.ok()) return weight.status();
   w.weight = *std::move(weight);

@@ -441,6 +441,11 @@ absl::StatusOr<Tensor> CudaOps::Upload(const Tensor& host) {
 }
 
 absl::StatusOr<LinearWeight> CudaOps::UploadLinear(const LinearWeight& host) {
+  if (host.int4()) {
+    return absl::UnimplementedError(
+        "a packed INT4 weight outside the routed experts: the CUDA backend has no dense INT4 GEMM "
+        "(the loader dequantizes such modules to bf16)");
+  }
   LinearWeight w = host;
   w.block_scale = Tensor();
   if (host.nvfp4()) {
@@ -476,13 +481,48 @@ absl::StatusOr<RoutedExperts> CudaOps::UploadExperts(int first_expert, int num_r
   w.hidden = r.hidden;
   w.intermediate = r.intermediate;
   w.nvfp4 = host[0].gate.nvfp4();
-  std::vector<Tensor> keep;  // bf16 copies of fp32/fp16 experts
+  w.int4 = host[0].gate.int4();
+  w.int4_group_size = host[0].gate.int4_group;
+  std::vector<Tensor> keep;  // bf16 copies of fp32/fp16 experts (or of non-bf16 INT4 scales)
   auto proj = [&](const LinearWeight& lw) -> absl::StatusOr<MoeExpertsHostWeights::Projection> {
     MoeExpertsHostWeights::Projection p;
-    if (lw.nvfp4() != w.nvfp4) {
+    if (lw.nvfp4() != w.nvfp4 || lw.int4() != w.int4 ||
+        (w.int4 && lw.int4_group != w.int4_group_size)) {
       return absl::InvalidArgumentError(
-          "routed experts mix NVFP4 and dense projections in one layer; the GPU grouped GEMM "
-          "takes one format per layer");
+          "routed experts mix NVFP4, INT4 (or INT4 group sizes) and dense projections in one "
+          "layer; the GPU grouped GEMM takes one format per layer");
+    }
+    if (w.int4) {
+      if (lw.int4_packed.dtype() != DType::kI32 || lw.int4_packed.shape().size() != 2 ||
+          lw.int4_scale.shape().size() != 2 || lw.int4_in > (1 << 30) ||
+          lw.int4_col0 > lw.int4_in) {
+        return absl::InvalidArgumentError(
+            "an INT4 expert projection without I32 [rows, words] packed rows and 2-D scales");
+      }
+      p.int4_packed = lw.int4_packed.data<int32_t>();
+      p.int4_src_cols = static_cast<int>(lw.int4_in);
+      p.int4_col0 = static_cast<int>(lw.int4_col0);
+      if (lw.int4_scale.dtype() == DType::kBF16) {
+        p.int4_scale = lw.int4_scale.data<uint16_t>();
+        return p;
+      }
+      // F16 / F32 scales: the kernel multiplies by bf16 scales, so they must be bf16 values.
+      Tensor b = HostBf16(lw.int4_scale);
+      Tensor f = Tensor::Host(DType::kF32, lw.int4_scale.shape());
+      DecodeFloats(lw.int4_scale.dtype(), lw.int4_scale.data<void>(),
+                   static_cast<size_t>(lw.int4_scale.numel()), f.data<float>());
+      for (int64_t i = 0; i < f.numel(); ++i) {
+        if (Bf16ToFloat(b.data<uint16_t>()[i]) != f.data<float>()[i]) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "INT4 expert scale ", i, " (", f.data<float>()[i], ", ",
+              std::string(DTypeName(lw.int4_scale.dtype())),
+              ") is not a bf16 value; the GPU INT4 expert GEMM takes bf16 scales (Kimi's "
+              "checkpoints store bf16): convert the checkpoint's weight_scale tensors to bf16"));
+        }
+      }
+      keep.push_back(std::move(b));
+      p.int4_scale = keep.back().data<uint16_t>();
+      return p;
     }
     if (w.nvfp4) {
       p.packed = lw.weight.data<uint8_t>();

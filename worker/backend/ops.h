@@ -25,6 +25,12 @@ namespace mlaserve {
 // NVFP4 weight in another exact form (the CUDA backend: bf16 e2m1 * block_scale, and
 // global_scale applied to the GEMM's output); `nvfp4()` then stays false and `alpha` carries
 // the global scale.
+// compressed-tensors INT4 (pack-quantized, kernels/linear/int4_group_ref.h), as the loader hands
+// routed experts to UploadExperts: int4_packed I32 [out, ceil(int4_in / 8)] and int4_scale (BF16,
+// F16 or F32, the checkpoint's dtype) [out, ceil(int4_in / int4_group)], whole rows of the
+// checkpoint tensor (int4_in columns); the weight is its columns [int4_col0, int4_col0 + in).
+// `weight` is then empty. The CPU backend dequantizes it (exact in fp32); the CUDA backend keeps it
+// packed for its INT4 expert GEMM.
 struct LinearWeight {
   int out_features = 0;
   int in_features = 0;
@@ -33,7 +39,11 @@ struct LinearWeight {
   float global_scale = 1.0f;
   float input_scale = 0.0f;
   float alpha = 1.0f;  // output multiplier of a dense weight (see above)
+  Tensor int4_packed, int4_scale;
+  int64_t int4_in = 0, int4_col0 = 0;
+  int int4_group = 0;
   bool nvfp4() const { return !block_scale.empty(); }
+  bool int4() const { return !int4_packed.empty(); }
 };
 
 struct ExpertWeights {

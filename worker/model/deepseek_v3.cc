@@ -124,23 +124,28 @@ class WeightReader {
   }
 
   // The same in host memory: dense in the checkpoint's dtype, or NVFP4 when the checkpoint has
-  // module.weight_scale (ModelOpt layout). INT4 (compressed-tensors module.weight_packed) and FP8
-  // block (DeepSeek module.weight_scale_inv) modules are dequantized here into a dense fp32
-  // weight of the shard, which both backends take as they take an fp32 checkpoint: the CPU
-  // backend as is (exact), the CUDA backend rounded once to bf16 in UploadLinear/UploadExperts.
-  // That rounding: INT4 q * bf16 scale has up to 11 significant bits, so bf16 (8) keeps it to a
-  // relative 2^-9, and the result is the bf16 product compressed-tensors' decompress_weight
-  // itself returns (dequantize() outputs the scale's dtype); FP8 e4m3 * fp32 scale_inv is
-  // rounded to fp32 then to bf16, as DeepSeek's weight_dequant stores it (relative <= 2^-9 +
-  // 2^-24). Memory: the GPU holds 2 bytes a weight (4x an INT4 checkpoint, 2x an FP8 one) until
-  // INT4 / FP8 block GEMMs exist; the host briefly holds a layer's local experts in fp32.
+  // module.weight_scale (ModelOpt layout). INT4 (compressed-tensors module.weight_packed) routed
+  // experts (keep_int4) stay packed, their rows of the checkpoint's words and scales
+  // (LinearWeight::int4_packed): the CPU backend dequantizes them exactly, the CUDA backend's INT4
+  // expert GEMM reads 4 bits + a bf16 scale per 32 weights (kernels/moe/int4_moe_layout.h; its
+  // weight is bf16(q * s)). Other INT4 modules (none in Kimi's releases, whose ignore list keeps
+  // attention, shared experts and dense MLPs in bf16) and FP8 block (DeepSeek
+  // module.weight_scale_inv) modules are dequantized here into a dense fp32 weight of the shard,
+  // which both backends take as they take an fp32 checkpoint: the CPU backend as is (exact), the
+  // CUDA backend rounded once to bf16 in UploadLinear. That rounding: INT4 q * bf16 scale has up
+  // to 11 significant bits, so bf16 (8) keeps it to a relative 2^-9, and the result is the bf16
+  // product compressed-tensors' decompress_weight itself returns (dequantize() outputs the
+  // scale's dtype); FP8 e4m3 * fp32 scale_inv is rounded to fp32 then to bf16, as DeepSeek's
+  // weight_dequant stores it (relative <= 2^-9 + 2^-24). Memory: the GPU holds 2 bytes a weight
+  // for those (4x an INT4 checkpoint, 2x an FP8 one) until dense INT4 / FP8 block GEMMs exist.
   absl::StatusOr<LinearWeight> HostLinear(const std::string& module, int64_t out, int64_t in,
-                                      ShardRange rows, ShardRange cols) {
+                                          ShardRange rows, ShardRange cols,
+                                          bool keep_int4 = false) {
     LinearWeight w;
     w.out_features = rows.count;
     w.in_features = cols.count;
     const std::string wn = module + ".weight";
-    if (Has(module + ".weight_packed")) return Int4Linear(module, out, in, rows, cols);
+    if (Has(module + ".weight_packed")) return Int4Linear(module, out, in, rows, cols, keep_int4);
     if (Has(module + ".weight_scale_inv")) return Fp8BlockLinear(module, out, in, rows, cols);
     if (Has(module + ".weight_scale")) {
       if (quant_ != nullptr && quant_->IsExcluded(module)) {
@@ -184,9 +189,10 @@ class WeightReader {
     return w;
   }
 
-  // A compressed-tensors INT4 module (format: kernels/linear/int4_group_ref.h), dequantized.
+  // A compressed-tensors INT4 module (format: kernels/linear/int4_group_ref.h): packed rows
+  // (keep_packed) or dequantized to fp32.
   absl::StatusOr<LinearWeight> Int4Linear(const std::string& module, int64_t out, int64_t in,
-                                          ShardRange rows, ShardRange cols) {
+                                          ShardRange rows, ShardRange cols, bool keep_packed) {
     const std::string pn = Name(module + ".weight_packed");
     if (quant_ == nullptr || quant_->method != QuantConfig::Method::kInt4Group) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -242,10 +248,18 @@ class WeightReader {
           scale->info->Describe()));
     }
     Tensor p = ReadSlice(*packed, rows.begin, rows.count, 0, words);
-    Tensor sc = ToF32(ReadSlice(*scale, rows.begin, rows.count, 0, groups));
     LinearWeight w;
     w.out_features = rows.count;
     w.in_features = cols.count;
+    if (keep_packed) {
+      w.int4_packed = std::move(p);
+      w.int4_scale = ReadSlice(*scale, rows.begin, rows.count, 0, groups);
+      w.int4_in = in;
+      w.int4_col0 = cols.begin;
+      w.int4_group = g;
+      return w;
+    }
+    Tensor sc = ToF32(ReadSlice(*scale, rows.begin, rows.count, 0, groups));
     w.weight = Tensor::Host(DType::kF32, {rows.count, cols.count});
     DequantizeInt4Group({p.data<int32_t>(), sc.data<float>(), rows.count, in, g}, 0, rows.count,
                         cols.begin, cols.count, w.weight.data<float>());
@@ -522,7 +536,7 @@ absl::Status DeepseekV3Model::LoadWeights(const TensorSource& ckpt) {
       std::vector<ExpertWeights> host;  // the layer's local experts, read from the checkpoint
       auto host_lin = [&](LinearWeight& dst, const std::string& n, int64_t out, int64_t in,
                           ShardRange rows, ShardRange cols) -> absl::Status {
-        auto w = r.HostLinear(n, out, in, rows, cols);
+        auto w = r.HostLinear(n, out, in, rows, cols, /*keep_int4=*/true);
         if (!w.ok()) return w.status();
         dst = *std::move(w);
         return absl::OkStatus();

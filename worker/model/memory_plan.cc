@@ -13,6 +13,8 @@ double MiB(size_t b) { return static_cast<double>(b) / (1 << 20); }
 
 bool Contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
+size_t RoundUp128(size_t x) { return (x + 127) / 128 * 128; }
+
 bool EndsWith(const std::string& s, const char* suffix) {
   const size_t n = std::char_traits<char>::length(suffix);
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
@@ -55,15 +57,26 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const TensorSource& ckpt, const Mode
     size_t bytes = t.end - t.begin;
     // Layers past num_hidden_layers (DeepSeek's multi-token-prediction layer) are never loaded.
     if (LayerIndex(name) >= c.num_hidden_layers) continue;
-    // INT4 (compressed-tensors) and FP8 block-128 weights are dequantized at load, to bf16 on the
-    // GPU (8 values per I32 word -> 16 bytes; 1-byte e4m3 -> 2 bytes); their scales fold in.
-    if (t.dtype == DType::kI32 && EndsWith(name, ".weight_packed")) bytes *= 4;
+    const bool expert = Contains(name, ".experts.");
+    // INT4 (compressed-tensors) routed experts stay packed (kernels/moe/int4_moe_layout.h): 4 bits
+    // a weight + one bf16 scale per 32 weights (whatever the checkpoint's group size), of the
+    // kernels' shapes padded to multiples of 128. Other INT4 modules and FP8 block-128 weights are
+    // dequantized at load, to bf16 on the GPU (8 values per I32 word -> 16 bytes; 1-byte e4m3 ->
+    // 2 bytes). Their checkpoint scales are counted in those figures.
+    if (t.dtype == DType::kI32 && EndsWith(name, ".weight_packed")) {
+      if (expert && t.shape.size() == 2) {
+        const size_t rows = RoundUp128(static_cast<size_t>(t.shape[0]));
+        const size_t cols = RoundUp128(static_cast<size_t>(t.shape[1]) * 8);
+        bytes = rows * cols / 2 + rows * cols / 16;
+      } else {
+        bytes *= 4;
+      }
+    }
     if (t.dtype == DType::kF8E4M3 && EndsWith(name, ".weight")) bytes *= 2;
     if (EndsWith(name, ".weight_scale_inv") || EndsWith(name, ".weight_shape") ||
         (t.dtype == DType::kBF16 && EndsWith(name, ".weight_scale"))) {
       bytes = 0;
     }
-    const bool expert = Contains(name, ".experts.");
     if (!expert && t.dtype == DType::kU8 && Contains(name, ".weight")) bytes *= 4;
     if (!expert && Contains(name, "weight_scale")) bytes = 0;
     if (t.dtype == DType::kF32 && Contains(name, "proj")) bytes /= 2;  // fp32 weights -> bf16

@@ -33,6 +33,8 @@ constexpr float kIrwinHallStd = 37837.9f;
 // = 2.9262; of a block scale drawn from e4m3 {0.875, 0.9375, 1.0, 1.125} (codes 0x36..0x39):
 // 0.9887. The global scale makes the dequantized rms 0.02.
 constexpr float kNvfp4GlobalScale = kWeightStd / (2.9262f * 0.9887f);
+// rms of q uniform over [-8, 7]: sqrt(344 / 16) = 4.637.
+constexpr float kInt4Scale = kWeightStd / 4.637f;
 constexpr float kInputScale = 1.0f / 448.0f;
 
 }  // namespace
@@ -89,8 +91,8 @@ SyntheticCheckpoint::SyntheticCheckpoint(const ModelConfig& c, SyntheticCheckpoi
 
 SyntheticCheckpoint::~SyntheticCheckpoint() = default;
 
-void SyntheticCheckpoint::Add(std::string name, DType dtype, std::vector<int64_t> shape,
-                              Kind kind) {
+SyntheticCheckpoint::Entry& SyntheticCheckpoint::Add(std::string name, DType dtype,
+                                                     std::vector<int64_t> shape, Kind kind) {
   Entry e;
   e.info.name = config_.tensor_prefix + name;
   e.info.dtype = dtype;
@@ -100,7 +102,7 @@ void SyntheticCheckpoint::Add(std::string name, DType dtype, std::vector<int64_t
   e.kind = kind;
   total_bytes_ += e.info.end;
   std::string key = e.info.name;
-  entries_.emplace(std::move(key), std::move(e));
+  return entries_.insert_or_assign(std::move(key), std::move(e)).first->second;
 }
 
 void SyntheticCheckpoint::AddLinear(const std::string& module, int64_t out, int64_t in) {
@@ -110,6 +112,17 @@ void SyntheticCheckpoint::AddLinear(const std::string& module, int64_t out, int6
   const bool modelopt =
       options_.nvfp4_modules == SyntheticCheckpointOptions::Nvfp4Modules::kModelOpt;
   if (!modelopt && !routed_expert) nvfp4 = false;
+  const bool router = module.size() >= 9 && module.compare(module.size() - 9, 9, ".mlp.gate") == 0;
+  const int group = config_.quant.group_size;
+  if (config_.quant.method == QuantConfig::Method::kInt4Group && !router && group > 0 &&
+      !config_.quant.IsExcluded(module)) {
+    Add(module + ".weight_packed", DType::kI32, {out, (in + 7) / 8}, Kind::kPacked);
+    Add(module + ".weight_scale", DType::kBF16, {out, (in + group - 1) / group}, Kind::kInt4Scale);
+    Entry& shape = Add(module + ".weight_shape", DType::kI32, {2}, Kind::kInt4Shape);
+    shape.rows = out;
+    shape.cols = in;
+    return;
+  }
   if (!nvfp4) {
     Add(module + ".weight", DType::kBF16, {out, in}, Kind::kWeight);
     return;
@@ -190,8 +203,14 @@ void SyntheticCheckpoint::Generate(const Entry& e, uint8_t* out) const {
     std::memcpy(out, &v, 4);
     return;
   }
-  // One 64-bit word per bf16 value (weights, biases), or per 8 bytes (codes, scales).
-  const bool per_value = kind == Kind::kWeight || kind == Kind::kOnes || kind == Kind::kBias;
+  if (kind == Kind::kInt4Shape) {
+    const int32_t v[2] = {static_cast<int32_t>(e.rows), static_cast<int32_t>(e.cols)};
+    std::memcpy(out, v, 8);
+    return;
+  }
+  // One 64-bit word per bf16 value (weights, biases, INT4 scales), or per 8 bytes (codes, scales).
+  const bool per_value = kind == Kind::kWeight || kind == Kind::kOnes || kind == Kind::kBias ||
+                         kind == Kind::kInt4Scale;
   const uint64_t words = per_value ? bytes / 2 : (bytes + 7) / 8;
   auto run = [&](uint64_t w0, uint64_t w1) {
     for (uint64_t w = w0; w < w1; ++w) {
@@ -218,6 +237,12 @@ void SyntheticCheckpoint::Generate(const Entry& e, uint8_t* out) const {
         case Kind::kPacked:
           std::memcpy(out + 8 * w, &r, 8);
           break;
+        case Kind::kInt4Scale: {
+          const uint16_t b =
+              FloatToBf16(kInt4Scale * (0.875f + 0.0625f * static_cast<float>(r & 3)));
+          std::memcpy(out + 2 * w, &b, 2);
+          break;
+        }
         case Kind::kBlockScale: {
           uint64_t v = 0x3636363636363636ull + (r & 0x0303030303030303ull);
           std::memcpy(out + 8 * w, &v, 8);

@@ -6,12 +6,17 @@
 // model.embed_tokens, model.layers.L.{input_layernorm, post_attention_layernorm, self_attn.*,
 // mlp.*}, model.norm, lm_head); a linear module is NVFP4 (ModelOpt layout: .weight U8
 // [out, in/2], .weight_scale F8_E4M3 [out, in/16], .weight_scale_2 F32 [], .input_scale F32 [])
-// when the config's quantization is NVFP4 and its exclude list does not name the module.
+// when the config's quantization is NVFP4 and its exclude list does not name the module, and
+// compressed-tensors INT4 (.weight_packed I32 [out, in/8], .weight_scale BF16 [out, in/group],
+// .weight_shape I32 [2]) when it is pack-quantized INT4 and its ignore list does not name the
+// module (the router, not a Linear for compressed-tensors, stays BF16).
 //
 // Values (plausible, not trained): bf16 weights ~ N(0, 0.02) (Irwin-Hall of four 16-bit
 // uniforms), norm weights 1.0, e_score_correction_bias uniform [0, 0.02); NVFP4 codes uniform
 // over the 16 e2m1 codes (rms 2.93), block scales e4m3 uniform over {0.875, 0.9375, 1.0, 1.125},
-// weight_scale_2 = 0.02 / 2.93 so that a dequantized weight has std ~0.02, input_scale 1/448.
+// weight_scale_2 = 0.02 / 2.93 so that a dequantized weight has std ~0.02, input_scale 1/448;
+// INT4 nibbles uniform (q uniform over [-8, 7], rms 4.64), group scales bf16 uniform over
+// {0.875, 0.9375, 1.0, 1.0625} x 0.02 / 4.64.
 // Every 8 bytes come from SplitMix64 of (tensor seed, word index): the bytes depend on the seed
 // and the tensor name only, not on the order of Get calls or the thread count.
 //
@@ -72,13 +77,16 @@ class SyntheticCheckpoint : public TensorSource {
     kPacked,
     kBlockScale,
     kGlobalScale,
-    kInputScale
+    kInputScale,
+    kInt4Scale,
+    kInt4Shape
   };
   struct Entry {
     TensorInfo info;
     Kind kind;
+    int64_t rows = 0, cols = 0;  // kInt4Shape: the module's weight shape
   };
-  void Add(std::string name, DType dtype, std::vector<int64_t> shape, Kind kind);
+  Entry& Add(std::string name, DType dtype, std::vector<int64_t> shape, Kind kind);
   void AddLinear(const std::string& module, int64_t out, int64_t in);
   void Generate(const Entry& e, uint8_t* out) const;
 

@@ -1,7 +1,9 @@
-// InvokeMoeExperts (moe_experts.h) against MoeExpertsRef (moe_ref.h) for BF16 and NVFP4 experts at
-// hidden / intermediate sizes that need padding and at model-like sizes, expert-parallel subsets
-// and all experts, decode and prefill batches (every tile size), with and without shared_out;
-// plus ranks without local experts and argument errors. Skips when no GPU is present.
+// InvokeMoeExperts (moe_experts.h) against MoeExpertsRef (moe_ref.h) for BF16, NVFP4 and INT4
+// (compressed-tensors) experts at hidden / intermediate sizes that need padding and at model-like
+// sizes, expert-parallel subsets and all experts, a tensor-parallel slice of INT4 down_proj,
+// decode and prefill batches (every tile size), with and without shared_out; INT4 experts bit
+// for bit against BF16 experts holding the same weights; plus ranks without local experts and
+// argument errors. Skips when no GPU is present.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,10 +18,11 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
-#include "tests/kernels/device_buffer.h"
+#include "kernels/linear/int4_group_ref.h"
 #include "kernels/moe/moe_experts.h"
 #include "kernels/moe/moe_ref.h"
 #include "kernels/moe/nvfp4_ref.h"
+#include "tests/kernels/device_buffer.h"
 
 namespace mlaserve {
 namespace {
@@ -44,24 +47,66 @@ std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng, float stddev) {
   return v;
 }
 
-// One layer's local experts in checkpoint form, and fp32 copies (the bf16 values exactly, or the
-// dequantized NVFP4 values) for the error bound.
+// One layer's local experts in checkpoint form, and fp32 copies (the bf16 values exactly, the
+// dequantized NVFP4 values, or INT4's bf16(q * s), the GPU's own weights: int4_moe_layout.h) for
+// the error bound.
 struct Layer {
   bool nvfp4;
+  bool int4 = false;
+  int down_col0 = 0;  // INT4: down_proj is columns [down_col0, + inter) of a wider tensor
   int hidden, inter, local;
   // [projection: gate, up, down][local expert]
   std::vector<std::vector<uint16_t>> w_bf16[3];
   std::vector<std::vector<uint8_t>> packed[3], scale[3];
   std::vector<float> gs[3];
+  std::vector<std::vector<int32_t>> int4_packed[3];  // whole checkpoint rows
+  std::vector<std::vector<uint16_t>> int4_scale[3];
   std::vector<std::vector<float>> f32[3];
 
   int Rows(int k) const { return k < 2 ? inter : hidden; }
   int Cols(int k) const { return k < 2 ? hidden : inter; }
+  // INT4: the checkpoint tensor's columns and the projection's first one.
+  int SrcCols(int k) const { return k < 2 ? hidden : inter + 2 * down_col0; }
+  int Col0(int k) const { return k < 2 ? 0 : down_col0; }
 };
 
-Layer MakeLayer(bool nvfp4, int hidden, int inter, int local, uint64_t seed) {
+// INT4 projection k of one expert in checkpoint layout: every nibble value over SrcCols(k)
+// columns (zero nibbles past them, as compressed-tensors pads), bf16 scales stddev x [0.5, 2)
+// with 1 group in 32 zero; f = bf16(q * s) of the projection's columns.
+void MakeInt4Projection(Layer& l, int k, int i, std::mt19937& rng, float stddev) {
+  const int rows = l.Rows(k), src = l.SrcCols(k);
+  const int words = (src + 7) / 8, groups = (src + 31) / 32;
+  std::vector<int32_t>& p = l.int4_packed[k][i];
+  std::vector<uint16_t>& s = l.int4_scale[k][i];
+  p.assign(static_cast<size_t>(rows) * words, 0);
+  s.resize(static_cast<size_t>(rows) * groups);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < src; ++c) {
+      uint32_t& w = reinterpret_cast<uint32_t&>(p[static_cast<size_t>(r) * words + c / 8]);
+      w |= (rng() & 0xfu) << (4 * (c % 8));
+    }
+  }
+  // q has rms 4.64 over [-8, 7]: scales stddev / 4.64 x [0.5, 2) keep |w| ~ stddev.
+  for (auto& v : s) {
+    const uint32_t r = rng();
+    const float m = 0.5f + 1.5f * static_cast<float>(r & 0xffff) / 65536.0f;
+    v = (r >> 16) % 32 == 0 ? 0 : FloatToBf16(stddev / 4.64f * m);
+  }
+  std::vector<float> sf(s.size());
+  for (size_t q = 0; q < s.size(); ++q) sf[q] = Bf16ToFloat(s[q]);
+  std::vector<float>& f = l.f32[k][i];
+  f.resize(static_cast<size_t>(rows) * l.Cols(k));
+  DequantizeInt4Group({p.data(), sf.data(), rows, src, 32}, 0, rows, l.Col0(k), l.Cols(k),
+                      f.data());
+  for (float& v : f) v = Bf16ToFloat(FloatToBf16(v));
+}
+
+Layer MakeLayer(bool nvfp4, int hidden, int inter, int local, uint64_t seed, bool int4 = false,
+                int down_col0 = 0) {
   Layer l;
   l.nvfp4 = nvfp4;
+  l.int4 = int4;
+  l.down_col0 = down_col0;
   l.hidden = hidden;
   l.inter = inter;
   l.local = local;
@@ -70,6 +115,8 @@ Layer MakeLayer(bool nvfp4, int hidden, int inter, int local, uint64_t seed) {
     l.packed[k].resize(local);
     l.scale[k].resize(local);
     l.gs[k].resize(local);
+    l.int4_packed[k].resize(local);
+    l.int4_scale[k].resize(local);
     l.f32[k].resize(local);
   }
   ParallelFor(local, [&](int b, int e) {
@@ -80,6 +127,10 @@ Layer MakeLayer(bool nvfp4, int hidden, int inter, int local, uint64_t seed) {
         const size_t n = static_cast<size_t>(rows) * cols;
         // Scales so that every dot product is O(1): x ~ N(0, 1), h = O(1).
         const float stddev = 1.0f / std::sqrt(static_cast<float>(cols));
+        if (int4) {
+          MakeInt4Projection(l, k, i, rng, stddev * (k == 1 ? 1.5f : 1.0f));
+          continue;
+        }
         std::vector<float>& f = l.f32[k][i];
         f.resize(n);
         if (!nvfp4) {
@@ -117,11 +168,18 @@ MoeExpertsHostWeights HostWeights(const Layer& l, int first_expert, int num_rout
   w.intermediate = l.inter;
   w.num_routed_experts = num_routed;
   w.nvfp4 = l.nvfp4;
+  w.int4 = l.int4;
+  w.int4_group_size = 32;
   std::vector<MoeExpertsHostWeights::Projection>* dst[3] = {&w.gate, &w.up, &w.down};
   for (int k = 0; k < 3; ++k) {
     for (int i = 0; i < l.local; ++i) {
       MoeExpertsHostWeights::Projection p;
-      if (l.nvfp4) {
+      if (l.int4) {
+        p.int4_packed = l.int4_packed[k][i].data();
+        p.int4_scale = l.int4_scale[k][i].data();
+        p.int4_src_cols = l.SrcCols(k);
+        p.int4_col0 = l.Col0(k);
+      } else if (l.nvfp4) {
         p.packed = l.packed[k][i].data();
         p.scale = l.scale[k][i].data();
         p.global_scale = l.gs[k][i];
@@ -134,7 +192,7 @@ MoeExpertsHostWeights HostWeights(const Layer& l, int first_expert, int num_rout
   return w;
 }
 
-// The oracle's view: fp32 copies of the bf16 weights, NVFP4 passed as is.
+// The oracle's view: fp32 copies of the bf16 weights (INT4: of bf16(q * s)), NVFP4 passed as is.
 std::vector<MoeExpertRef> RefExperts(const Layer& l) {
   std::vector<MoeExpertRef> r(l.local);
   for (int i = 0; i < l.local; ++i) {
@@ -208,19 +266,24 @@ struct Case {
   bool nvfp4;
   int hidden, inter;
   int num_experts, first_expert, local, top_k;
+  bool int4 = false;
+  int down_col0 = 0;  // INT4: down_proj as a tensor-parallel slice of a wider tensor
 };
 
 std::string Name(const Case& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "%s H=%d I=%d experts=%d local=[%d,%d) top_k=%d",
-                c.nvfp4 ? "nvfp4" : "bf16", c.hidden, c.inter, c.num_experts, c.first_expert,
-                c.first_expert + c.local, c.top_k);
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "%s H=%d I=%d experts=%d local=[%d,%d) top_k=%d down_col0=%d",
+                c.int4    ? "int4"
+                : c.nvfp4 ? "nvfp4"
+                          : "bf16",
+                c.hidden, c.inter, c.num_experts, c.first_expert, c.first_expert + c.local, c.top_k,
+                c.down_col0);
   return buf;
 }
 
 void RunCase(const Case& c, uint64_t seed) {
   SCOPED_TRACE(Name(c));
-  const Layer layer = MakeLayer(c.nvfp4, c.hidden, c.inter, c.local, seed);
+  const Layer layer = MakeLayer(c.nvfp4, c.hidden, c.inter, c.local, seed, c.int4, c.down_col0);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto uploaded = MoeExpertsGpu::Upload(HostWeights(layer, c.first_expert, c.num_experts), stream);
@@ -364,6 +427,135 @@ TEST(MoeExpertsGpuTest, Nvfp4MatchesReference) {
   };
   uint64_t seed = 200;
   for (const Case& c : cases) RunCase(c, ++seed);
+}
+
+// INT4 (compressed-tensors pack-quantized, group 32) at the same shapes, against the oracle on the
+// GPU's weights bf16(q * s), so the tolerance above holds as for BF16 experts (q * s itself is
+// int4_moe_gpu_test's oracle). Hidden 90 and intermediate 24 / 40 end in partial groups and
+// partial words; down_col0 > 0 reads down_proj as a tensor-parallel rank's column window.
+TEST(MoeExpertsGpuTest, Int4MatchesReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Case cases[] = {
+      {false, 64, 24, 8, 0, 8, 6, true},       {false, 64, 32, 64, 16, 32, 8, true},
+      {false, 96, 32, 16, 4, 8, 2, true},      {false, 90, 40, 32, 0, 32, 4, true},
+      {false, 256, 128, 64, 0, 64, 8, true},   {false, 256, 128, 64, 40, 24, 8, true, 64},
+      {false, 2048, 1408, 16, 0, 16, 4, true}, {false, 2048, 1408, 32, 8, 8, 8, true, 1408},
+  };
+  uint64_t seed = 300;
+  for (const Case& c : cases) RunCase(c, ++seed);
+}
+
+// The INT4 path's output is the BF16 path's, bit for bit, when the BF16 experts hold the INT4
+// experts' weights bf16(q * s): both kernels feed the same bf16 A fragments and activation rows to
+// the same mma.sync sequence (ascending K in 16-column steps for every accumulator, no split-K)
+// and share the epilogues (INT4 has no scale to apply), dispatch and combine. A difference means
+// the INT4 decode does not produce bf16(q * s) in the fragment slots the BF16 layout uses.
+TEST(MoeExpertsGpuTest, Int4IsBf16PathOnTheSameWeightsBitForBit) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Case cases[] = {{false, 90, 40, 32, 0, 32, 4, true},
+                        {false, 256, 128, 64, 40, 24, 8, true, 64},
+                        {false, 2048, 1408, 16, 0, 16, 8, true}};
+  uint64_t seed = 400;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(Name(c));
+    const Layer int4 = MakeLayer(false, c.hidden, c.inter, c.local, ++seed, true, c.down_col0);
+    Layer bf16 = int4;
+    bf16.int4 = false;
+    for (int k = 0; k < 3; ++k) {
+      for (int i = 0; i < c.local; ++i) {
+        bf16.w_bf16[k][i].resize(int4.f32[k][i].size());
+        for (size_t q = 0; q < int4.f32[k][i].size(); ++q) {
+          bf16.w_bf16[k][i][q] = FloatToBf16(int4.f32[k][i][q]);  // exact: already bf16 values
+        }
+      }
+    }
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto gi = MoeExpertsGpu::Upload(HostWeights(int4, c.first_expert, c.num_experts), stream);
+    auto gb = MoeExpertsGpu::Upload(HostWeights(bf16, c.first_expert, c.num_experts), stream);
+    ASSERT_TRUE(gi.ok()) << gi.status();
+    ASSERT_TRUE(gb.ok()) << gb.status();
+    EXPECT_TRUE((*gi)->int4());
+    EXPECT_FALSE((*gb)->int4() || (*gb)->nvfp4());
+    // INT4 holds 0.5 + 2/32 bytes a (padded) weight, BF16 2.
+    const size_t weights =
+        static_cast<size_t>(c.local) * 3 * (*gi)->padded_hidden() * (*gi)->padded_intermediate();
+    EXPECT_EQ((*gi)->device_bytes(), weights / 2 + weights / 16);
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    for (int tokens : {1, 3, 16, 100, 257}) {
+      const size_t n_out = static_cast<size_t>(tokens) * c.hidden;
+      const std::vector<uint16_t> x = RandomBf16(n_out, rng, 1.0f);
+      const std::vector<uint16_t> shared = RandomBf16(n_out, rng, 1.0f);
+      const std::vector<int32_t> ids = RandomIds(tokens, c.top_k, c.num_experts, rng);
+      std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+      std::vector<float> w(ids.size());
+      for (float& v : w) v = ud(rng);
+      DeviceBuffer<uint16_t> d_x(n_out), d_shared(n_out), d_out_i(n_out), d_out_b(n_out);
+      DeviceBuffer<int32_t> d_ids(ids.size());
+      DeviceBuffer<float> d_w(w.size());
+      const size_t ws_bytes =
+          std::max((*gi)->WorkspaceBytes(tokens, c.top_k), (*gb)->WorkspaceBytes(tokens, c.top_k));
+      DeviceBuffer<uint8_t> d_ws(ws_bytes);
+      CUDA_OK(d_x.Upload(x));
+      CUDA_OK(d_shared.Upload(shared));
+      CUDA_OK(d_ids.Upload(ids));
+      CUDA_OK(d_w.Upload(w));
+      CUDA_OK(d_out_i.Poison());
+      CUDA_OK(d_out_b.Poison());
+      MoeExpertsRunParams p;
+      p.tokens = tokens;
+      p.top_k = c.top_k;
+      p.x = d_x.ptr;
+      p.topk_ids = d_ids.ptr;
+      p.topk_weights = d_w.ptr;
+      p.shared_out = d_shared.ptr;
+      p.workspace = d_ws.ptr;
+      p.workspace_bytes = ws_bytes;
+      p.out = d_out_i.ptr;
+      absl::Status st = InvokeMoeExperts(**gi, p, stream);
+      ASSERT_TRUE(st.ok()) << st;
+      p.out = d_out_b.ptr;
+      st = InvokeMoeExperts(**gb, p, stream);
+      ASSERT_TRUE(st.ok()) << st;
+      CUDA_OK(cudaStreamSynchronize(stream));
+      const std::vector<uint16_t> oi = d_out_i.Download(), ob = d_out_b.Download();
+      size_t differ = 0, non_finite = 0;
+      for (size_t q = 0; q < n_out; ++q) {
+        differ += oi[q] != ob[q];
+        non_finite += !std::isfinite(Bf16ToFloat(oi[q]));
+      }
+      std::printf("[moe_experts] int4 vs bf16 experts %s tokens=%d: %zu of %zu outputs differ\n",
+                  Name(c).c_str(), tokens, differ, n_out);
+      EXPECT_EQ(non_finite, 0u) << "tokens " << tokens;
+      EXPECT_EQ(differ, 0u) << "tokens " << tokens;
+    }
+    CUDA_OK(cudaStreamDestroy(stream));
+  }
+}
+
+// INT4 layouts the GPU cannot take are errors naming the expert and the rule.
+TEST(MoeExpertsGpuTest, Int4RejectsWhatTheLayoutCannotHold) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Layer l = MakeLayer(false, 64, 64, 2, 5, true, 32);
+  MoeExpertsHostWeights w = HostWeights(l, 0, 2);
+  w.down[1].int4_col0 = 16;  // a tensor-parallel slice off the 32-column scale slots
+  auto r = MoeExpertsGpu::Upload(w, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("expert 1 down"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("multiple of 32"), std::string::npos) << r.status();
+  w = HostWeights(l, 0, 2);
+  w.int4_group_size = 16;
+  r = MoeExpertsGpu::Upload(w, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  l.int4_scale[0][0][3] = 0x7f80;  // +inf: gate of expert 0, row 1, group 1
+  w = HostWeights(l, 0, 2);
+  r = MoeExpertsGpu::Upload(w, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not finite"), std::string::npos) << r.status();
+  w = HostWeights(l, 0, 2);
+  w.nvfp4 = true;  // both formats
+  r = MoeExpertsGpu::Upload(w, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
 }
 
 // A rank with no local experts writes shared_out (bit for bit) or zeros.

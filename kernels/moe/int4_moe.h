@@ -1,0 +1,53 @@
+// The routed experts of one MoE layer on the GPU, INT4 weight-only path (compressed-tensors
+// pack-quantized checkpoints, Kimi-K2 Thinking / K2.5): dispatch -> fused gate+up GEMM (SiLU *
+// up) -> down GEMM (x routing weight) -> combine (+ shared expert output), the NVFP4 sequence of
+// nvfp4_moe.h with the INT4 GEMMs (int4_moe_gemm.h). Same function as MoeExpertsRef (moe_ref.h)
+// on the weights bf16(q * s) (int4_moe_layout.h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mlaserve {
+
+// A rank's local experts on the device, in the layout of int4_moe_layout.h / int4_moe_gemm.h.
+struct Int4MoeWeights {
+  int first_expert;
+  int num_local_experts;
+  int hidden;                     // multiple of 128
+  int intermediate;               // multiple of 128
+  const uint8_t* gate_up_codes;   // [E][2I/16][H/64][512]
+  const uint8_t* gate_up_scales;  // [E][2I/16][H/64][64]
+  const uint8_t* down_codes;      // [E][H/16][I/64][512]
+  const uint8_t* down_scales;     // [E][H/16][I/64][64]
+};
+
+// As Nvfp4MoeParams (nvfp4_moe.h), whose workspace (Nvfp4MoeWorkspaceBytes, CarveNvfp4MoeWorkspace)
+// and programmatic-launch rule (kMoeProgrammaticMaxRows) this path shares.
+struct Int4MoeParams {
+  Int4MoeWeights weights;
+  int tokens;
+  int top_k;
+  int tile_tokens;  // kMoeTileTokens*; see ChooseMoeTileTokens
+  bool plain_launches;
+  const __nv_bfloat16* x;           // [tokens, hidden]
+  const int32_t* topk_ids;          // [tokens, top_k] global expert ids
+  const float* topk_weights;        // [tokens, top_k]
+  const __nv_bfloat16* shared_out;  // [tokens, hidden] or nullptr
+  float* out;                       // [tokens, hidden] fp32, or nullptr
+  __nv_bfloat16* out_bf16;          // [tokens, hidden], or nullptr
+  void* workspace;                  // Nvfp4MoeWorkspaceBytes, 256-byte aligned
+  size_t workspace_bytes;
+};
+
+// Each stage alone, launched plainly; InvokeInt4Moe runs all four.
+cudaError_t InvokeInt4MoeDispatchStage(const Int4MoeParams& params, cudaStream_t stream);
+cudaError_t InvokeInt4MoeGateUpStage(const Int4MoeParams& params, cudaStream_t stream);
+cudaError_t InvokeInt4MoeDownStage(const Int4MoeParams& params, cudaStream_t stream);
+cudaError_t InvokeInt4MoeCombineStage(const Int4MoeParams& params, cudaStream_t stream);
+cudaError_t InvokeInt4Moe(const Int4MoeParams& params, cudaStream_t stream);
+
+}  // namespace mlaserve
