@@ -149,7 +149,7 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
       absl::StrCat("upload of experts ", w.first_expert, "..", w.first_expert + E - 1, " (hidden ",
                    H, ", intermediate ", I, ")");
 
-  if (!w.nvfp4) {
+  if (!w.nvfp4 && !w.int4) {
     const size_t gu_elems = static_cast<size_t>(2) * Ip * Hp,
                  dn_elems = static_cast<size_t>(Hp) * Ip;
     g->bf16_gate_up_ = g->Alloc(gu_elems * 2 * E, &err);
