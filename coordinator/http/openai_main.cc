@@ -74,6 +74,7 @@
 #include "coordinator/http/http_exchange.h"
 #include "coordinator/http/openai_protocol.h"
 #include "coordinator/http/reasoning_parser.h"
+#include "coordinator/http/stop_strings.h"
 #include "coordinator/http/tool_calls.h"
 #include "coordinator/server/request_builder.h"
 #include "nlohmann/json.hpp"
@@ -330,13 +331,24 @@ struct Choice {
   std::string content, reasoning;
   json tool_calls = json::array();  // full response: [{id, type, function: {name, arguments}}]
   json pending = json::object();    // stream: the forced call's opening, sent with the next delta
+  // The request's stop strings, matched here on the answer's content (stop_strings.h); null
+  // when it has none. `tokens`: completion tokens received; their count when a stop matched.
+  std::unique_ptr<StopStringMatcher> stop;
+  uint32_t tokens = 0;
+  bool Stopped() const { return stop != nullptr && stop->stopped(); }
 };
 
 // One step of parsed output as a chat delta's fields (content, reasoning, tool_calls), merged
 // into the choice's full-response parts too. Returns an empty object when nothing was added.
 json ParsedFields(Choice& c, const ParsedDelta& d) {
-  const ReasoningSplitter::Split split = c.splitter->Add(d.content);
   json delta = json::object();
+  if (c.Stopped()) {
+    return delta;  // the answer ended at a stop string
+  }
+  ReasoningSplitter::Split split = c.splitter->Add(d.content);
+  if (c.stop != nullptr) {
+    split.content = c.stop->Add(split.content);
+  }
   if (!split.content.empty()) {
     delta["content"] = split.content;
   }
@@ -348,6 +360,9 @@ json ParsedFields(Choice& c, const ParsedDelta& d) {
   c.reasoning += split.reasoning;
   json calls = json::array();
   for (const ToolCallDelta& t : d.tool_calls) {
+    if (c.Stopped()) {
+      break;  // what follows the stop string is not part of the answer
+    }
     json call = {{"index", t.index}};
     if (!t.id.empty() || !t.name.empty()) {
       call["id"] = t.id;
@@ -388,8 +403,20 @@ void MergeDelta(json& into, const json& add) {
 }
 
 json FinishFields(Choice& c) {
+  if (c.Stopped()) {
+    return json::object();
+  }
   json delta = ParsedFields(c, c.parser->Finish());
-  const ReasoningSplitter::Split tail = c.splitter->Finish();
+  if (c.Stopped()) {
+    return delta;
+  }
+  ReasoningSplitter::Split tail = c.splitter->Finish();
+  if (c.stop != nullptr) {
+    tail.content = c.stop->Add(tail.content);
+    if (!c.stop->stopped()) {
+      tail.content += c.stop->Finish();
+    }
+  }
   if (!tail.content.empty()) {
     delta["content"] = delta.value("content", "") + tail.content;
   }
@@ -404,9 +431,12 @@ json FinishFields(Choice& c) {
 
 class Generation {
  public:
+  // answer_stops: per choice, the stop strings matched here (parsed output) instead of by the
+  // coordinator; empty otherwise.
   Generation(HttpExchange& http, const ParsedRequest& req, const ChatPrompt& prompt,
-             std::string model)
-      : http_(http),
+             std::string model, std::vector<std::vector<std::string>> answer_stops = {})
+      : answer_stops_(std::move(answer_stops)),
+        http_(http),
         req_(req),
         prompt_(prompt),
         model_(std::move(model)),
@@ -427,6 +457,9 @@ class Generation {
             RandomId("call_").substr(0, 29) + "_");
         choices_[i].splitter =
             std::make_unique<ReasoningSplitter>(g_options->reasoning, prompt_.ends_in_thinking);
+        if (i < answer_stops_.size() && !answer_stops_[i].empty()) {
+          choices_[i].stop = std::make_unique<StopStringMatcher>(answer_stops_[i]);
+        }
         // The forced opening of a call (tool_choice required / named) is the parser's first
         // input, as if the model had written it: the call it starts is part of the answer.
         for (int32_t id : prompt_.forced) {
@@ -633,10 +666,17 @@ class Generation {
       json delta = std::move(c.pending);
       c.pending = json::object();
       for (int32_t id : r.token_ids) {
+        if (c.Stopped()) {
+          break;
+        }
+        ++c.tokens;
         MergeDelta(delta, ParsedFields(c, c.parser->Add(id)));
       }
       if (auto e = UndeclaredCall(c)) {
         return e;
+      }
+      if (c.Stopped()) {
+        return FinishAtStop(index, std::move(delta), std::move(lp));
       }
       if (!req_.stream) {
         return std::nullopt;
@@ -668,6 +708,32 @@ class Generation {
     }
     c.started = true;
     if (!SendEvent(ChunkEnvelope(std::move(choice)))) {
+      return kGone;
+    }
+    return std::nullopt;
+  }
+
+  // A stop string ended the answer (parsed output): the request is aborted at the coordinator
+  // (whose final then never comes: the link drops it) and the choice finishes here, with
+  // finish_reason "stop" and the usage this side knows: the prompt it rendered, the tokens
+  // received up to the match (cached_tokens is the coordinator's and stays 0).
+  std::optional<ApiError> FinishAtStop(size_t index, json delta, json lp) {
+    static const ApiError kGone = Error(499, "client_closed", "the client went away");
+    Choice& c = choices_[index];
+    g_link->Abort({c.request_id}, &mailbox_);
+    c.finished = true;
+    --open_;
+    c.finish_reason = "stop";
+    c.prompt_tokens = static_cast<uint32_t>(prompt_.ids.size());
+    c.completion_tokens = c.tokens;
+    if (!req_.stream) {
+      return std::nullopt;
+    }
+    if ((!delta.empty() || !lp.is_null()) && !SendParsedDelta(index, std::move(delta), std::move(lp))) {
+      return kGone;
+    }
+    final_delta_ = json::object();
+    if (!OnStreamFinal(index)) {
       return kGone;
     }
     return std::nullopt;
@@ -795,6 +861,7 @@ class Generation {
             {"usage", Usage()}};
   }
 
+  const std::vector<std::vector<std::string>> answer_stops_;
   HttpExchange& http_;
   CoordinatorLink::Mailbox mailbox_;
   size_t open_ = 0;  // choices without their final
@@ -906,13 +973,21 @@ int HandleGenerate(HttpExchange& http, Endpoint endpoint) {
   }
   const bool output_parsed = endpoint == Endpoint::kChat && g_text != nullptr &&
                              (!req.tools.empty() || g_options->reasoning != ReasoningFormat::kNone);
+  // Parsed output: the stop strings end the answer's content here (stop_strings.h), not in
+  // the coordinator, which sees only tokens. Usage then counts the prompt this side rendered.
+  std::vector<std::vector<std::string>> answer_stops;
   if (output_parsed && req.has_stop_strings) {
-    ApiError e = Error(400, "invalid_request_error",
-                       "'stop' strings cannot be combined with tools or a reasoning parser yet: "
-                       "the coordinator cuts its own text at a stop string, and parsed output is "
-                       "decoded here from the token ids (use stop_token_ids)");
-    e.param = "stop";
-    return WriteError(http, e);
+    if (prompt->ids.empty()) {
+      ApiError e = Error(400, "invalid_request_error",
+                         "'stop' strings with tools or a reasoning parser need the chat rendered "
+                         "here (mlaserve-openai --model DIR with a chat template)");
+      e.param = "stop";
+      return WriteError(http, e);
+    }
+    for (GenerateInput& in : req.inputs) {
+      answer_stops.push_back(std::move(in.sampling.stop));
+      in.sampling.stop.clear();
+    }
   }
   auto model = ModelName();
   if (!model.ok()) {
@@ -928,7 +1003,8 @@ int HandleGenerate(HttpExchange& http, Endpoint endpoint) {
     e.param = "model";
     return WriteError(http, e);
   }
-  auto gen = std::make_unique<Generation>(http, parsed->request, *prompt, *model);
+  auto gen = std::make_unique<Generation>(http, parsed->request, *prompt, *model,
+                                          std::move(answer_stops));
   return gen->Run();
 }
 

@@ -596,15 +596,12 @@ TEST_F(OpenAiServerTest, DeepSeekReasoningParserMovesTheThinking) {
   waitpid(pid, nullptr, 0);
 }
 
-// chat_template_kwargs reach the template. A front end whose model folder has DeepSeek-V3.1's
-// template (tests/fixtures/chat-templates) and the tiny model's tokenizer renders the prompt and
-// sends its token ids: {"thinking": true} ends it with "<think>", so the reasoning parser puts
-// the output into reasoning_content; false ends it with "</think>" and the output is content.
-// Oracles: the prompt's text is jinja2's rendering (chat_prompt_test checks that); the output is
-// the coordinator's own text for those token ids through /v1/completions on the plain front end.
-TEST_F(OpenAiServerTest, ChatTemplateKwargsTurnThinkingOnAndOff) {
+// The tiny model's tokenizer with DeepSeek-V3.1's chat template (thinking on / off through
+// chat_template_kwargs), in a temporary folder for `mlaserve-openai --model`.
+std::filesystem::path V31ModelDir(const std::string& tag) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("mlaserve-v31-" + std::to_string(getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("mlaserve-" + tag + "-" + std::to_string(getpid()));
   fs::create_directories(dir);
   fs::copy_file(fs::path(MLASERVE_TINY_MODEL_DIR) / "tokenizer.json", dir / "tokenizer.json",
                 fs::copy_options::overwrite_existing);
@@ -614,6 +611,18 @@ TEST_F(OpenAiServerTest, ChatTemplateKwargsTurnThinkingOnAndOff) {
                      "/tests/fixtures/chat-templates/deepseek-ai-DeepSeek-V3.1.jinja");
   config["chat_template"] = std::string((std::istreambuf_iterator<char>(tmpl)), {});
   std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  return dir;
+}
+
+// chat_template_kwargs reach the template. A front end whose model folder has DeepSeek-V3.1's
+// template (tests/fixtures/chat-templates) and the tiny model's tokenizer renders the prompt and
+// sends its token ids: {"thinking": true} ends it with "<think>", so the reasoning parser puts
+// the output into reasoning_content; false ends it with "</think>" and the output is content.
+// Oracles: the prompt's text is jinja2's rendering (chat_prompt_test checks that); the output is
+// the coordinator's own text for those token ids through /v1/completions on the plain front end.
+TEST_F(OpenAiServerTest, ChatTemplateKwargsTurnThinkingOnAndOff) {
+  namespace fs = std::filesystem;
+  const fs::path dir = V31ModelDir("v31");
   pid_t pid;
   const int port = StartFrontEnd("--coordinator " + server_->endpoint() + " --model " +
                                      dir.string() + " --reasoning-parser deepseek",
@@ -663,6 +672,73 @@ TEST_F(OpenAiServerTest, ChatTemplateKwargsTurnThinkingOnAndOff) {
     }
     EXPECT_EQ(thinking ? reasoning : content, want);
     EXPECT_EQ(thinking ? content : reasoning, "");
+  }
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  fs::remove_all(dir);
+}
+
+// Stop strings with a reasoning parser: matched in the front end on the answer's content (the
+// coordinator sees tokens only): the content ends before the first stop string, finish_reason
+// "stop", streamed or not; in the reasoning they end nothing. Oracle: the same greedy request
+// without the stop strings.
+TEST_F(OpenAiServerTest, StopStringsEndTheParsedAnswer) {
+  namespace fs = std::filesystem;
+  const fs::path dir = V31ModelDir("v31stop");
+  pid_t pid;
+  const int port = StartFrontEnd("--coordinator " + server_->endpoint() + " --model " +
+                                     dir.string() + " --reasoning-parser deepseek",
+                                 "v31stop", &pid);
+  ASSERT_GT(port, 0);
+  const std::string messages = R"([{"role": "user", "content": "Why is the sky blue?"}])";
+  for (const bool thinking : {false, true}) {
+    SCOPED_TRACE(thinking ? "thinking on" : "thinking off");
+    const std::string chat = R"({"model": "tiny-deepseek-v3", "messages": )" + messages +
+                             R"(, "chat_template_kwargs": {"thinking": )" +
+                             (thinking ? "true" : "false") +
+                             R"(}, "temperature": 0, "max_tokens": 16, "ignore_eos": true)";
+    const auto plain = BodyOf(RawHttp(port, Post("/v1/chat/completions", chat + "}")));
+    ASSERT_TRUE(plain.contains("choices")) << plain;
+    const std::string want =
+        plain["choices"][0]["message"][thinking ? "reasoning_content" : "content"];
+    ASSERT_GE(want.size(), 8u) << plain;
+    // A stop string from the middle of the output (two whole UTF-8 characters); the answer
+    // must end at its first occurrence.
+    auto boundary = [&](size_t i) {
+      while (i < want.size() && (static_cast<unsigned char>(want[i]) & 0xC0) == 0x80) ++i;
+      return i;
+    };
+    const size_t from = boundary(want.size() / 2);
+    const std::string stop = want.substr(from, boundary(boundary(from + 1) + 1) - from);
+    ASSERT_FALSE(stop.empty());
+    const std::string with_stop = chat + R"(, "stop": [)" + nlohmann::json(stop).dump() + "]";
+    const auto full = BodyOf(RawHttp(port, Post("/v1/chat/completions", with_stop + "}")));
+    ASSERT_TRUE(full.contains("choices")) << full;
+    const auto msg = full["choices"][0]["message"];
+    std::string streamed, streamed_reasoning, finish;
+    for (const auto& e : Events(
+             RawHttp(port, Post("/v1/chat/completions", with_stop + R"(, "stream": true})")))) {
+      if (!e.is_object()) continue;
+      for (const auto& c : e["choices"]) {
+        streamed += c["delta"].value("content", "");
+        streamed_reasoning += c["delta"].value("reasoning_content", "");
+        if (c["finish_reason"].is_string()) finish = c["finish_reason"];
+      }
+    }
+    if (thinking) {  // the reasoning runs on, whole
+      EXPECT_EQ(msg["reasoning_content"], want);
+      EXPECT_EQ(full["choices"][0]["finish_reason"], "length");
+      EXPECT_EQ(streamed_reasoning, want);
+      EXPECT_EQ(finish, "length");
+    } else {
+      const std::string cut = want.substr(0, want.find(stop));
+      EXPECT_EQ(msg["content"], cut);
+      EXPECT_EQ(full["choices"][0]["finish_reason"], "stop");
+      EXPECT_LE(full["usage"]["completion_tokens"].get<int>(), 16);
+      EXPECT_EQ(full["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"]);
+      EXPECT_EQ(streamed, cut);
+      EXPECT_EQ(finish, "stop");
+    }
   }
   kill(pid, SIGTERM);
   waitpid(pid, nullptr, 0);
