@@ -2,26 +2,27 @@
 // in a private temporary folder, and stops them.
 #pragma once
 
-#include <signal.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
-#include <cstdlib>
 #include <thread>
 #include <vector>
 
 #include "coordinator/client/client.h"
+#include "tests/metrics_scrape.h"
 
 extern char** environ;
 
@@ -184,32 +185,10 @@ class ServerProcesses {
   }
 
   // GET /metrics from the coordinator's exposer.
-  std::string Metrics() const {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(metrics_port_));
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    std::string body;
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-      (void)!write(fd, req.data(), req.size());
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, n);
-    }
-    close(fd);
-    return body;
-  }
+  std::string Metrics() const { return ScrapeMetrics(metrics_port_); }
 
   // The value of the first sample of `name` (exact series name, e.g. "mlaserve_preemptions_total").
-  double MetricValue(const std::string& name) const {
-    const std::string text = Metrics();
-    std::regex re("\\n" + name + "(\\{[^}]*\\})? ([0-9.eE+-]+)");
-    std::smatch m;
-    if (std::regex_search(text, m, re)) return std::stod(m[2].str());
-    return -1;
-  }
+  double MetricValue(const std::string& name) const { return MetricSample(Metrics(), name); }
 
  private:
   static pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
