@@ -388,6 +388,10 @@ void Coordinator::SendReplyBytes(const std::string& identity, const uint8_t* dat
   q.bytes += static_cast<int64_t>(size);
   backlog_bytes_ += static_cast<int64_t>(size);
   metrics_->client_backlog_bytes->Set(static_cast<double>(backlog_bytes_));
+  if (q.bytes > backlog_peak_bytes_) {
+    backlog_peak_bytes_ = q.bytes;
+    metrics_->client_backlog_peak_bytes->Set(static_cast<double>(q.bytes));
+  }
   if (!q.over_limit && q.bytes > options_.client_backlog_limit_bytes) {
     q.over_limit = true;
     slow_clients_.push_back(identity);

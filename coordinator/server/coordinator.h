@@ -191,6 +191,7 @@ class Coordinator {
   std::unique_ptr<zmq::socket_t> worker_monitor_;  // ZMQ_EVENT_ACCEPTED / DISCONNECTED of worker_
   std::unordered_map<std::string, ClientBacklog> backlogs_;
   int64_t backlog_bytes_ = 0;
+  int64_t backlog_peak_bytes_ = 0;
   std::vector<std::string> slow_clients_;  // past the backlog limit, requests not yet aborted
   std::atomic<bool> shutdown_requested_{false};
   bool draining_ = false;

@@ -56,6 +56,8 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& model, const std::stri
                              {0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200});
   client_backlog_bytes = gauge("mlaserve_client_backlog_bytes",
                                "Reply bytes held for clients that are not reading (all clients)");
+  client_backlog_peak_bytes = gauge("mlaserve_client_backlog_peak_bytes",
+                                    "Largest reply backlog one client has had, bytes");
   client_backlog_aborts = counter("mlaserve_client_backlog_aborts_total",
                                   "Requests aborted because their client stopped reading replies");
   client_replies_dropped = counter("mlaserve_client_replies_dropped_total",

@@ -42,6 +42,7 @@ class CoordinatorMetrics {
   // than chunks and finals dropped for such a client, and backlogs dropped whole for a client
   // that read nothing for a minute with no request left (counted per reply).
   prometheus::Gauge* client_backlog_bytes;
+  prometheus::Gauge* client_backlog_peak_bytes;  // the largest one client's backlog has been
   prometheus::Counter* client_backlog_aborts;
   prometheus::Counter* client_replies_dropped;
   prometheus::Histogram* ttft;
