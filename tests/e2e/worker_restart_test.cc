@@ -4,8 +4,9 @@
 // workerFailed and a message naming rank 1; the coordinator stays up, answers health as failed
 // (naming rank 1) and new requests with a workerFailed error; the launcher restarts the job
 // (mlaserve_worker_restarts_total 1) and the same client connection is served again, with the
-// greedy output it had before; the launcher then stops cleanly. Detection and restart times are
-// printed (bench/RESULTS.md, "Worker death and restart").
+// greedy output it had before; the launcher then stops cleanly. And a rank that hangs (SIGSTOP)
+// is named after the heartbeat timeout and its job replaced the same way. Detection and restart
+// times are printed (bench/RESULTS.md, "Worker death and restart").
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -81,76 +82,114 @@ bool WaitHealthy(Client& c, std::chrono::seconds timeout, std::string* detail) {
   return false;
 }
 
-TEST(E2eWorkerRestartTest, KilledRankIsNamedItsRequestFailsAndTheLauncherRestartsTheJob) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path().empty());
-  const char* src = std::getenv("MLASERVE_SOURCE_DIR");
-  const char* bin = std::getenv("MLASERVE_BINARY_DIR");
-  ASSERT_TRUE(src != nullptr && bin != nullptr);
-  std::srand(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
-  std::set<int> taken;
-  const int worker_port = FreePort(taken), metrics_port = FreePort(taken);
-  ASSERT_TRUE(worker_port && metrics_port);
-  const std::string endpoint = "ipc://" + (dir / "clients");
-  const std::string worker_connect = "tcp://127.0.0.1:" + std::to_string(worker_port);
-  Group launcher;
-  launcher.pid = Spawn({"/bin/bash",
-                        std::string(src) + "/deploy/mlaserve-launch",
-                        "--model",
-                        FixtureDir("kimi-tiny"),
-                        "--allow-no-tokenizer",
-                        "--cpu",
-                        "--ranks",
-                        "2",
-                        "--bin",
-                        bin,
-                        "--listen",
-                        endpoint,
-                        "--worker-port",
-                        std::to_string(worker_port),
-                        "--metrics",
-                        "127.0.0.1:" + std::to_string(metrics_port),
-                        "--worker-metrics-port",
-                        "0",
-                        "--kv-format",
-                        "f32",
-                        "--kv-blocks",
-                        "64",
-                        "--restart-backoff-s",
-                        "1"},
-                       dir / "launch.log");
-  ASSERT_GT(launcher.pid, 0);
-  auto c = Client::Connect(endpoint);
-  ASSERT_TRUE(c.ok()) << c.status();
-  Client& client = **c;
-  std::string detail;
-  ASSERT_TRUE(WaitHealthy(client, 90s, &detail)) << detail << ReadFile(dir / "launch.log");
-  auto before = client.Generate(Greedy({5, 6, 7}, 12), nullptr, 60s);
-  ASSERT_TRUE(before.ok()) << before.status();
-  ASSERT_EQ(before->finish_reason, "length");
-
-  // Mid-stream: a long request has streamed a few tokens when rank 1 dies.
-  auto id = client.Submit(Greedy({1, 2, 3, 4}, 2000));
-  ASSERT_TRUE(id.ok());
-  for (int chunks = 0; chunks < 3;) {
-    auto r = client.Next(30s);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_EQ(r->kind, Reply::Kind::kChunk) << r->message;
-    ++chunks;
+// The launcher with 2 CPU ranks of kimi-tiny (f32 cache: greedy outputs compare exactly), a
+// client connected and a greedy reference output taken before anything is killed.
+class E2eWorkerRestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    const char* src = std::getenv("MLASERVE_SOURCE_DIR");
+    const char* bin = std::getenv("MLASERVE_BINARY_DIR");
+    ASSERT_TRUE(src != nullptr && bin != nullptr);
+    bin_ = bin;
+    std::srand(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
+    std::set<int> taken;
+    const int worker_port = FreePort(taken);
+    metrics_port_ = FreePort(taken);
+    ASSERT_TRUE(worker_port && metrics_port_);
+    const std::string endpoint = "ipc://" + (dir_ / "clients");
+    worker_connect_ = "tcp://127.0.0.1:" + std::to_string(worker_port);
+    launcher_.pid = Spawn({"/bin/bash",
+                           std::string(src) + "/deploy/mlaserve-launch",
+                           "--model",
+                           FixtureDir("kimi-tiny"),
+                           "--allow-no-tokenizer",
+                           "--cpu",
+                           "--ranks",
+                           "2",
+                           "--bin",
+                           bin_,
+                           "--listen",
+                           endpoint,
+                           "--worker-port",
+                           std::to_string(worker_port),
+                           "--metrics",
+                           "127.0.0.1:" + std::to_string(metrics_port_),
+                           "--worker-metrics-port",
+                           "0",
+                           "--kv-format",
+                           "f32",
+                           "--kv-blocks",
+                           "64",
+                           "--restart-backoff-s",
+                           "1"},
+                          dir_ / "launch.log");
+    ASSERT_GT(launcher_.pid, 0);
+    auto c = Client::Connect(endpoint);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+    std::string detail;
+    ASSERT_TRUE(WaitHealthy(*client_, 90s, &detail)) << detail << Log();
+    auto before = client_->Generate(Greedy({5, 6, 7}, 12), nullptr, 60s);
+    ASSERT_TRUE(before.ok()) << before.status();
+    ASSERT_EQ(before->finish_reason, "length");
+    reference_ = before->token_ids;
   }
-  const pid_t rank1 = RankPid(std::string(bin) + "/worker/mlaserve-worker", worker_connect, 1);
+  std::string Log() const { return ReadFile(dir_ / "launch.log"); }
+  pid_t Rank(int rank) const {
+    return RankPid(bin_ + "/worker/mlaserve-worker", worker_connect_, rank);
+  }
+  // Submits a long request and reads a few of its chunks: the state a rank is then taken from.
+  uint64_t StreamMidway() {
+    auto id = client_->Submit(Greedy({1, 2, 3, 4}, 2000));
+    EXPECT_TRUE(id.ok());
+    for (int chunks = 0; chunks < 3;) {
+      auto r = client_->Next(30s);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok()) break;
+      EXPECT_EQ(r->kind, Reply::Kind::kChunk) << r->message;
+      ++chunks;
+    }
+    return id.ok() ? *id : 0;
+  }
+  // The request's final (chunks skipped).
+  Reply FinalOf(uint64_t id) {
+    for (;;) {
+      auto r = client_->Next(30s);
+      EXPECT_TRUE(r.ok()) << r.status() << Log();
+      if (!r.ok()) return Reply{};
+      if (r->request_id == id && r->kind != Reply::Kind::kChunk) return *r;
+    }
+  }
+  // Down until the launcher's new job joins; then the reference output again. Returns the
+  // seconds from `since` to healthy.
+  double ExpectServedAgain(Clock::time_point since) {
+    std::string detail;
+    EXPECT_TRUE(WaitHealthy(*client_, 90s, &detail)) << detail << Log();
+    const double s = Since(since);
+    auto after = client_->Generate(Greedy({5, 6, 7}, 12), nullptr, 60s);
+    EXPECT_TRUE(after.ok()) << after.status();
+    if (after.ok()) EXPECT_EQ(after->token_ids, reference_);
+    return s;
+  }
+
+  TempDir dir_;
+  std::string bin_, worker_connect_;
+  int metrics_port_ = 0;
+  Group launcher_;
+  std::unique_ptr<Client> client_;
+  std::vector<int32_t> reference_;
+};
+
+TEST_F(E2eWorkerRestartTest, KilledRankIsNamedItsRequestFailsAndTheLauncherRestartsTheJob) {
+  Client& client = *client_;
+  // Mid-stream: a long request has streamed a few tokens when rank 1 dies.
+  const uint64_t id = StreamMidway();
+  const pid_t rank1 = Rank(1);
   ASSERT_GT(rank1, 0) << "rank 1 not found";
   const auto killed = Clock::now();
   ASSERT_EQ(kill(rank1, SIGKILL), 0);
-  Reply final;
-  for (;;) {
-    auto r = client.Next(30s);
-    ASSERT_TRUE(r.ok()) << r.status() << ReadFile(dir / "launch.log");
-    if (r->request_id == *id && r->kind != Reply::Kind::kChunk) {
-      final = *r;
-      break;
-    }
-  }
+  const Reply final = FinalOf(id);
   const double detect_s = Since(killed);
   ASSERT_EQ(final.kind, Reply::Kind::kFinal);
   EXPECT_EQ(final.finish_reason, "error");
@@ -171,12 +210,8 @@ TEST(E2eWorkerRestartTest, KilledRankIsNamedItsRequestFailsAndTheLauncherRestart
   EXPECT_TRUE(Has(refused->message, "worker rank 1")) << refused->message;
 
   // Served again on the same connection, as before.
-  ASSERT_TRUE(WaitHealthy(client, 90s, &detail)) << detail << ReadFile(dir / "launch.log");
-  const double restart_s = Since(killed);
-  auto after = client.Generate(Greedy({5, 6, 7}, 12), nullptr, 60s);
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_EQ(after->token_ids, before->token_ids);
-  const std::string metrics = ScrapeMetrics(metrics_port);
+  const double restart_s = ExpectServedAgain(killed);
+  const std::string metrics = ScrapeMetrics(metrics_port_);
   EXPECT_EQ(MetricSample(metrics, "mlaserve_worker_restarts_total"), 1.0) << metrics;
   EXPECT_EQ(MetricSample(metrics, "mlaserve_worker_failures_total"), 1.0) << metrics;
   EXPECT_EQ(MetricSample(metrics, "mlaserve_worker_up"), 1.0) << metrics;
@@ -186,10 +221,35 @@ TEST(E2eWorkerRestartTest, KilledRankIsNamedItsRequestFailsAndTheLauncherRestart
       "%.2f s after the kill (coordinator: failure to the new job's ready %.2f s; launcher "
       "backoff 1 s)\n",
       detect_s, restart_s, failure_to_ready);
-  const std::string log = ReadFile(dir / "launch.log");
+  const std::string log = Log();
   EXPECT_TRUE(Has(log, "restart 1 of 5 in 1 s")) << log;
   EXPECT_TRUE(Has(log, "a new worker job joined")) << log;
-  EXPECT_EQ(launcher.Stop(30s), 0) << ReadFile(dir / "launch.log");
+  EXPECT_EQ(launcher_.Stop(30s), 0) << Log();
+}
+
+// A rank that hangs (SIGSTOP: alive, connected, silent) is named once its beats are overdue;
+// the coordinator tells the job to stop, rank 0 (stuck in the step with it) exits 5 s later, and
+// mpirun ends the rest, so the launcher can start a new job.
+TEST_F(E2eWorkerRestartTest, HungRankIsNamedAfterTheHeartbeatTimeoutAndItsJobReplaced) {
+  const uint64_t id = StreamMidway();
+  const pid_t rank1 = Rank(1);
+  ASSERT_GT(rank1, 0) << "rank 1 not found";
+  const auto stopped = Clock::now();
+  ASSERT_EQ(kill(rank1, SIGSTOP), 0);
+  const Reply final = FinalOf(id);
+  const double detect_s = Since(stopped);
+  EXPECT_EQ(final.error_code, "workerFailed");
+  EXPECT_TRUE(Has(final.message, "no heartbeat from worker rank 1")) << final.message;
+  EXPECT_GT(detect_s, 1.0);  // not before its beats were due (--heartbeat-timeout-ms 1500)
+  const double restart_s = ExpectServedAgain(stopped);
+  std::printf(
+      "[e2e] rank 1 stopped (SIGSTOP) mid-stream: request failed after %.2f s; serving "
+      "again %.2f s after the stop\n",
+      detect_s, restart_s);
+  EXPECT_TRUE(Has(Log(), "the coordinator ended this job and the rank did not stop within 5 s"))
+      << Log();
+  EXPECT_EQ(MetricSample(ScrapeMetrics(metrics_port_), "mlaserve_worker_restarts_total"), 1.0);
+  EXPECT_EQ(launcher_.Stop(30s), 0) << Log();
 }
 
 }  // namespace
