@@ -47,13 +47,11 @@ int HeartbeatRank(const std::string& identity) {
   if (identity == "heartbeat") return 0;
   constexpr char kPrefix[] = "heartbeat-";
   if (identity.rfind(kPrefix, 0) != 0) return -1;
-  int rank = -1;
   const std::string digits = identity.substr(sizeof(kPrefix) - 1);
   if (digits.empty() || digits.size() > 6 ||
       digits.find_first_not_of("0123456789") != std::string::npos)
     return -1;
-  rank = std::stoi(digits);
-  return rank;
+  return std::stoi(digits);
 }
 
 // A ZeroMQ routing id (5 random bytes unless the peer set one) in a log line.
@@ -317,11 +315,13 @@ absl::Status Coordinator::AcceptWorkerJob(const std::string& ready_json, int fd)
   ReadWorkerMonitor();
   job_.last_beat[0] = now;  // rank 0 is watched from its `ready` on
   if (fd >= 0) job_.fd_rank[fd] = 0;
+  job_.worker_fd = fd;
   // Ranks that beat before the `ready` reached us are watched from now on.
   for (const auto& [rank, beat_fd] : pending_beats_) {
     if (rank >= ranks) continue;
     job_.last_beat[rank] = now;
     if (beat_fd >= 0) job_.fd_rank[beat_fd] = rank;
+    if (rank == 0) job_.heartbeat_fd = beat_fd;
   }
   pending_beats_.clear();
   last_heartbeat_ = now;
@@ -753,6 +753,7 @@ void Coordinator::HandleWorkerMessage(const std::string& identity, const std::st
     job_.last_beat[rank] = t0;
     if (rank == 0) last_heartbeat_ = t0;
     MapWorkerConnection(fd, rank);
+    if (rank == 0 && !worker_failed_) job_.heartbeat_fd = fd;
     return;
   }
   if (identity != "worker") return;
@@ -765,7 +766,9 @@ void Coordinator::HandleWorkerMessage(const std::string& identity, const std::st
   auto r = reader.getRoot<wire::StepResult>();
   if (r.isReady()) {
     // A new job's rank 0. One that announces itself while a job serves means the serving job's
-    // rank 0 is gone (its connection closed and this one took its name).
+    // rank 0 is gone (its connection closed and this one took its name): its close is reported
+    // by now, and names the rank.
+    if (!worker_failed_) ReadWorkerMonitor();
     if (!worker_failed_) {
       FailAll(
           "worker rank 0 of a new worker job connected while the previous job was serving "
@@ -774,7 +777,7 @@ void Coordinator::HandleWorkerMessage(const std::string& identity, const std::st
     if (auto s = AcceptWorkerJob(r.getReady().cStr(), fd); !s.ok()) {
       worker_failure_ = std::string(s.message());
       std::fprintf(stderr, "mlaserve-coordinator: %s\n", worker_failure_.c_str());
-      StopWorkerJob();
+      StopWorkerJob(/*to_main=*/true, /*to_heartbeat=*/true);  // the refused job's own names
     }
     return;
   }
@@ -790,6 +793,7 @@ void Coordinator::HandleWorkerMessage(const std::string& identity, const std::st
   job_.last_beat[0] = t0;
   MapWorkerConnection(fd, 0);
   if (worker_failed_) return;  // the mapping found a closed connection of this job
+  job_.worker_fd = fd;
   if (r.isError()) {
     FailAll(absl::StrCat("worker step failed: ", r.getError().cStr()));
     return;
@@ -982,14 +986,18 @@ void Coordinator::FailAll(const std::string& message) {
                   static_cast<int>(wire::ErrorCode::WORKER_FAILED));
   }
   step_in_flight_ = false;
+  // What is left of the job is told to stop through rank 0's connections that are still open:
+  // a closed one's name may already be the next job's rank 0 (unknown ones are tried).
+  ReadWorkerMonitor();
+  auto open = [this](int fd) { return fd < 0 || job_.fd_rank.count(fd) > 0; };
+  StopWorkerJob(open(job_.worker_fd), open(job_.heartbeat_fd));
   job_.fd_rank.clear();
   job_.last_beat.clear();
   pending_beats_.clear();
-  StopWorkerJob();
   UpdateGauges();
 }
 
-void Coordinator::StopWorkerJob() {
+void Coordinator::StopWorkerJob(bool to_main, bool to_heartbeat) {
   capnp::MallocMessageBuilder msg(kReplyWords);
   auto p = msg.initRoot<wire::StepPlan>();
   p.setStepId(0);
@@ -998,6 +1006,7 @@ void Coordinator::StopWorkerJob() {
   // To rank 0's main loop, and to its heartbeat thread (which ends the process when the main
   // loop does not: a rank stuck in a step). Peers that are gone take nothing.
   for (const char* to : {"worker", "heartbeat"}) {
+    if (!(std::string(to) == "worker" ? to_main : to_heartbeat)) continue;
     worker_->send(zmq::buffer(std::string(to)), zmq::send_flags::sndmore);
     worker_->send(zmq::buffer(bytes), zmq::send_flags::dontwait);
   }
@@ -1107,7 +1116,9 @@ int Coordinator::Run() {
     if (items[2].revents & ZMQ_POLLIN) ReadWorkerMonitor();
     if (items[1].revents & ZMQ_POLLIN) {
       // Worker first: results free blocks for the clients' new requests.
-      for (int n = 0; n < 64; ++n) {
+      // All that is there (results, beats: a few a second per rank), so that the liveness check
+      // below never sees a beat still queued as missing.
+      for (;;) {
         zmq::message_t id, body;
         if (!worker_->recv(id, zmq::recv_flags::dontwait)) break;
         if (!worker_->recv(body)) break;

@@ -98,6 +98,7 @@ class Coordinator {
     std::vector<int> heartbeat_ranks;            // ranks that said they would beat (ready message)
     std::map<int, Clock::time_point> last_beat;  // ranks watched: rank 0, and those seen beating
     std::map<int, int> fd_rank;
+    int worker_fd = -1, heartbeat_fd = -1;  // rank 0's two connections (-1: not seen)
     Clock::time_point joined;
     bool warned_silent = false;  // a rank that said it would beat never did (logged once)
   };
@@ -120,7 +121,7 @@ class Coordinator {
   void CheckWorkerLiveness(Clock::time_point now);
   // Asks a job that is still up to exit (rank 0's main loop, and its heartbeat thread, which
   // ends the process if the main loop is stuck), so that the launcher can start another.
-  void StopWorkerJob();
+  void StopWorkerJob(bool to_main, bool to_heartbeat);
   void MaybeSendStep();
   void ProcessEvents(const std::vector<SeqEvent>& events,
                      const std::map<uint64_t, std::vector<uint8_t>>& logprob_blobs);
