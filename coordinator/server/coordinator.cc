@@ -251,12 +251,24 @@ absl::Status Coordinator::AcceptWorkerJob(const std::string& ready_json, int fd)
   if (info.is_discarded() || !info.contains("vocab_size") ||
       !info["vocab_size"].is_number_integer())
     return absl::InternalError("worker sent a malformed ready message");
-  const int ranks = info.value("ranks", 1);
-  const int kv_blocks = info.value("kv_blocks", 0);
-  const int vocab = info["vocab_size"].get<int>();
-  std::vector<int32_t> eos = info.value("eos_token_ids", std::vector<int32_t>{});
-  int max_len = options_.max_model_len > 0 ? options_.max_model_len
-                                           : info.value("max_position_embeddings", 4096);
+  int ranks = 1, kv_blocks = 0, vocab = 0, max_position = 4096, dcp = 1;
+  std::vector<int32_t> eos;
+  std::vector<int> heartbeat_ranks;
+  try {  // a field of the wrong type is a bad message, not a crash
+    ranks = info.value("ranks", 1);
+    kv_blocks = info.value("kv_blocks", 0);
+    vocab = info["vocab_size"].get<int>();
+    eos = info.value("eos_token_ids", std::vector<int32_t>{});
+    max_position = info.value("max_position_embeddings", 4096);
+    dcp = info.value("dcp", 1);
+    heartbeat_ranks = info.value("heartbeat_ranks", std::vector<int>{0});
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InternalError(absl::StrCat("worker sent a malformed ready message: ", e.what()));
+  }
+  if (ranks < 1 || ranks > (1 << 16))
+    return absl::InternalError(
+        absl::StrCat("worker sent a malformed ready message: ", ranks, " ranks"));
+  int max_len = options_.max_model_len > 0 ? options_.max_model_len : max_position;
   max_len = std::min(max_len, kv_blocks * kKvBlockTokens);
   const bool first = scheduler_ == nullptr;
   if (first) {
@@ -271,7 +283,6 @@ absl::Status Coordinator::AcceptWorkerJob(const std::string& ready_json, int fd)
           text_.vocab_size, "; or other end-of-sequence tokens): refused; serve ",
           options_.model_dir, " with it"));
     }
-    text_.max_model_len = max_len;
   }
   SchedulerConfig sc;
   sc.num_blocks = kv_blocks;
@@ -287,6 +298,7 @@ absl::Status Coordinator::AcceptWorkerJob(const std::string& ready_json, int fd)
   auto sched = Scheduler::Create(sc);
   if (!sched.ok()) return sched.status();
   scheduler_ = std::move(*sched);
+  text_.max_model_len = max_len;  // this job's context (its KV capacity may differ)
   seen_prefix_queries_ = seen_prefix_hits_ = 0;
   ranks_ = ranks;
   if (first) {
@@ -296,7 +308,7 @@ absl::Status Coordinator::AcceptWorkerJob(const std::string& ready_json, int fd)
     metrics_->AddRanks(ranks_);
   }
   metrics_->kv_blocks_total->Set(kv_blocks);
-  metrics_->kv_dcp_ranks->Set(info.value("dcp", 1));
+  metrics_->kv_dcp_ranks->Set(dcp);
   metrics_->worker_up->Set(1);
   info["name"] = options_.model_name;
   info["max_model_len"] = max_len;
@@ -308,7 +320,7 @@ absl::Status Coordinator::AcceptWorkerJob(const std::string& ready_json, int fd)
   const auto now = Clock::now();
   job_ = WorkerJob{};
   job_.ranks = ranks;
-  job_.heartbeat_ranks = info.value("heartbeat_ranks", std::vector<int>{0});
+  job_.heartbeat_ranks = heartbeat_ranks;
   job_.joined = now;
   // Connections that closed before this `ready` are no longer anyone's (and their beats, seen
   // while no job was watched, are forgotten below).
@@ -337,7 +349,6 @@ absl::Status Coordinator::AcceptWorkerJob(const std::string& ready_json, int fd)
   }
   worker_failed_ = false;
   worker_failure_.clear();
-  ++jobs_joined_;
   UpdateGauges();
   return absl::OkStatus();
 }

@@ -188,7 +188,6 @@ class Coordinator {
   Clock::time_point failed_at_;
   WorkerJob job_;
   std::map<int, int> pending_beats_;  // rank -> connection of beats seen while none was watched
-  int jobs_joined_ = 0;
   std::unique_ptr<zmq::socket_t> worker_monitor_;  // ZMQ_EVENT_ACCEPTED / DISCONNECTED of worker_
   std::unordered_map<std::string, ClientBacklog> backlogs_;
   int64_t backlog_bytes_ = 0;
