@@ -30,7 +30,8 @@
 // rest of the job, so that the launcher can start a new one.
 // --coordinator-curve-key FILE (the job's CURVE key pair, mode 0600; deploy/mlaserve-launch makes
 // one when the coordinator's worker socket is not on loopback and passes the same file to the
-// coordinator's --worker-curve-key): rank 0's two sockets authenticate and encrypt with it.
+// coordinator's --worker-curve-key): rank 0's two sockets, and the heartbeat sockets of the
+// ranks that can read the file, authenticate and encrypt with it.
 #include <mpi.h>
 
 #include <atomic>
@@ -209,9 +210,9 @@ int main(int argc, char** argv) {
     return DeepseekV3Model::Load(a.model, options, *ops, *model_comm);
   };
   absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model = load();
-  // Only rank 0 talks to the coordinator, so only it reads the job's key (the file exists on its
-  // host alone); a bad key stops every rank like a failed load.
-  // The other ranks read it for their heartbeats where their host has it; not an error if not.
+  // Rank 0 needs the job's key (the file may exist on its host alone): a bad key there stops
+  // every rank like a failed load. The other ranks use it for their heartbeats where their host
+  // has it; without it they send none.
   CurveKeyPair link_key;
   absl::Status key_status = absl::OkStatus();
   if (!a.coordinator_curve_key.empty()) {
