@@ -1136,6 +1136,9 @@ int Coordinator::Run() {
         HandleWorkerMessage(id.to_string(), body.to_string(), SourceFd(body));
       }
     }
+    // Right after reading the worker socket: a beat counts when it is read, so a long stretch of
+    // client work below (a burst of requests to tokenize and render) must not pass for silence.
+    CheckWorkerLiveness(Clock::now());
     if (items[0].revents & ZMQ_POLLIN) {
       for (int n = 0; n < 256; ++n) {
         zmq::message_t id;
@@ -1151,7 +1154,6 @@ int Coordinator::Run() {
       }
     }
     const auto now = Clock::now();
-    CheckWorkerLiveness(now);
     AbortSlowClients();
     FlushBacklogs();
     MaybeSendStep();
