@@ -65,9 +65,10 @@ struct CoordinatorOptions {
   bool prefix_caching = true;
   std::chrono::milliseconds worker_start_timeout{300000};
   // Per rank; beats come every 250 ms. A rank that dies is seen at once (its connection closes);
-  // this bounds hangs. Not lower by default: on a loaded 2-core machine beats arrived up to
-  // 0.9 s late, and 1.5 s failed healthy jobs there (bench/RESULTS.md, issue 19).
-  std::chrono::milliseconds heartbeat_timeout{3000};
+  // this bounds hangs and hosts that vanish without closing connections. Not lower by default:
+  // on the loaded 2-core dev machine a healthy rank's beats stopped for up to 7.7 s (its thread
+  // not run), and 1.5 s and 3 s both failed healthy jobs there (bench/RESULTS.md, issue 19).
+  std::chrono::milliseconds heartbeat_timeout{10000};
   // Replies held for one client beyond ZeroMQ's queue (bytes); past it the client's requests
   // are aborted and, while it stays past it, new requests refused.
   int64_t client_backlog_limit_bytes = int64_t{16} << 20;

@@ -8,7 +8,7 @@
 //       [--curve-secret-key FILE --curve-allowed-clients FILE] [--worker-curve-key FILE]
 // SIGTERM/SIGINT drain in-flight requests up to the drain timeout, then abort the rest.
 // A failed worker job (a rank died or hung) fails the requests in flight and the coordinator
-// waits for a new job (deploy/mlaserve-launch restarts it); --heartbeat-timeout-ms (3000) is how
+// waits for a new job (deploy/mlaserve-launch restarts it); --heartbeat-timeout-ms (10000) is how
 // long each rank may go without a beat. --client-backlog-limit-bytes (16 MiB): replies held for a
 // client that does not read them, past which its requests are aborted.
 // --curve-secret-key (the server's key pair, mode 0600) and --curve-allowed-clients (one client
