@@ -123,6 +123,9 @@ struct ServerReply {
       text @6 :Text;                    # the whole completion text
       tokenIds @7 :List(Int32);         # the whole completion
       message @14 :Text;                # for finishReason error/abort: why
+      errorCode @15 :ErrorCode;         # for finishReason error: the cause's code (workerFailed:
+                                        # the worker job failed while the request was in flight);
+                                        # meaningless for other finish reasons
     }
     error :group {
       code @8 :ErrorCode;

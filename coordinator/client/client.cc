@@ -2,6 +2,7 @@
 
 #include <zmq.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -272,7 +273,9 @@ absl::StatusOr<Reply> Client::Next(std::chrono::milliseconds timeout) {
           deadline - std::chrono::steady_clock::now());
       zmq::pollitem_t items[] = {{sock_->handle(), 0, ZMQ_POLLIN, 0},
                                  {monitor_->handle(), 0, ZMQ_POLLIN, 0}};
-      if (left.count() <= 0 || zmq::poll(items, 2, left) == 0) {
+      // Polled at least once, without waiting once the time is up: a reply already here is
+      // returned even with a timeout of 0 or 1 ms.
+      if (zmq::poll(items, 2, std::max(left, std::chrono::milliseconds(0))) == 0) {
         if (auto s = ReadHandshakeEvents(); !s.ok()) return s;
         return absl::DeadlineExceededError(absl::StrCat(
             "no reply from the coordinator within ", timeout.count(), " ms",
@@ -319,6 +322,8 @@ absl::StatusOr<Reply> Client::Next(std::chrono::milliseconds timeout) {
             out.finish_reason = FinishName(f.getFinishReason());
             out.text = f.getText();
             out.message = f.getMessage();
+            if (f.getFinishReason() == FinishReason::ERROR)
+              out.error_code = ErrorName(f.getErrorCode());
             for (int32_t t : f.getTokenIds()) out.token_ids.push_back(t);
             auto u = f.getUsage();
             out.prompt_tokens = u.getPromptTokens();

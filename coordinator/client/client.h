@@ -74,7 +74,7 @@ struct Reply {
   std::string text;                // chunk: delta; final: whole text; health: detail; info: json
   std::vector<TokenLogprobInfo> logprobs;
   std::string finish_reason;  // final: stop | length | abort | error
-  std::string error_code;     // error: invalidRequest | promptTooLong | overloaded | ...
+  std::string error_code;     // error, and a final with finish_reason error: invalidRequest | ...
   std::string message;        // error / final error or abort: why
   bool ok = false;            // health
   uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;

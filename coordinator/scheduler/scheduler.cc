@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerConf
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), blocks_(config.num_blocks, config.block_size, config.block_hasher) {
   running_.reserve(config.max_running_seqs);
+  next_step_id_ = config.first_step_id;
 }
 
 Scheduler::~Scheduler() = default;

@@ -46,6 +46,9 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   int32_t vocab_size = 0;                // > 0: token ids are checked against it on admission
   KvBlockHasher block_hasher = nullptr;  // null: KvBlockManager::BlockHash (tests weaken it)
+  // The first plan's step id. A scheduler made for a restarted worker job continues its
+  // predecessor's ids, so that a late result of the failed job never matches a new step.
+  uint64_t first_step_id = 0;
 };
 
 struct Request {
@@ -145,6 +148,7 @@ class Scheduler {
   bool has_unfinished() const { return !seqs_.empty(); }
   bool step_in_flight() const { return in_flight_; }
   int64_t num_preemptions() const { return num_preemptions_; }
+  uint64_t next_step_id() const { return next_step_id_; }
 
   // Read-only view of a live sequence, for tests and metrics. Null if unknown or finished.
   struct SeqView {

@@ -1,11 +1,14 @@
 #include "coordinator/server/coordinator.h"
 
+#include <zmq.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "capnp/message.h"
 #include "capnp/serialize.h"
 #include "coordinator/auth/curve_keys.h"
@@ -37,6 +40,37 @@ kj::Array<capnp::word> Words(const std::string& bytes) {
 }
 
 constexpr unsigned kReplyWords = 64;
+
+// The rank a heartbeat socket's routing id names: "heartbeat" (rank 0, as it always was) or
+// "heartbeat-R"; -1 for any other identity.
+int HeartbeatRank(const std::string& identity) {
+  if (identity == "heartbeat") return 0;
+  constexpr char kPrefix[] = "heartbeat-";
+  if (identity.rfind(kPrefix, 0) != 0) return -1;
+  const std::string digits = identity.substr(sizeof(kPrefix) - 1);
+  if (digits.empty() || digits.size() > 6 ||
+      digits.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
+  return std::stoi(digits);
+}
+
+// A ZeroMQ routing id (5 random bytes unless the peer set one) in a log line.
+std::string PrintableIdentity(const std::string& identity) {
+  std::string out;
+  for (unsigned char c : identity) absl::StrAppend(&out, absl::Hex(c, absl::kZeroPad2));
+  return out;
+}
+
+// A frame's file descriptor (ZMQ_SRCFD): which connection it came over.
+int SourceFd(zmq::message_t& m) {
+  const int fd = zmq_msg_get(m.handle(), ZMQ_SRCFD);
+  return fd < 0 ? -1 : fd;
+}
+
+// A client with backlogged replies that reads nothing for this long and has no request left
+// loses them (counted in mlaserve_client_replies_dropped_total): nothing else bounds what
+// clients that connect, ask and never read could make the coordinator hold.
+constexpr std::chrono::seconds kIdleBacklogDrop{60};
 
 wire::FinishReason WireReason(const std::string& reason) {
   if (reason == "stop") return wire::FinishReason::STOP;
@@ -119,6 +153,16 @@ absl::Status Coordinator::BindSockets() {
   }
   worker_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::router);
   worker_->set(zmq::sockopt::linger, 0);
+  // Attached before binding, so that no connection of a rank goes unseen: a rank's process
+  // that dies closes its connections at once, which names it faster than any heartbeat.
+  const std::string monitor_endpoint = "inproc://mlaserve-worker-monitor";
+  if (zmq_socket_monitor(worker_->handle(), monitor_endpoint.c_str(),
+                         ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+    return absl::InternalError(absl::StrCat("zmq_socket_monitor: ", zmq_strerror(zmq_errno())));
+  }
+  worker_monitor_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::pair);
+  worker_monitor_->set(zmq::sockopt::linger, 0);
+  worker_monitor_->connect(monitor_endpoint);
   if (worker_curve) {
     worker_->set(zmq::sockopt::curve_server, 1);
     worker_->set(zmq::sockopt::curve_secretkey, worker_pair.secret_key);
@@ -163,8 +207,10 @@ absl::Status Coordinator::Start() {
   if (auto s = BindSockets(); !s.ok()) return s;
   // Wait for rank 0: `ready` with the model's facts, or the error that stopped loading.
   const auto deadline = Clock::now() + options_.worker_start_timeout;
-  nlohmann::json info;
   for (;;) {
+    if (shutdown_requested_.load()) {
+      return absl::CancelledError("asked to stop before a worker job connected");
+    }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
@@ -173,11 +219,20 @@ absl::Status Coordinator::Start() {
                        options_.worker_start_timeout.count() / 1000, " s"));
     }
     zmq::pollitem_t item{worker_->handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1,
-                  std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(500))) == 0)
+    try {
+      if (zmq::poll(&item, 1,
+                    std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(500))) == 0)
+        continue;
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;  // a signal (SIGTERM) interrupted the wait
       continue;
+    }
     zmq::message_t id, body;
     if (!worker_->recv(id) || !worker_->recv(body)) continue;
+    if (const int rank = HeartbeatRank(id.to_string()); rank >= 0) {
+      pending_beats_[rank] = SourceFd(body);  // watched from the job's `ready` on
+      continue;
+    }
     if (id.to_string() != "worker") continue;
     auto words = Words(body.to_string());
     if (words.size() == 0) continue;
@@ -187,20 +242,48 @@ absl::Status Coordinator::Start() {
       return absl::FailedPreconditionError(
           absl::StrCat("worker failed to start: ", r.getError().cStr()));
     if (!r.isReady()) continue;
-    info = nlohmann::json::parse(r.getReady().cStr(), nullptr, false);
-    break;
+    return AcceptWorkerJob(r.getReady().cStr(), SourceFd(body));
   }
-  if (info.is_discarded() || !info.contains("vocab_size"))
+}
+
+absl::Status Coordinator::AcceptWorkerJob(const std::string& ready_json, int fd) {
+  nlohmann::json info = nlohmann::json::parse(ready_json, nullptr, false);
+  if (info.is_discarded() || !info.contains("vocab_size") ||
+      !info["vocab_size"].is_number_integer())
     return absl::InternalError("worker sent a malformed ready message");
-  ranks_ = info.value("ranks", 1);
-  const int kv_blocks = info.value("kv_blocks", 0);
-  std::vector<int32_t> eos = info.value("eos_token_ids", std::vector<int32_t>{});
-  int max_len = options_.max_model_len > 0 ? options_.max_model_len
-                                           : info.value("max_position_embeddings", 4096);
+  int ranks = 1, kv_blocks = 0, vocab = 0, max_position = 4096, dcp = 1;
+  std::vector<int32_t> eos;
+  std::vector<int> heartbeat_ranks;
+  try {  // a field of the wrong type is a bad message, not a crash
+    ranks = info.value("ranks", 1);
+    kv_blocks = info.value("kv_blocks", 0);
+    vocab = info["vocab_size"].get<int>();
+    eos = info.value("eos_token_ids", std::vector<int32_t>{});
+    max_position = info.value("max_position_embeddings", 4096);
+    dcp = info.value("dcp", 1);
+    heartbeat_ranks = info.value("heartbeat_ranks", std::vector<int>{0});
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InternalError(absl::StrCat("worker sent a malformed ready message: ", e.what()));
+  }
+  if (ranks < 1 || ranks > (1 << 16))
+    return absl::InternalError(
+        absl::StrCat("worker sent a malformed ready message: ", ranks, " ranks"));
+  int max_len = options_.max_model_len > 0 ? options_.max_model_len : max_position;
   max_len = std::min(max_len, kv_blocks * kKvBlockTokens);
-  auto text = ModelText::Load(options_.model_dir, info["vocab_size"].get<int>(), max_len, eos);
-  if (!text.ok()) return text.status();
-  text_ = std::move(*text);
+  const bool first = scheduler_ == nullptr;
+  if (first) {
+    auto text = ModelText::Load(options_.model_dir, vocab, max_len, eos);
+    if (!text.ok()) return text.status();
+    text_ = std::move(*text);
+  } else {
+    // The tokenizer and chat template stay: a job of another model cannot replace this one.
+    if (vocab != text_.vocab_size || eos != text_.eos_ids) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a worker job for another model connected (vocabulary ", vocab, ", expected ",
+          text_.vocab_size, "; or other end-of-sequence tokens): refused; serve ",
+          options_.model_dir, " with it"));
+    }
+  }
   SchedulerConfig sc;
   sc.num_blocks = kv_blocks;
   sc.max_running_seqs = options_.max_running_seqs;
@@ -210,13 +293,22 @@ absl::Status Coordinator::Start() {
   sc.max_prefill_chunk = options_.max_prefill_chunk;
   sc.enable_prefix_caching = options_.prefix_caching;
   sc.vocab_size = text_.vocab_size;
+  // Step ids continue the failed job's: its late results match no step of the new one.
+  sc.first_step_id = first ? 0 : scheduler_->next_step_id();
   auto sched = Scheduler::Create(sc);
   if (!sched.ok()) return sched.status();
   scheduler_ = std::move(*sched);
-  metrics_ =
-      std::make_unique<CoordinatorMetrics>(options_.model_name, options_.metrics_address, ranks_);
+  text_.max_model_len = max_len;  // this job's context (its KV capacity may differ)
+  seen_prefix_queries_ = seen_prefix_hits_ = 0;
+  ranks_ = ranks;
+  if (first) {
+    metrics_ =
+        std::make_unique<CoordinatorMetrics>(options_.model_name, options_.metrics_address, ranks_);
+  } else {
+    metrics_->AddRanks(ranks_);
+  }
   metrics_->kv_blocks_total->Set(kv_blocks);
-  metrics_->kv_dcp_ranks->Set(info.value("dcp", 1));
+  metrics_->kv_dcp_ranks->Set(dcp);
   metrics_->worker_up->Set(1);
   info["name"] = options_.model_name;
   info["max_model_len"] = max_len;
@@ -225,7 +317,39 @@ absl::Status Coordinator::Start() {
   info["tokenizer"] = text_.tokenizer != nullptr;
   info["chat_template"] = text_.chat_template.has_value();
   model_info_json_ = info.dump();
-  last_heartbeat_ = Clock::now();
+  const auto now = Clock::now();
+  job_ = WorkerJob{};
+  job_.ranks = ranks;
+  job_.heartbeat_ranks = heartbeat_ranks;
+  job_.joined = now;
+  // Connections that closed before this `ready` are no longer anyone's (and their beats, seen
+  // while no job was watched, are forgotten below).
+  ReadWorkerMonitor();
+  job_.last_beat[0] = now;  // rank 0 is watched from its `ready` on
+  if (fd >= 0) job_.fd_rank[fd] = 0;
+  job_.worker_fd = fd;
+  // Ranks that beat before the `ready` reached us are watched from now on.
+  for (const auto& [rank, beat_fd] : pending_beats_) {
+    if (rank >= ranks) continue;
+    job_.last_beat[rank] = now;
+    if (beat_fd >= 0) job_.fd_rank[beat_fd] = rank;
+    if (rank == 0) job_.heartbeat_fd = beat_fd;
+  }
+  pending_beats_.clear();
+  last_heartbeat_ = now;
+  last_ping_ = now;
+  step_in_flight_ = false;
+  if (!first) {
+    metrics_->worker_restarts->Increment();
+    metrics_->worker_restart_time->Observe(Seconds(now - failed_at_));
+    std::fprintf(stderr,
+                 "mlaserve-coordinator: a new worker job joined %.1f s after the failure: %d "
+                 "rank(s), %d KV blocks; serving again\n",
+                 Seconds(now - failed_at_), ranks, kv_blocks);
+  }
+  worker_failed_ = false;
+  worker_failure_.clear();
+  UpdateGauges();
   return absl::OkStatus();
 }
 
@@ -233,24 +357,152 @@ void Coordinator::SendReply(const std::string& identity, const std::string& byte
   SendReplyBytes(identity, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
 }
 
-void Coordinator::SendReplyBytes(const std::string& identity, const uint8_t* data, size_t size) {
+Coordinator::SendOutcome Coordinator::TrySend(const std::string& identity, const uint8_t* data,
+                                              size_t size) {
   try {
-    clients_->send(zmq::buffer(identity), zmq::send_flags::sndmore);
+    // Both parts without waiting: with router_mandatory a full queue is EAGAIN on the first
+    // part (a blocking send would stall the whole loop on one client that does not read).
+    if (!clients_->send(zmq::buffer(identity),
+                        zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+      return SendOutcome::kFull;
+    // The queue's limit is checked on the first part only; the second always goes in.
     clients_->send(zmq::const_buffer(data, size), zmq::send_flags::dontwait);
+    return SendOutcome::kSent;
   } catch (const zmq::error_t&) {
-    // The client is gone (router_mandatory): abort everything it had in flight.
-    std::vector<uint64_t> gone;
-    for (const auto& [key, seq] : by_client_) {
-      if (key.first == identity) gone.push_back(seq);
+    return SendOutcome::kGone;  // EHOSTUNREACH: no such peer (router_mandatory)
+  }
+}
+
+void Coordinator::SendReplyBytes(const std::string& identity, const uint8_t* data, size_t size,
+                                 bool stream) {
+  auto it = backlogs_.find(identity);
+  if (it == backlogs_.end()) {
+    switch (TrySend(identity, data, size)) {
+      case SendOutcome::kSent:
+        return;
+      case SendOutcome::kGone:
+        ClientGone(identity);
+        return;
+      case SendOutcome::kFull:
+        break;
     }
-    for (uint64_t seq : gone) {
+    it = backlogs_.emplace(identity, ClientBacklog{}).first;
+    it->second.last_progress = Clock::now();
+  }
+  // Behind what is already waiting, in order.
+  ClientBacklog& q = it->second;
+  if (!stream && q.bytes >= options_.client_backlog_limit_bytes) {
+    metrics_->client_replies_dropped->Increment();  // an error or health answer nobody reads
+    return;
+  }
+  q.frames.emplace_back(reinterpret_cast<const char*>(data), size);
+  q.bytes += static_cast<int64_t>(size);
+  backlog_bytes_ += static_cast<int64_t>(size);
+  metrics_->client_backlog_bytes->Set(static_cast<double>(backlog_bytes_));
+  if (q.bytes > backlog_peak_bytes_) {
+    backlog_peak_bytes_ = q.bytes;
+    metrics_->client_backlog_peak_bytes->Set(static_cast<double>(q.bytes));
+  }
+  if (!q.over_limit && q.bytes > options_.client_backlog_limit_bytes) {
+    q.over_limit = true;
+    slow_clients_.push_back(identity);
+  }
+}
+
+void Coordinator::ClientGone(const std::string& identity) {
+  std::vector<uint64_t> gone;
+  for (auto it = by_client_.lower_bound({identity, 0});
+       it != by_client_.end() && it->first.first == identity; ++it)
+    gone.push_back(it->second);
+  for (uint64_t seq : gone) {
+    auto it = reqs_.find(seq);
+    if (it == reqs_.end()) continue;
+    (void)scheduler_->Abort(seq);
+    metrics_->Finished("abort").Increment();
+    by_client_.erase({it->second->identity, it->second->request_id});
+    reqs_.erase(it);
+  }
+  auto b = backlogs_.find(identity);
+  if (b != backlogs_.end()) {
+    backlog_bytes_ -= b->second.bytes;
+    metrics_->client_backlog_bytes->Set(static_cast<double>(backlog_bytes_));
+    backlogs_.erase(b);
+  }
+}
+
+bool Coordinator::ClientHasRequests(const std::string& identity) const {
+  auto it = by_client_.lower_bound({identity, 0});
+  return it != by_client_.end() && it->first.first == identity;
+}
+
+void Coordinator::FlushBacklogs() {
+  if (backlogs_.empty()) return;
+  const auto now = Clock::now();
+  std::vector<std::string> gone, drained, idle;
+  for (auto& [identity, q] : backlogs_) {
+    bool progress = false;
+    while (!q.frames.empty()) {
+      const std::string& f = q.frames.front();
+      const SendOutcome out =
+          TrySend(identity, reinterpret_cast<const uint8_t*>(f.data()), f.size());
+      if (out == SendOutcome::kFull) break;
+      if (out == SendOutcome::kGone) {
+        gone.push_back(identity);
+        break;
+      }
+      q.bytes -= static_cast<int64_t>(f.size());
+      backlog_bytes_ -= static_cast<int64_t>(f.size());
+      q.frames.pop_front();
+      progress = true;
+    }
+    if (progress) q.last_progress = now;
+    if (q.bytes <= options_.client_backlog_limit_bytes) q.over_limit = false;
+    if (q.frames.empty()) {
+      drained.push_back(identity);
+    } else if (now - q.last_progress > kIdleBacklogDrop && !ClientHasRequests(identity)) {
+      idle.push_back(identity);
+    }
+  }
+  for (const std::string& identity : drained) backlogs_.erase(identity);
+  for (const std::string& identity : idle) {
+    auto it = backlogs_.find(identity);
+    if (it == backlogs_.end()) continue;
+    std::fprintf(stderr,
+                 "mlaserve-coordinator: client %s read nothing for %lld s: dropped its %zu "
+                 "waiting replies (%lld bytes)\n",
+                 PrintableIdentity(identity).c_str(),
+                 static_cast<long long>(kIdleBacklogDrop.count()), it->second.frames.size(),
+                 static_cast<long long>(it->second.bytes));
+    metrics_->client_replies_dropped->Increment(static_cast<double>(it->second.frames.size()));
+    backlog_bytes_ -= it->second.bytes;
+    backlogs_.erase(it);
+  }
+  for (const std::string& identity : gone) ClientGone(identity);
+  metrics_->client_backlog_bytes->Set(static_cast<double>(backlog_bytes_));
+}
+
+void Coordinator::AbortSlowClients() {
+  std::vector<std::string> slow;
+  slow.swap(slow_clients_);
+  for (const std::string& identity : slow) {
+    auto b = backlogs_.find(identity);
+    if (b == backlogs_.end() || !b->second.over_limit) continue;  // drained meanwhile, or gone
+    std::vector<uint64_t> seqs;
+    for (auto it = by_client_.lower_bound({identity, 0});
+         it != by_client_.end() && it->first.first == identity; ++it)
+      seqs.push_back(it->second);
+    if (seqs.empty()) continue;
+    const std::string why =
+        absl::StrCat("aborted: the client is not reading its replies (", b->second.bytes,
+                     " bytes waiting for it, limit ", options_.client_backlog_limit_bytes, ")");
+    std::fprintf(stderr, "mlaserve-coordinator: client %s: %s; aborting its %zu request(s)\n",
+                 PrintableIdentity(identity).c_str(), why.c_str(), seqs.size());
+    for (uint64_t seq : seqs) {
       auto it = reqs_.find(seq);
       if (it == reqs_.end()) continue;
-      auto ev = scheduler_->Abort(seq);
-      (void)ev;
-      metrics_->Finished("abort").Increment();
-      by_client_.erase({it->second->identity, it->second->request_id});
-      reqs_.erase(it);
+      (void)scheduler_->Abort(seq);
+      metrics_->client_backlog_aborts->Increment();
+      FinishRequest(*it->second, "abort", why);  // the final joins the backlog, in order
     }
   }
 }
@@ -289,8 +541,12 @@ void Coordinator::HandleClientMessage(const std::string& identity, const std::st
         r.setRequestId(request_id);
         auto h = r.initHealth();
         h.setOk(!worker_failed_ && !draining_);
-        h.setDetail(worker_failed_ ? absl::StrCat("worker job failed: ", worker_failure_)
-                    : draining_    ? std::string("shutting down")
+        h.setDetail(worker_failed_
+                        ? absl::StrCat("worker job failed: ", worker_failure_,
+                                       "; no worker job for ",
+                                       absl::StrFormat("%.1f", Seconds(Clock::now() - failed_at_)),
+                                       " s, waiting for a new one (the launcher restarts it)")
+                    : draining_ ? std::string("shutting down")
                                 : absl::StrCat("running ", scheduler_->num_running(), ", waiting ",
                                                scheduler_->num_waiting(), ", ranks ", ranks_));
         SendReply(identity, Bytes(msg));
@@ -327,7 +583,14 @@ void Coordinator::HandleClientMessage(const std::string& identity, const std::st
     }
     if (worker_failed_) {
       SendError(identity, request_id, static_cast<int>(wire::ErrorCode::WORKER_FAILED),
-                absl::StrCat("worker job failed: ", worker_failure_));
+                absl::StrCat("worker job failed: ", worker_failure_,
+                             "; no worker job is serving until a new one joins (the launcher "
+                             "restarts it): retry in a few seconds"));
+      return;
+    }
+    if (auto b = backlogs_.find(identity); b != backlogs_.end() && b->second.over_limit) {
+      SendError(identity, request_id, static_cast<int>(wire::ErrorCode::OVERLOADED),
+                "this client is not reading its replies: read them before asking for more");
       return;
     }
     if (draining_) {
@@ -488,21 +751,60 @@ void Coordinator::MaybeSendStep() {
   UpdateGauges();
 }
 
-void Coordinator::HandleWorkerMessage(const std::string& identity, const std::string& bytes) {
-  if (identity == "heartbeat") {
-    last_heartbeat_ = Clock::now();
+void Coordinator::HandleWorkerMessage(const std::string& identity, const std::string& bytes,
+                                      int fd) {
+  const auto t0 = Clock::now();
+  if (const int rank = HeartbeatRank(identity); rank >= 0) {
+    // While no job is watched, beats wait for the next job's `ready` (they may come first).
+    if (worker_failed_) {
+      pending_beats_[rank] = fd;
+      return;
+    }
+    if (rank >= job_.ranks) return;
+    job_.last_beat[rank] = t0;
+    if (rank == 0) last_heartbeat_ = t0;
+    MapWorkerConnection(fd, rank);
+    if (rank == 0 && !worker_failed_) job_.heartbeat_fd = fd;
     return;
   }
   if (identity != "worker") return;
-  last_heartbeat_ = Clock::now();
   auto words = Words(bytes);
   if (words.size() == 0) {
-    FailAll("worker sent a malformed step result");
+    if (!worker_failed_) FailAll("worker rank 0 sent a malformed step result");
     return;
   }
-  const auto t0 = Clock::now();
   capnp::FlatArrayMessageReader reader(words);
   auto r = reader.getRoot<wire::StepResult>();
+  if (r.isReady()) {
+    // A new job's rank 0. One that announces itself while a job serves means the serving job's
+    // rank 0 is gone (its connection closed and this one took its name): its close is reported
+    // by now, and names the rank.
+    if (!worker_failed_) ReadWorkerMonitor();
+    if (!worker_failed_) {
+      FailAll(
+          "worker rank 0 of a new worker job connected while the previous job was serving "
+          "(the previous job is gone)");
+    }
+    if (auto s = AcceptWorkerJob(r.getReady().cStr(), fd); !s.ok()) {
+      worker_failure_ = std::string(s.message());
+      std::fprintf(stderr, "mlaserve-coordinator: %s\n", worker_failure_.c_str());
+      StopWorkerJob(/*to_main=*/true, /*to_heartbeat=*/true);  // the refused job's own names
+    }
+    return;
+  }
+  if (worker_failed_) {
+    // A restarted job that could not load says why; anything else is a failed job's leftover.
+    if (r.isError() && r.getStepId() == 0) {
+      worker_failure_ = absl::StrCat("a new worker job failed to start: ", r.getError().cStr());
+      std::fprintf(stderr, "mlaserve-coordinator: %s\n", worker_failure_.c_str());
+    }
+    return;
+  }
+  last_heartbeat_ = t0;
+  job_.last_beat[0] = t0;
+  MapWorkerConnection(fd, 0);
+  if (worker_failed_) return;  // the mapping found a closed connection of this job
+  job_.worker_fd = fd;
   if (r.isError()) {
     FailAll(absl::StrCat("worker step failed: ", r.getError().cStr()));
     return;
@@ -539,7 +841,7 @@ void Coordinator::HandleWorkerMessage(const std::string& identity, const std::st
 void Coordinator::Emit(const std::string& identity, bool batched, const uint8_t* data,
                        size_t size) {
   if (!collecting_ || !batched) {
-    SendReplyBytes(identity, data, size);
+    SendReplyBytes(identity, data, size, /*stream=*/true);
     return;
   }
   std::vector<uint64_t>& frame = batches_[identity];
@@ -558,7 +860,7 @@ void Coordinator::FlushBatches() {
     if (frame.empty()) continue;
     // A failed send (client gone) aborts that client's requests; batches_ is not touched.
     SendReplyBytes(identity, reinterpret_cast<const uint8_t*>(frame.data()),
-                   frame.size() * sizeof(uint64_t));
+                   frame.size() * sizeof(uint64_t), /*stream=*/true);
     frame.clear();
   }
   if (batches_.size() > 1024) batches_.clear();  // forget idle clients' buffers
@@ -624,7 +926,8 @@ void Coordinator::ProcessEvents(const std::vector<SeqEvent>& events,
   UpdateGauges();
 }
 
-void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::string& message) {
+void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::string& message,
+                                int error_code) {
   const auto now = Clock::now();
   // Whatever the stop matcher held back is part of the text unless a stop string matched.
   std::string tail;
@@ -647,6 +950,7 @@ void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::st
   f.setFinishReason(WireReason(reason));
   f.setText(r.text);
   f.setMessage(message);
+  if (error_code >= 0) f.setErrorCode(static_cast<wire::ErrorCode>(error_code));
   auto ids = f.initTokenIds(r.output.size());
   for (size_t i = 0; i < r.output.size(); ++i) ids.set(i, r.output[i]);
   auto u = f.initUsage();
@@ -673,19 +977,123 @@ void Coordinator::FinishRequest(Req& r, const std::string& reason, const std::st
 }
 
 void Coordinator::FailAll(const std::string& message) {
+  if (worker_failed_) return;
   worker_failed_ = true;
+  failed_at_ = Clock::now();
   worker_failure_ = message;
   metrics_->worker_up->Set(0);
-  std::fprintf(stderr, "mlaserve-coordinator: %s\n", message.c_str());
+  metrics_->worker_failures->Increment();
+  std::fprintf(stderr,
+               "mlaserve-coordinator: worker job failed: %s; failing %zu request(s) in flight "
+               "and waiting for a new worker job\n",
+               message.c_str(), reqs_.size());
   std::vector<uint64_t> seqs;
   for (const auto& [seq, _] : reqs_) seqs.push_back(seq);
   for (uint64_t seq : seqs) {
     auto it = reqs_.find(seq);
     if (it == reqs_.end()) continue;
     (void)scheduler_->Abort(seq);
-    FinishRequest(*it->second, "error", absl::StrCat("worker job failed: ", message));
+    FinishRequest(*it->second, "error", absl::StrCat("worker job failed: ", message),
+                  static_cast<int>(wire::ErrorCode::WORKER_FAILED));
   }
+  step_in_flight_ = false;
+  // What is left of the job is told to stop through rank 0's connections that are still open:
+  // a closed one's name may already be the next job's rank 0 (unknown ones are tried).
+  ReadWorkerMonitor();
+  auto open = [this](int fd) { return fd < 0 || job_.fd_rank.count(fd) > 0; };
+  StopWorkerJob(open(job_.worker_fd), open(job_.heartbeat_fd));
+  job_.fd_rank.clear();
+  job_.last_beat.clear();
+  pending_beats_.clear();
   UpdateGauges();
+}
+
+void Coordinator::StopWorkerJob(bool to_main, bool to_heartbeat) {
+  capnp::MallocMessageBuilder msg(kReplyWords);
+  auto p = msg.initRoot<wire::StepPlan>();
+  p.setStepId(0);
+  p.setShutdown();
+  const std::string bytes = Bytes(msg);
+  // To rank 0's main loop, and to its heartbeat thread (which ends the process when the main
+  // loop does not: a rank stuck in a step). Peers that are gone take nothing.
+  for (const char* to : {"worker", "heartbeat"}) {
+    if (!(std::string(to) == "worker" ? to_main : to_heartbeat)) continue;
+    worker_->send(zmq::buffer(std::string(to)), zmq::send_flags::sndmore);
+    worker_->send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+  }
+}
+
+void Coordinator::MapWorkerConnection(int fd, int rank) {
+  if (fd < 0) return;
+  auto it = job_.fd_rank.find(fd);
+  if (it != job_.fd_rank.end() && it->second == rank) return;
+  // A connection not seen before. Its descriptor may be a closed connection's, reused: the
+  // close (and this connection's accept) were reported before any of its messages could be
+  // read, so reading the events now attributes that close to the connection it was for.
+  ReadWorkerMonitor();
+  if (!worker_failed_) job_.fd_rank[fd] = rank;
+}
+
+void Coordinator::ReadWorkerMonitor() {
+  for (;;) {
+    // A monitor event: one frame of a uint16 event and a uint32 value (the connection's file
+    // descriptor), one frame of the endpoint.
+    zmq::message_t event, address;
+    if (!worker_monitor_->recv(event, zmq::recv_flags::dontwait)) return;
+    if (worker_monitor_->get(zmq::sockopt::rcvmore)) (void)worker_monitor_->recv(address);
+    if (event.size() < 6) continue;
+    uint16_t kind;
+    uint32_t value;
+    std::memcpy(&kind, event.data(), sizeof(kind));
+    std::memcpy(&value, static_cast<const char*>(event.data()) + 2, sizeof(value));
+    if (kind != ZMQ_EVENT_DISCONNECTED) continue;  // an accept maps nothing by itself
+    const int fd = static_cast<int>(value);
+    for (auto p = pending_beats_.begin(); p != pending_beats_.end();) {
+      p = p->second == fd ? pending_beats_.erase(p) : std::next(p);
+    }
+    auto it = job_.fd_rank.find(fd);
+    if (it == job_.fd_rank.end()) continue;
+    const int rank = it->second;
+    job_.fd_rank.erase(it);
+    if (!worker_failed_) {
+      FailAll(absl::StrCat("worker rank ", rank,
+                           " is gone: its connection to the coordinator closed (the process "
+                           "died or was killed)"));
+    }
+  }
+}
+
+void Coordinator::CheckWorkerLiveness(Clock::time_point now) {
+  if (worker_failed_) return;
+  for (const auto& [rank, last] : job_.last_beat) {
+    if (now - last > options_.heartbeat_timeout) {
+      FailAll(
+          absl::StrCat("no heartbeat from worker rank ", rank, " for ",
+                       std::chrono::duration_cast<std::chrono::milliseconds>(now - last).count(),
+                       " ms (the rank hung or its host is unreachable)"));
+      return;
+    }
+  }
+  if (step_in_flight_ && now - step_sent_ > options_.step_timeout) {
+    FailAll(absl::StrCat("step ", in_flight_step_, " did not finish within ",
+                         options_.step_timeout.count(), " ms (a rank stopped answering)"));
+    return;
+  }
+  // A rank that said it would beat and never did is not watched (its beats may not reach this
+  // host); its death is then seen through rank 0 only. Said once.
+  if (!job_.warned_silent && now - job_.joined > 4 * options_.heartbeat_timeout) {
+    job_.warned_silent = true;
+    std::string silent;
+    for (int rank : job_.heartbeat_ranks) {
+      if (!job_.last_beat.count(rank)) absl::StrAppend(&silent, silent.empty() ? "" : ", ", rank);
+    }
+    if (!silent.empty()) {
+      std::fprintf(stderr,
+                   "mlaserve-coordinator: warning: worker rank(s) %s send no heartbeat (can they "
+                   "reach %s?): a death there is seen only when rank 0 goes too\n",
+                   silent.c_str(), options_.worker_endpoint.c_str());
+    }
+  }
 }
 
 void Coordinator::UpdateGauges() {
@@ -705,22 +1113,32 @@ void Coordinator::UpdateGauges() {
 int Coordinator::Run() {
   for (;;) {
     zmq::pollitem_t items[] = {{clients_->handle(), 0, ZMQ_POLLIN, 0},
-                               {worker_->handle(), 0, ZMQ_POLLIN, 0}};
+                               {worker_->handle(), 0, ZMQ_POLLIN, 0},
+                               {worker_monitor_->handle(), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(50));
+      // Replies waiting for slow clients are retried often; otherwise nothing is due sooner.
+      zmq::poll(items, 3, std::chrono::milliseconds(backlogs_.empty() ? 50 : 5));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;  // a signal (SIGTERM: drain) interrupted the wait
-      items[0].revents = items[1].revents = 0;
+      items[0].revents = items[1].revents = items[2].revents = 0;
     }
+    // Connection events before messages: a message read below may come from a connection that
+    // replaced a closed one on the same descriptor, and must not be taken for the closed one.
+    if (items[2].revents & ZMQ_POLLIN) ReadWorkerMonitor();
     if (items[1].revents & ZMQ_POLLIN) {
       // Worker first: results free blocks for the clients' new requests.
-      for (int n = 0; n < 64; ++n) {
+      // All that is there (results, beats: a few a second per rank), so that the liveness check
+      // below never sees a beat still queued as missing.
+      for (;;) {
         zmq::message_t id, body;
         if (!worker_->recv(id, zmq::recv_flags::dontwait)) break;
         if (!worker_->recv(body)) break;
-        HandleWorkerMessage(id.to_string(), body.to_string());
+        HandleWorkerMessage(id.to_string(), body.to_string(), SourceFd(body));
       }
     }
+    // Right after reading the worker socket: a beat counts when it is read, so a long stretch of
+    // client work below (a burst of requests to tokenize and render) must not pass for silence.
+    CheckWorkerLiveness(Clock::now());
     if (items[0].revents & ZMQ_POLLIN) {
       for (int n = 0; n < 256; ++n) {
         zmq::message_t id;
@@ -736,16 +1154,8 @@ int Coordinator::Run() {
       }
     }
     const auto now = Clock::now();
-    if (!worker_failed_) {
-      if (now - last_heartbeat_ > options_.heartbeat_timeout) {
-        FailAll(absl::StrCat("no heartbeat from worker rank 0 for ",
-                             options_.heartbeat_timeout.count(),
-                             " ms (a rank died or the job was killed)"));
-      } else if (step_in_flight_ && now - step_sent_ > options_.step_timeout) {
-        FailAll(absl::StrCat("step ", in_flight_step_, " did not finish within ",
-                             options_.step_timeout.count(), " ms (a rank stopped answering)"));
-      }
-    }
+    AbortSlowClients();
+    FlushBacklogs();
     MaybeSendStep();
     // While idle, a ping a second tells the workers the coordinator is alive: orphaned workers
     // (coordinator killed) stop by themselves after their --coordinator-timeout.
@@ -776,12 +1186,9 @@ int Coordinator::Run() {
       }
       break;
     }
-    if (worker_failed_ && reqs_.empty() && !draining_) {
-      // Serve health for a moment so that monitors see the failure, then exit non-zero.
-      static auto failed_at = now;
-      if (now - failed_at > std::chrono::seconds(2)) return 1;
-    }
   }
+  // What the sockets take of the last replies (no wait for clients that do not read).
+  FlushBacklogs();
   if (!worker_failed_) {
     capnp::MallocMessageBuilder msg;
     auto p = msg.initRoot<wire::StepPlan>();

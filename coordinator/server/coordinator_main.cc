@@ -4,9 +4,13 @@
 //       [--metrics 0.0.0.0:9400] [--name NAME] [--max-running N] [--max-step-tokens N]
 //       [--max-waiting N] [--prefill-chunk N] [--max-model-len N] [--no-prefix-cache]
 //       [--heartbeat-timeout-ms N] [--step-timeout-ms N] [--drain-timeout-ms N]
-//       [--worker-start-timeout-ms N]
+//       [--worker-start-timeout-ms N] [--client-backlog-limit-bytes N]
 //       [--curve-secret-key FILE --curve-allowed-clients FILE] [--worker-curve-key FILE]
 // SIGTERM/SIGINT drain in-flight requests up to the drain timeout, then abort the rest.
+// A failed worker job (a rank died or hung) fails the requests in flight and the coordinator
+// waits for a new job (deploy/mlaserve-launch restarts it); --heartbeat-timeout-ms (10000) is how
+// long each rank may go without a beat. --client-backlog-limit-bytes (16 MiB): replies held for a
+// client that does not read them, past which its requests are aborted.
 // --curve-secret-key (the server's key pair, mode 0600) and --curve-allowed-clients (one client
 // public key a line) make the client socket CURVE-authenticated and encrypted; --worker-curve-key
 // does the same for the worker socket with the job's key pair (deploy/mlaserve-launch makes one
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
     else if (a == "--step-timeout-ms") ok = ms(&o.step_timeout);
     else if (a == "--drain-timeout-ms") ok = ms(&o.drain_timeout);
     else if (a == "--worker-start-timeout-ms") ok = ms(&o.worker_start_timeout);
+    else if (a == "--client-backlog-limit-bytes") ok = num(&o.client_backlog_limit_bytes) && o.client_backlog_limit_bytes > 0;
     else return Usage("unknown argument " + a);
     if (!ok) return Usage(a + ": bad value " + v);
   }

@@ -47,6 +47,21 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& model, const std::stri
   kv_dcp_ranks = gauge("mlaserve_kv_cache_dcp_ranks",
                        "Ranks the KV cache is split over (decode context parallelism; 1: none)");
   worker_up = gauge("mlaserve_worker_up", "1 while the worker job answers, 0 once it failed");
+  worker_failures = counter("mlaserve_worker_failures_total",
+                            "Worker jobs found failed (a rank died or hung, a step failed)");
+  worker_restarts = counter("mlaserve_worker_restarts_total",
+                            "Worker jobs that joined after a failed one (restarts)");
+  worker_restart_time = hist("mlaserve_worker_restart_seconds",
+                             "Worker job failure detected to the next job's ready message",
+                             {0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200});
+  client_backlog_bytes = gauge("mlaserve_client_backlog_bytes",
+                               "Reply bytes held for clients that are not reading (all clients)");
+  client_backlog_peak_bytes = gauge("mlaserve_client_backlog_peak_bytes",
+                                    "Largest reply backlog one client has had, bytes");
+  client_backlog_aborts = counter("mlaserve_client_backlog_aborts_total",
+                                  "Requests aborted because their client stopped reading replies");
+  client_replies_dropped = counter("mlaserve_client_replies_dropped_total",
+                                   "Replies dropped for clients that stopped reading");
   ttft = hist("mlaserve_time_to_first_token_seconds", "Arrival to first token", LatencyBuckets());
   itl = hist("mlaserve_inter_token_latency_seconds", "Time between consecutive tokens of a request", LatencyBuckets());
   e2e = hist("mlaserve_e2e_request_latency_seconds", "Arrival to final reply", LatencyBuckets());
@@ -59,13 +74,21 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& model, const std::stri
   step_time = hist("mlaserve_step_seconds", "Step round trip seen by the coordinator", FastBuckets());
   coordinator_time = hist("mlaserve_coordinator_step_overhead_seconds", "Scheduling, plan encoding and result handling per step", FastBuckets());
   sample_time = hist("mlaserve_worker_sample_seconds", "Sampling time on rank 0 per step", FastBuckets());
-  auto& fwd = BuildHistogram().Name("mlaserve_worker_forward_seconds").Help("Forward pass time per step, by rank").Register(*registry_);
-  for (int r = 0; r < ranks; ++r) {
-    rank_forward.push_back(&fwd.Add({{"model", model}, {"rank", std::to_string(r)}}, FastBuckets()));
-  }
+  forward_ = &BuildHistogram()
+                  .Name("mlaserve_worker_forward_seconds")
+                  .Help("Forward pass time per step, by rank")
+                  .Register(*registry_);
+  AddRanks(ranks);
   if (!bind_address.empty()) {
     exposer_ = std::make_unique<Exposer>(bind_address);
     exposer_->RegisterCollectable(registry_);
+  }
+}
+
+void CoordinatorMetrics::AddRanks(int ranks) {
+  for (int r = static_cast<int>(rank_forward.size()); r < ranks; ++r) {
+    rank_forward.push_back(
+        &forward_->Add({{"model", model_}, {"rank", std::to_string(r)}}, FastBuckets()));
   }
 }
 

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "capnp/message.h"
@@ -55,6 +56,9 @@ class FakeWorker {
     std::chrono::microseconds step_delay{0};
     int vocab = 512;
     int kv_blocks = 4096;
+    // Ranks of the job: rank 0 answers steps and beats as "heartbeat"; ranks 1.. beat as
+    // "heartbeat-R", each on a socket of its own, as the real ranks do.
+    int ranks = 1;
   };
 
   explicit FakeWorker(Options o) : o_(std::move(o)) {
@@ -65,6 +69,12 @@ class FakeWorker {
     thread_.join();
   }
   int steps() const { return steps_.load(); }
+  // As if rank r died: its sockets close (rank 0: the job stops answering, too).
+  void KillRank(int r) { kill_rank_.store(r); }
+  // As if rank r hung: its beats stop, its connection stays.
+  void SilenceRank(int r) { silent_rank_.store(r); }
+  // True once the coordinator sent a shutdown (it ends the job it gave up on, or drains).
+  bool told_to_stop() const { return told_to_stop_.load(); }
 
  private:
   void Configure(zmq::socket_t& s, const char* routing_id) {
@@ -85,39 +95,60 @@ class FakeWorker {
   }
   void Serve() {
     zmq::context_t ctx(1);
-    zmq::socket_t sock(ctx, zmq::socket_type::dealer), hb(ctx, zmq::socket_type::dealer);
+    zmq::socket_t sock(ctx, zmq::socket_type::dealer);
+    std::vector<std::unique_ptr<zmq::socket_t>> hb;
+    for (int r = 0; r < o_.ranks; ++r) {
+      hb.push_back(std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer));
+      Configure(*hb.back(), r == 0 ? "heartbeat" : ("heartbeat-" + std::to_string(r)).c_str());
+    }
     Configure(sock, "worker");
-    Configure(hb, "heartbeat");
     {
-      const nlohmann::json info = {{"model", "fake"},
-                                   {"ranks", 1},
-                                   {"kv_format", "none"},
-                                   {"kv_blocks", o_.kv_blocks},
-                                   {"vocab_size", o_.vocab},
-                                   {"max_position_embeddings", 1 << 20},
-                                   {"eos_token_ids", nlohmann::json::array()},
-                                   {"backend", "fake"}};
+      nlohmann::json info = {{"model", "fake"},
+                             {"ranks", o_.ranks},
+                             {"kv_format", "none"},
+                             {"kv_blocks", o_.kv_blocks},
+                             {"vocab_size", o_.vocab},
+                             {"max_position_embeddings", 1 << 20},
+                             {"eos_token_ids", nlohmann::json::array()},
+                             {"backend", "fake"}};
+      std::vector<int> beating;
+      for (int r = 0; r < o_.ranks; ++r) beating.push_back(r);
+      info["heartbeat_ranks"] = beating;
       capnp::MallocMessageBuilder msg;
       msg.initRoot<wire::StepResult>().setReady(info.dump());
       Send(sock, msg);
     }
     capnp::MallocMessageBuilder beat;
     beat.initRoot<wire::StepResult>().setPong();
-    auto last_beat = std::chrono::steady_clock::now();
+    auto last_beat = std::chrono::steady_clock::now() - std::chrono::seconds(1);
     while (!stop_.load()) {
+      const int dead = kill_rank_.exchange(-1);
+      if (dead == 0) return;  // every socket closes with the context
+      if (dead > 0 && dead < o_.ranks) hb[dead].reset();
       if (std::chrono::steady_clock::now() - last_beat > std::chrono::milliseconds(250)) {
-        Send(hb, beat);
+        for (int r = 0; r < o_.ranks; ++r) {
+          if (hb[r] != nullptr && r != silent_rank_.load()) Send(*hb[r], beat);
+        }
         last_beat = std::chrono::steady_clock::now();
       }
-      zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0) continue;
+      zmq::pollitem_t items[] = {{sock.handle(), 0, ZMQ_POLLIN, 0},
+                                 {hb[0]->handle(), 0, ZMQ_POLLIN, 0}};
+      if (zmq::poll(items, 2, std::chrono::milliseconds(50)) == 0) continue;
+      if (items[1].revents & ZMQ_POLLIN) {
+        zmq::message_t m;
+        if (hb[0]->recv(m, zmq::recv_flags::dontwait)) told_to_stop_.store(true);
+      }
+      if (!(items[0].revents & ZMQ_POLLIN)) continue;
       zmq::message_t m;
       if (!sock.recv(m) || m.size() % sizeof(capnp::word) != 0) continue;
       kj::Array<capnp::word> words = kj::heapArray<capnp::word>(m.size() / sizeof(capnp::word));
       std::memcpy(words.begin(), m.data(), m.size());
       capnp::FlatArrayMessageReader reader(words);
       auto plan = reader.getRoot<wire::StepPlan>();
-      if (plan.isShutdown()) break;
+      if (plan.isShutdown()) {
+        told_to_stop_.store(true);
+        break;
+      }
       if (!plan.isStep()) continue;
       if (o_.step_delay.count() > 0) std::this_thread::sleep_for(o_.step_delay);
       capnp::MallocMessageBuilder msg;
@@ -141,6 +172,9 @@ class FakeWorker {
 
   Options o_;
   std::atomic<bool> stop_{false};
+  std::atomic<int> kill_rank_{-1};
+  std::atomic<int> silent_rank_{-1};
+  std::atomic<bool> told_to_stop_{false};
   std::atomic<int> steps_{0};
   std::thread thread_;
 };
@@ -157,6 +191,7 @@ class InProcessCoordinator {
     run_ = std::thread([this] { rc_ = coordinator_->Run(); });
     return absl::OkStatus();
   }
+  int metrics_port() const { return coordinator_ ? coordinator_->metrics_port() : 0; }
   int Stop() {
     if (run_.joinable()) {
       coordinator_->RequestShutdown();

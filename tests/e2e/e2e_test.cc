@@ -2,7 +2,8 @@
 // ZeroMQ. Greedy outputs equal transformers' golden continuation however requests are batched;
 // seeded sampling is reproducible; aborts and KV pressure (preemption) change nothing in other
 // outputs; prefix reuse hits; malformed input gets an error and the server stays up; every
-// request gets exactly one final; a dead worker job fails every request and the coordinator.
+// request gets exactly one final; a dead worker job fails every request in flight, and the
+// coordinator serves the next one.
 // The workers use the lossless f32 cache so that outputs can be compared with the oracle
 // exactly (see tests/model/golden_test.cc for why bf16 cannot be, on these random models).
 #include <cstdlib>
@@ -532,17 +533,20 @@ TEST(E2eDrainTest, SigtermDrainsThenAbortsTheRest) {
   EXPECT_NE(finals[*long_id].message.find("shut down"), std::string::npos) << finals[*long_id].message;
 }
 
-// Killing the worker job fails every in-flight request with finish reason error, health reports
-// it, and the coordinator exits non-zero.
-TEST(E2eWorkerFailureTest, DeadWorkerFailsRequestsAndCoordinator) {
+// Killing the worker job (mpirun and every rank) fails the request in flight with finish reason
+// error and code workerFailed; the coordinator stays up, says why in its health answer, refuses
+// new requests with workerFailed, and serves a new worker job (started here as a launcher would)
+// on the same client connection, with the same greedy output as before. The launcher's own
+// restarts, killing one rank: tests/e2e/worker_restart_test.cc.
+TEST(E2eWorkerFailureTest, DeadWorkerJobFailsRequestsAndTheCoordinatorServesTheNextOne) {
   ServerProcesses server;
   ServerOptions o;
   o.model_dir = FixtureDir(E2eModel());
-  o.coordinator_args = {"--heartbeat-timeout-ms", "1500"};
   const std::string err = server.Start(o);
   ASSERT_EQ(err, "") << err;
   auto c = Client::Connect(server.endpoint());
   ASSERT_TRUE(c.ok());
+  const auto before = RunAll(**c, {Greedy({5, 6, 7}, 12)})[0].final.token_ids;
   auto id = (*c)->Submit(Greedy({1, 2, 3, 4}, 2000));  // within every fixture's context
   ASSERT_TRUE(id.ok());
   auto first = (*c)->Next(30s);
@@ -559,13 +563,32 @@ TEST(E2eWorkerFailureTest, DeadWorkerFailsRequestsAndCoordinator) {
     }
   }
   const double detect_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
-  std::printf("[e2e] worker death detected after %.2f s\n", detect_s);
+  std::printf("[e2e] worker job death detected after %.2f s\n", detect_s);
   EXPECT_EQ(final.finish_reason, "error");
-  EXPECT_NE(final.message.find("worker"), std::string::npos) << final.message;
-  EXPECT_LT(detect_s, 5.0);
+  EXPECT_EQ(final.error_code, "workerFailed");
+  EXPECT_NE(final.message.find("worker job failed: worker rank"), std::string::npos) << final.message;
+  EXPECT_LT(detect_s, 2.0);  // issue 19
   auto h = (*c)->Health();
-  if (h.ok()) EXPECT_FALSE(h->ok);
-  EXPECT_EQ(server.WaitCoordinator(std::chrono::seconds(20)), 1) << server.Logs();
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_FALSE(h->ok);
+  EXPECT_NE(h->text.find("worker job failed"), std::string::npos) << h->text;
+  auto refused = RunAll(**c, {Greedy({1, 2}, 4)});
+  EXPECT_EQ(refused[0].final.kind, Reply::Kind::kError);
+  EXPECT_EQ(refused[0].final.error_code, "workerFailed");
+  EXPECT_EQ(server.WaitCoordinator(std::chrono::seconds(1)), -1) << "the coordinator exited\n" << server.Logs();
+
+  server.RestartWorkers();
+  bool healthy = false;
+  for (const auto deadline = std::chrono::steady_clock::now() + 90s;
+       !healthy && std::chrono::steady_clock::now() < deadline;) {
+    auto again = (*c)->Health(1s);
+    healthy = again.ok() && again->ok;
+    if (!healthy) std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(healthy) << server.Logs();
+  EXPECT_EQ(RunAll(**c, {Greedy({5, 6, 7}, 12)})[0].final.token_ids, before);
+  EXPECT_EQ(server.MetricValue("mlaserve_worker_restarts_total"), 1.0);
+  EXPECT_EQ(server.Stop(), 0) << server.Logs();
 }
 
 }  // namespace

@@ -2,26 +2,27 @@
 // in a private temporary folder, and stops them.
 #pragma once
 
-#include <signal.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
-#include <cstdlib>
 #include <thread>
 #include <vector>
 
 #include "coordinator/client/client.h"
+#include "tests/metrics_scrape.h"
 
 extern char** environ;
 
@@ -90,6 +91,7 @@ class ServerProcesses {
       workers.push_back("on");
     }
     workers.insert(workers.end(), o.worker_args.begin(), o.worker_args.end());
+    worker_command_ = workers;
     workers_ = Spawn(workers, (dir_ / "workers.log").string());
     // Ready when health answers ok.
     auto c = Client::Connect(client_endpoint_, o.client_security);
@@ -128,6 +130,33 @@ class ServerProcesses {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     // mpirun's children are orphaned by SIGKILL to mpirun: kill them by name.
     std::system(("pkill -9 -f '" + E2eBin("MLASERVE_WORKER_BIN", MLASERVE_WORKER_BIN) + ".*" + dir_.filename().string() + "' >/dev/null 2>&1").c_str());
+  }
+
+  // Starts the worker job again (after it died), as a launcher would; the coordinator takes
+  // its `ready`. The old job's mpirun is reaped first.
+  void RestartWorkers() {
+    if (workers_ > 0 && Wait(workers_, std::chrono::seconds(20)) == -1) KillWorkers();
+    Wait(workers_, std::chrono::seconds(5));
+    workers_ = Spawn(worker_command_, (dir_ / "workers-restarted.log").string());
+  }
+
+  // SIGKILL to worker rank `rank` alone (found by its OMPI_COMM_WORLD_RANK), as a crash or the
+  // OOM killer would; returns false when no such rank runs.
+  bool KillRank(int rank) {
+    for (pid_t pid : WorkerPids()) {
+      std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+      const std::string env((std::istreambuf_iterator<char>(in)), {});
+      const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+      for (size_t at = 0; at < env.size();) {
+        const size_t end = env.find('\0', at);
+        if (env.compare(at, (end == std::string::npos ? env.size() : end) - at, want) == 0) {
+          return kill(pid, SIGKILL) == 0;
+        }
+        if (end == std::string::npos) break;
+        at = end + 1;
+      }
+    }
+    return false;
   }
 
   // The worker ranks' process ids: processes whose argv[0] is the worker binary and whose
@@ -176,7 +205,7 @@ class ServerProcesses {
 
   std::string Logs() const {
     std::string out;
-    for (const char* f : {"coordinator.log", "workers.log"}) {
+    for (const char* f : {"coordinator.log", "workers.log", "workers-restarted.log"}) {
       std::ifstream in(dir_ / f);
       out += std::string("--- ") + f + "\n" + std::string((std::istreambuf_iterator<char>(in)), {});
     }
@@ -184,32 +213,10 @@ class ServerProcesses {
   }
 
   // GET /metrics from the coordinator's exposer.
-  std::string Metrics() const {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(metrics_port_));
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    std::string body;
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-      (void)!write(fd, req.data(), req.size());
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, n);
-    }
-    close(fd);
-    return body;
-  }
+  std::string Metrics() const { return ScrapeMetrics(metrics_port_); }
 
   // The value of the first sample of `name` (exact series name, e.g. "mlaserve_preemptions_total").
-  double MetricValue(const std::string& name) const {
-    const std::string text = Metrics();
-    std::regex re("\\n" + name + "(\\{[^}]*\\})? ([0-9.eE+-]+)");
-    std::smatch m;
-    if (std::regex_search(text, m, re)) return std::stod(m[2].str());
-    return -1;
-  }
+  double MetricValue(const std::string& name) const { return MetricSample(Metrics(), name); }
 
  private:
   static pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
@@ -254,6 +261,7 @@ class ServerProcesses {
   std::string client_endpoint_;
   pid_t coordinator_ = -1;
   pid_t workers_ = -1;
+  std::vector<std::string> worker_command_;
   int metrics_port_ = 0;
 };
 

@@ -21,11 +21,17 @@
 // Every rank loads its shard; if any rank fails, every rank exits with "rank R: cause". Rank 0
 // connects to the coordinator's worker socket, announces itself with a `ready` result, then
 // receives step plans, broadcasts them to the other ranks over MPI, runs the step on every rank
-// and answers with the sampled tokens. A second socket on rank 0 sends a heartbeat every 250 ms
-// so that the coordinator notices a dead job within a second or two.
+// and answers with the sampled tokens. Every rank that can reach the coordinator (rank 0's
+// host, or any host when the worker socket is not on loopback; with CURVE, only ranks that can
+// read the key file) sends a heartbeat every 250 ms on a socket of its own, so that the
+// coordinator names the rank that dies (its connection closes) or hangs (its beats stop). When
+// the coordinator gives up on the job it sends a shutdown to rank 0's heartbeat socket too: a
+// rank 0 whose main loop has not stopped 5 s later (stuck in a step) exits, and mpirun ends the
+// rest of the job, so that the launcher can start a new one.
 // --coordinator-curve-key FILE (the job's CURVE key pair, mode 0600; deploy/mlaserve-launch makes
 // one when the coordinator's worker socket is not on loopback and passes the same file to the
-// coordinator's --worker-curve-key): rank 0's two sockets authenticate and encrypt with it.
+// coordinator's --worker-curve-key): rank 0's two sockets, and the heartbeat sockets of the
+// ranks that can read the file, authenticate and encrypt with it.
 #include <mpi.h>
 
 #include <atomic>
@@ -33,6 +39,9 @@
 #include <csignal>
 #include <filesystem>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -201,14 +210,15 @@ int main(int argc, char** argv) {
     return DeepseekV3Model::Load(a.model, options, *ops, *model_comm);
   };
   absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model = load();
-  // Only rank 0 talks to the coordinator, so only it reads the job's key (the file exists on its
-  // host alone); a bad key stops every rank like a failed load.
+  // Rank 0 needs the job's key (the file may exist on its host alone): a bad key there stops
+  // every rank like a failed load. The other ranks use it for their heartbeats where their host
+  // has it; without it they send none.
   CurveKeyPair link_key;
   absl::Status key_status = absl::OkStatus();
-  if (rank == 0 && !a.coordinator_curve_key.empty()) {
+  if (!a.coordinator_curve_key.empty()) {
     auto k = LoadCurveKeyPair(a.coordinator_curve_key);
     if (k.ok()) link_key = std::move(*k);
-    else key_status = absl::Status(k.status().code(), absl::StrCat("--coordinator-curve-key: ", k.status().message()));
+    else if (rank == 0) key_status = absl::Status(k.status().code(), absl::StrCat("--coordinator-curve-key: ", k.status().message()));
   }
   const absl::Status agreed = mpi.AgreeOnStatus(key_status.ok() ? model.status() : key_status);
   if (agreed.ok() && rank == 0 && !plan_note.empty()) {
@@ -242,6 +252,43 @@ int main(int argc, char** argv) {
     }
     return Fail(rank, std::string(agreed.message()));
   }
+  // Which ranks beat: a loopback or ipc:// endpoint is reachable from rank 0's host only; a
+  // CURVE link needs the key pair on the rank's host.
+  char host[MPI_MAX_PROCESSOR_NAME] = {0}, host0[MPI_MAX_PROCESSOR_NAME] = {0};
+  int host_len = 0;
+  MPI_Get_processor_name(host, &host_len);
+  std::memcpy(host0, host, sizeof(host));
+  MPI_Bcast(host0, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, MPI_COMM_WORLD);
+  const bool reachable = IsLoopbackEndpoint(a.coordinator) ? std::strcmp(host, host0) == 0 : true;
+  const int beats = rank == 0 || (reachable && (a.coordinator_curve_key.empty() || !link_key.secret_key.empty()));
+  std::vector<int> beating(comm.size(), 0);
+  MPI_Gather(&beats, 1, MPI_INT, beating.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (beats) {
+    heartbeat = std::thread([&ctx, &running, &secure, rank, endpoint = a.coordinator] {
+      zmq::socket_t hb(ctx, zmq::socket_type::dealer);
+      hb.set(zmq::sockopt::routing_id, rank == 0 ? std::string("heartbeat") : absl::StrCat("heartbeat-", rank));
+      hb.set(zmq::sockopt::linger, 0);
+      secure(hb);
+      hb.connect(endpoint);
+      capnp::MallocMessageBuilder msg;
+      msg.initRoot<wire::StepResult>().setPong();
+      const std::string bytes = Serialize(msg);
+      std::optional<std::chrono::steady_clock::time_point> stop_by;
+      while (running.load()) {
+        hb.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+        // Only the coordinator's shutdown comes this way (to rank 0's heartbeat socket).
+        zmq::pollitem_t item{hb.handle(), 0, ZMQ_POLLIN, 0};
+        if (zmq::poll(&item, 1, std::chrono::milliseconds(250)) > 0) {
+          zmq::message_t m;
+          if (hb.recv(m, zmq::recv_flags::dontwait) && !stop_by) stop_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        }
+        if (stop_by && std::chrono::steady_clock::now() > *stop_by && running.load()) {
+          std::fprintf(stderr, "mlaserve-worker: rank %d: the coordinator ended this job and the rank did not stop within 5 s (stuck in a step?); exiting\n", rank);
+          std::_Exit(1);
+        }
+      }
+    });
+  }
   if (rank == 0) {
     const ModelConfig& c = (*model)->config();
     nlohmann::json info = {{"model", a.model}, {"ranks", comm.size()}, {"kv_format", a.kv},
@@ -254,23 +301,14 @@ int main(int argc, char** argv) {
                            {"weight_bytes_rank0", (*model)->weight_bytes()},
                            {"kv_cache_bytes_rank0", (*model)->kv_cache_bytes()},
                            {"backend", a.device}};
+    std::vector<int> heartbeat_ranks;
+    for (int r = 0; r < comm.size(); ++r) {
+      if (beating[r]) heartbeat_ranks.push_back(r);
+    }
+    info["heartbeat_ranks"] = heartbeat_ranks;
     capnp::MallocMessageBuilder msg;
     msg.initRoot<wire::StepResult>().setReady(info.dump());
     SendResult(sock, msg);
-    heartbeat = std::thread([&ctx, &running, &secure, endpoint = a.coordinator] {
-      zmq::socket_t hb(ctx, zmq::socket_type::dealer);
-      hb.set(zmq::sockopt::routing_id, "heartbeat");
-      hb.set(zmq::sockopt::linger, 0);
-      secure(hb);
-      hb.connect(endpoint);
-      capnp::MallocMessageBuilder msg;
-      msg.initRoot<wire::StepResult>().setPong();
-      const std::string bytes = Serialize(msg);
-      while (running.load()) {
-        hb.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
-        std::this_thread::sleep_for(std::chrono::milliseconds(250));
-      }
-    });
   }
 
   // Per-rank Prometheus endpoint: step phases, communication time, memory held.
