@@ -122,9 +122,7 @@ bool AbslParseFlag(absl::string_view text, IntList* value, std::string* error) {
 
 std::string AbslUnparseFlag(const IntList& value) { return absl::StrJoin(value.values, ","); }
 
-bool FlagGiven(const absl::CommandLineFlag& flag) {
-  return Given().contains(&flag);
-}
+bool FlagGiven(const absl::CommandLineFlag& flag) { return Given().contains(&flag); }
 
 std::string FlagName(const absl::CommandLineFlag& flag) {
   return absl::StrCat("--", absl::StrReplaceAll(flag.Name(), {{"_", "-"}}));
@@ -143,12 +141,11 @@ std::string CommandLineHelp(absl::string_view program, absl::string_view usage) 
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (IsOurs(*flag)) sorted.emplace(FlagName(*flag), flag);
   }
-  std::string out = absl::StrCat("usage: ", usage, "\n\nflags (", program,
-                                 "; --name=value or --name value):\n");
+  std::string out =
+      absl::StrCat("usage: ", usage, "\n\nflags (", program, "; --name=value or --name value):\n");
   for (const auto& [name, flag] : sorted) {
-    std::string head = flag->IsOfType<bool>()
-                           ? absl::StrCat("  --[no-]", name.substr(2))
-                           : absl::StrCat("  ", name, ValueForm(*flag));
+    std::string head = flag->IsOfType<bool>() ? absl::StrCat("  --[no-]", name.substr(2))
+                                              : absl::StrCat("  ", name, ValueForm(*flag));
     const std::string def = flag->DefaultValue();
     if (flag->IsOfType<StringList>()) {
       // The default is the escaped form; every StringList here starts empty.
@@ -227,9 +224,9 @@ std::vector<std::string> ParseCommandLine(int argc, char** argv, absl::string_vi
       // abseil's message names the flag with underscores ("Illegal value 'x' specified for flag
       // 'max_running'"), then its parser's reason, if any, after "; ".
       const size_t reason = error.find("; ");
-      UsageError(absl::StrCat(FlagName(*flag), " \"", absl::CHexEscape(value), "\": ",
-                              reason == std::string::npos ? "expected " + Expected(*flag)
-                                                          : error.substr(reason + 2)));
+      UsageError(absl::StrCat(
+          FlagName(*flag), " \"", absl::CHexEscape(value), "\": ",
+          reason == std::string::npos ? "expected " + Expected(*flag) : error.substr(reason + 2)));
     }
   }
   for (auto& [name, entry] : lists) {
@@ -253,7 +250,8 @@ std::string FlagOneOf(const absl::Flag<std::string>& flag,
                       std::initializer_list<absl::string_view> allowed) {
   std::string value = absl::GetFlag(flag);
   if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
-    UsageError(absl::StrCat(FlagName(flag), " ", value, ": must be ", absl::StrJoin(allowed, ", ")));
+    UsageError(
+        absl::StrCat(FlagName(flag), " ", value, ": must be ", absl::StrJoin(allowed, ", ")));
   }
   return value;
 }

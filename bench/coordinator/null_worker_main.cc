@@ -16,7 +16,8 @@
 #include "nlohmann/json.hpp"
 #include "zmq.hpp"
 
-ABSL_FLAG(std::string, coordinator, "", "The coordinator's worker endpoint (its --worker-listen); required.");
+ABSL_FLAG(std::string, coordinator, "",
+          "The coordinator's worker endpoint (its --worker-listen); required.");
 ABSL_FLAG(int32_t, vocab, 512, "Vocabulary size reported to the coordinator, in [1, 16777216].");
 ABSL_FLAG(int32_t, kv_blocks, 4096, "KV blocks reported to the coordinator, in [1, 16777216].");
 

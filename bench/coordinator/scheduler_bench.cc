@@ -123,10 +123,11 @@ Figures Measure(int32_t num_seqs, int32_t rounds) {
 
 int main(int argc, char** argv) {
   // SCALE multiplies the timed rounds (400, 40 and 20 at 1, 64 and 256 running).
-  const std::vector<std::string> args = mlaserve::ParseCommandLine(argc, argv, "scheduler_bench [SCALE]");
+  const std::vector<std::string> args =
+      mlaserve::ParseCommandLine(argc, argv, "scheduler_bench [SCALE]");
   int scale = 1;
-  if (args.size() > 1 || (args.size() == 1 && !(absl::SimpleAtoi(args[0], &scale) && scale >= 1 &&
-                                                 scale <= 10000))) {
+  if (args.size() > 1 ||
+      (args.size() == 1 && !(absl::SimpleAtoi(args[0], &scale) && scale >= 1 && scale <= 10000))) {
     mlaserve::UsageError("takes one optional SCALE in [1, 10000]");
   }
   std::printf(

@@ -14,41 +14,48 @@
 // in flight; --rate sends a Poisson stream of R requests/s. Prints TTFT, TPOT, ITL and E2E
 // (mean, p50, p90, p99), request and token throughput, and with --metrics the coordinator's
 // overhead per step from its own histogram (scheduling + plan encoding + result handling).
-#include <algorithm>
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <netinet/in.h>
 #include <random>
 #include <regex>
 #include <string>
-#include <sys/socket.h>
-#include <unistd.h>
 #include <vector>
-
-#include <sys/resource.h>
 
 #include "absl/strings/numbers.h"
 #include "bench/loadgen/http_load.h"
 #include "common/command_line.h"
 #include "coordinator/client/client.h"
 
-ABSL_FLAG(std::string, endpoint, "tcp://127.0.0.1:5555", "The coordinator's client endpoint (ZeroMQ mode).");
-ABSL_FLAG(std::string, http, "", "HOST:PORT of mlaserve-openai: streaming POST /v1/completions instead of ZeroMQ (needs --concurrency).");
+ABSL_FLAG(std::string, endpoint, "tcp://127.0.0.1:5555",
+          "The coordinator's client endpoint (ZeroMQ mode).");
+ABSL_FLAG(std::string, http, "",
+          "HOST:PORT of mlaserve-openai: streaming POST /v1/completions instead of ZeroMQ (needs "
+          "--concurrency).");
 ABSL_FLAG(std::string, api_key, "", "--http: the front end's API key.");
 ABSL_FLAG(int32_t, requests, 100, "Requests to send, in [1, 100000000].");
-ABSL_FLAG(int32_t, concurrency, 0, "Keep N requests in flight, N in [0, 1000000] (give this or --rate).");
-ABSL_FLAG(double, rate, 0, "A Poisson stream of R requests/s, R in [0, 1e9] (give this or --concurrency).");
+ABSL_FLAG(int32_t, concurrency, 0,
+          "Keep N requests in flight, N in [0, 1000000] (give this or --rate).");
+ABSL_FLAG(double, rate, 0,
+          "A Poisson stream of R requests/s, R in [0, 1e9] (give this or --concurrency).");
 ABSL_FLAG(int32_t, input_len, 512, "Prompt tokens per request, in [1, 16777216].");
 ABSL_FLAG(int32_t, output_len, 128, "Output tokens per request, in [1, 16777216].");
 ABSL_FLAG(int32_t, vocab, 32000, "Prompt token ids are drawn from [0, V), V in [1, 16777216].");
 ABSL_FLAG(double, range, 0, "Lengths vary uniformly by +-this fraction, in [0, 1).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the prompts and lengths.");
-ABSL_FLAG(std::string, input_file, "", "Lines \"INPUT_LEN OUTPUT_LEN\", one a request (instead of --input-len, --output-len).");
-ABSL_FLAG(std::string, metrics, "", "HOST:PORT of the coordinator's /metrics: also print its overhead per step.");
+ABSL_FLAG(std::string, input_file, "",
+          "Lines \"INPUT_LEN OUTPUT_LEN\", one a request (instead of --input-len, --output-len).");
+ABSL_FLAG(std::string, metrics, "",
+          "HOST:PORT of the coordinator's /metrics: also print its overhead per step.");
 
 namespace {
 
@@ -128,8 +135,11 @@ double CpuSeconds() {
 
 int main(int argc, char** argv) {
   using namespace mlaserve;
-  ParseFlags(argc, argv, "mlaserve-loadgen (--endpoint E | --http HOST:PORT) (--concurrency N | --rate R) [flags]");
-  const std::string endpoint = absl::GetFlag(FLAGS_endpoint), input_file = absl::GetFlag(FLAGS_input_file);
+  ParseFlags(
+      argc, argv,
+      "mlaserve-loadgen (--endpoint E | --http HOST:PORT) (--concurrency N | --rate R) [flags]");
+  const std::string endpoint = absl::GetFlag(FLAGS_endpoint),
+                    input_file = absl::GetFlag(FLAGS_input_file);
   const std::string metrics = absl::GetFlag(FLAGS_metrics), http = absl::GetFlag(FLAGS_http);
   const std::string api_key = absl::GetFlag(FLAGS_api_key);
   const int requests = FlagInRange(FLAGS_requests, 1, 100000000);
@@ -139,12 +149,15 @@ int main(int argc, char** argv) {
   const int output_len = FlagInRange(FLAGS_output_len, 1, 1 << 24);
   const int vocab = FlagInRange(FLAGS_vocab, 1, 1 << 24);
   const double range = absl::GetFlag(FLAGS_range);
-  if (!(range >= 0 && range < 1)) UsageError(absl::StrCat("--range ", range, ": must be in [0, 1)"));
+  if (!(range >= 0 && range < 1))
+    UsageError(absl::StrCat("--range ", range, ": must be in [0, 1)"));
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  if ((concurrency > 0) == (rate > 0)) UsageError("give exactly one of --concurrency N and --rate R");
+  if ((concurrency > 0) == (rate > 0))
+    UsageError("give exactly one of --concurrency N and --rate R");
   int http_port = 0;
-  if (!http.empty() && !(absl::SimpleAtoi(http.substr(http.rfind(':') + 1), &http_port) &&
-                         http.rfind(':') != std::string::npos && http_port > 0 && http_port < 65536)) {
+  if (!http.empty() &&
+      !(absl::SimpleAtoi(http.substr(http.rfind(':') + 1), &http_port) &&
+        http.rfind(':') != std::string::npos && http_port > 0 && http_port < 65536)) {
     UsageError("--http " + http + ": expected HOST:PORT");
   }
   if (!http.empty() && concurrency <= 0) UsageError("--http takes --concurrency N (no --rate)");

@@ -53,16 +53,26 @@
 #include "worker/model/synthetic_checkpoint.h"
 
 ABSL_FLAG(std::string, model, "", "The checkpoint folder (or --synthetic-weights).");
-ABSL_FLAG(std::string, synthetic_weights, "", "A folder with config.json (+ hf_quant_config.json): its weights are generated while loading.");
-ABSL_FLAG(std::vector<std::string>, kv, std::vector<std::string>({"bf16", "fp8_tiled"}), "KV cache formats to run, comma-separated.");
-ABSL_FLAG(mlaserve::IntList, batches, (mlaserve::IntList{{1, 8, 64}}), "Decode batch sizes, each in [1, 65536].");
-ABSL_FLAG(mlaserve::IntList, prefill, (mlaserve::IntList{{2048, 8192}}), "Prefill lengths, each in [1, 16777216] (empty: none).");
+ABSL_FLAG(
+    std::string, synthetic_weights, "",
+    "A folder with config.json (+ hf_quant_config.json): its weights are generated while loading.");
+ABSL_FLAG(std::vector<std::string>, kv, std::vector<std::string>({"bf16", "fp8_tiled"}),
+          "KV cache formats to run, comma-separated.");
+ABSL_FLAG(mlaserve::IntList, batches, (mlaserve::IntList{{1, 8, 64}}),
+          "Decode batch sizes, each in [1, 65536].");
+ABSL_FLAG(mlaserve::IntList, prefill, (mlaserve::IntList{{2048, 8192}}),
+          "Prefill lengths, each in [1, 16777216] (empty: none).");
 ABSL_FLAG(int32_t, context, 1024, "Context of every decoding sequence, in [0, 16777216].");
 ABSL_FLAG(int32_t, steps, 16, "Timed decode steps per batch, in [1, 1048576].");
-ABSL_FLAG(std::string, oracle, "", "A transformers oracle file (bench/model/hf_midsize.py oracle): greedy agreement (needs --model).");
-ABSL_FLAG(std::vector<std::string>, graphs, std::vector<std::string>({"on", "off"}), "CUDA graph modes to run: on, off or both.");
-ABSL_FLAG(std::vector<std::string>, deterministic, std::vector<std::string>({"off"}), "Deterministic modes to run: off, on or both.");
-ABSL_FLAG(mlaserve::OnOff, phases, mlaserve::OnOff{false}, "Also time the model's phases with CUDA events.");
+ABSL_FLAG(std::string, oracle, "",
+          "A transformers oracle file (bench/model/hf_midsize.py oracle): greedy agreement (needs "
+          "--model).");
+ABSL_FLAG(std::vector<std::string>, graphs, std::vector<std::string>({"on", "off"}),
+          "CUDA graph modes to run: on, off or both.");
+ABSL_FLAG(std::vector<std::string>, deterministic, std::vector<std::string>({"off"}),
+          "Deterministic modes to run: off, on or both.");
+ABSL_FLAG(mlaserve::OnOff, phases, mlaserve::OnOff{false},
+          "Also time the model's phases with CUDA events.");
 ABSL_FLAG(int32_t, rank, 0, "Load this rank's shard of a --ranks N deployment, in [0, N).");
 ABSL_FLAG(int32_t, ranks, 0, "The deployment's rank count, in [0, 65536] (0: the whole model).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic weights.");
@@ -175,7 +185,8 @@ StepBatch Step(Sequences& s, const std::vector<int>& which,
 std::vector<std::string> Modes(const absl::Flag<std::vector<std::string>>& flag) {
   std::vector<std::string> modes = absl::GetFlag(flag);
   for (const std::string& m : modes) {
-    if (m != "on" && m != "off") UsageError(FlagName(flag) + " " + m + ": each mode must be on or off");
+    if (m != "on" && m != "off")
+      UsageError(FlagName(flag) + " " + m + ": each mode must be on or off");
   }
   return modes;
 }
@@ -184,7 +195,8 @@ std::vector<std::string> Modes(const absl::Flag<std::vector<std::string>>& flag)
 std::vector<int> Sizes(const absl::Flag<IntList>& flag, int64_t lo, int64_t hi, bool nonempty) {
   std::vector<int> v;
   for (int64_t x : absl::GetFlag(flag).values) {
-    if (x < lo || x > hi) UsageError(absl::StrCat(FlagName(flag), " ", x, ": must be in [", lo, ", ", hi, "]"));
+    if (x < lo || x > hi)
+      UsageError(absl::StrCat(FlagName(flag), " ", x, ": must be in [", lo, ", ", hi, "]"));
     v.push_back(static_cast<int>(x));
   }
   if (nonempty && v.empty()) UsageError(FlagName(flag) + " needs at least one value");
@@ -210,7 +222,8 @@ int Run(int argc, char** argv) {
   if (model_dir.empty() == synthetic_dir.empty()) {
     UsageError("one of --model DIR and --synthetic-weights CONFIG_DIR is required");
   }
-  if (!synthetic_dir.empty() && !oracle.empty()) UsageError("--oracle needs the real weights (--model)");
+  if (!synthetic_dir.empty() && !oracle.empty())
+    UsageError("--oracle needs the real weights (--model)");
   if (shard_world > 0 && shard_rank >= shard_world) UsageError("--rank must be in [0, --ranks)");
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);

@@ -25,23 +25,35 @@
 #include "coordinator/client/client.h"
 
 ABSL_FLAG(std::string, endpoint, "tcp://127.0.0.1:5555", "The coordinator's client endpoint.");
-ABSL_FLAG(std::string, server_key, "", "The coordinator's public key file (.pub), for a CURVE coordinator; with --client-key.");
-ABSL_FLAG(std::string, client_key, "", "This client's key pair file (.key; its .pub in the server's --curve-allowed-clients).");
+ABSL_FLAG(std::string, server_key, "",
+          "The coordinator's public key file (.pub), for a CURVE coordinator; with --client-key.");
+ABSL_FLAG(std::string, client_key, "",
+          "This client's key pair file (.key; its .pub in the server's --curve-allowed-clients).");
 // generate and chat (ranges: the coordinator's, coordinator/server/request_builder.cc).
 ABSL_FLAG(uint32_t, max_tokens, 256, "generate, chat: most tokens to generate, in [1, 1048576].");
-ABSL_FLAG(float, temperature, 0.0f, "generate, chat: sampling temperature, in [0, 100] (0: greedy).");
+ABSL_FLAG(float, temperature, 0.0f,
+          "generate, chat: sampling temperature, in [0, 100] (0: greedy).");
 ABSL_FLAG(float, top_p, 1.0f, "generate, chat: nucleus sampling, in (0, 1].");
-ABSL_FLAG(int32_t, top_k, 0, "generate, chat: sample among the K likeliest tokens, K >= 0 (0: all).");
-ABSL_FLAG(float, min_p, 0.0f, "generate, chat: drop tokens below this fraction of the likeliest one's probability, in [0, 1].");
-ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "generate, chat: sampling seed (default: none).");
-ABSL_FLAG(mlaserve::StringList, stop, {}, "generate, chat: a stop string (repeatable, at most 16).");
+ABSL_FLAG(int32_t, top_k, 0,
+          "generate, chat: sample among the K likeliest tokens, K >= 0 (0: all).");
+ABSL_FLAG(float, min_p, 0.0f,
+          "generate, chat: drop tokens below this fraction of the likeliest one's probability, in "
+          "[0, 1].");
+ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
+          "generate, chat: sampling seed (default: none).");
+ABSL_FLAG(mlaserve::StringList, stop, {},
+          "generate, chat: a stop string (repeatable, at most 16).");
 ABSL_FLAG(bool, ignore_eos, false, "generate, chat: keep generating past end-of-sequence tokens.");
-ABSL_FLAG(std::optional<uint32_t>, logprobs, std::nullopt, "generate, chat: return each token's logprob and the N likeliest alternatives, N in [0, 20].");
+ABSL_FLAG(
+    std::optional<uint32_t>, logprobs, std::nullopt,
+    "generate, chat: return each token's logprob and the N likeliest alternatives, N in [0, 20].");
 ABSL_FLAG(int32_t, priority, 0, "generate, chat: scheduling priority (higher first).");
-ABSL_FLAG(bool, json, false, "generate, chat: print the final reply as JSON instead of streaming the text.");
+ABSL_FLAG(bool, json, false,
+          "generate, chat: print the final reply as JSON instead of streaming the text.");
 ABSL_FLAG(std::string, ids, "", "generate: the prompt as token ids, 1,2,3 (instead of TEXT).");
 ABSL_FLAG(std::string, system, "", "chat: a system message before the user's.");
-ABSL_FLAG(std::string, label, "", "keygen: the key's label in the files (default: PREFIX's file name).");
+ABSL_FLAG(std::string, label, "",
+          "keygen: the key's label in the files (default: PREFIX's file name).");
 
 namespace {
 
@@ -67,9 +79,11 @@ int Keygen(const std::string& prefix) {
 }
 
 // A usage error for each flag given that `cmd` does not take.
-void RejectFlagsOf(const std::string& cmd, std::initializer_list<const absl::CommandLineFlag*> flags) {
+void RejectFlagsOf(const std::string& cmd,
+                   std::initializer_list<const absl::CommandLineFlag*> flags) {
   for (const absl::CommandLineFlag* f : flags) {
-    if (mlaserve::FlagGiven(*f)) mlaserve::UsageError(mlaserve::FlagName(*f) + " is not a flag of " + cmd);
+    if (mlaserve::FlagGiven(*f))
+      mlaserve::UsageError(mlaserve::FlagName(*f) + " is not a flag of " + cmd);
   }
 }
 
@@ -82,9 +96,10 @@ int main(int argc, char** argv) {
   const std::string& cmd = args[0];
   const auto& h = [](const auto& flag) { return &absl::GetFlagReflectionHandle(flag); };
   const std::initializer_list<const absl::CommandLineFlag*> sampling_flags = {
-      h(FLAGS_max_tokens), h(FLAGS_temperature), h(FLAGS_top_p), h(FLAGS_top_k), h(FLAGS_min_p),
-      h(FLAGS_seed), h(FLAGS_stop), h(FLAGS_ignore_eos), h(FLAGS_logprobs), h(FLAGS_priority),
-      h(FLAGS_json), h(FLAGS_ids), h(FLAGS_system)};
+      h(FLAGS_max_tokens), h(FLAGS_temperature), h(FLAGS_top_p), h(FLAGS_top_k),
+      h(FLAGS_min_p),      h(FLAGS_seed),        h(FLAGS_stop),  h(FLAGS_ignore_eos),
+      h(FLAGS_logprobs),   h(FLAGS_priority),    h(FLAGS_json),  h(FLAGS_ids),
+      h(FLAGS_system)};
   if (cmd != "keygen") RejectFlagsOf(cmd, {h(FLAGS_label)});
   if (cmd != "generate" && cmd != "chat") RejectFlagsOf(cmd, sampling_flags);
   if (cmd != "generate") RejectFlagsOf(cmd, {h(FLAGS_ids)});
@@ -118,7 +133,8 @@ int main(int argc, char** argv) {
       std::vector<int32_t> v;
       for (absl::string_view p : absl::StrSplit(ids, ',', absl::SkipEmpty())) {
         int32_t id;
-        if (!absl::SimpleAtoi(p, &id)) UsageError("--ids " + ids + ": not a list of token ids 1,2,3");
+        if (!absl::SimpleAtoi(p, &id))
+          UsageError("--ids " + ids + ": not a list of token ids 1,2,3");
         v.push_back(id);
       }
       in.token_ids = v;

@@ -20,24 +20,43 @@
 
 // Defaults are CoordinatorOptions' (coordinator.h); the ranges keep the scheduler's sizes
 // positive (0 where it means "none" or "the model's").
-ABSL_FLAG(std::string, model, "", "The model folder (config.json, safetensors, tokenizer files); required.");
+ABSL_FLAG(std::string, model, "",
+          "The model folder (config.json, safetensors, tokenizer files); required.");
 ABSL_FLAG(std::string, listen, "tcp://127.0.0.1:5555", "The clients' ZeroMQ endpoint (ROUTER).");
-ABSL_FLAG(std::string, worker_listen, "tcp://127.0.0.1:5556", "The endpoint worker rank 0 connects to.");
-ABSL_FLAG(std::string, metrics, "127.0.0.1:9400", "HOST:PORT of the Prometheus /metrics endpoint (port 0: any free port; off: none).");
-ABSL_FLAG(std::string, name, "", "The model name in metrics and model info (default: the folder's name).");
+ABSL_FLAG(std::string, worker_listen, "tcp://127.0.0.1:5556",
+          "The endpoint worker rank 0 connects to.");
+ABSL_FLAG(std::string, metrics, "127.0.0.1:9400",
+          "HOST:PORT of the Prometheus /metrics endpoint (port 0: any free port; off: none).");
+ABSL_FLAG(std::string, name, "",
+          "The model name in metrics and model info (default: the folder's name).");
 ABSL_FLAG(int32_t, max_running, 256, "Most sequences holding KV blocks at once, in [1, 65536].");
-ABSL_FLAG(int32_t, max_step_tokens, 2048, "Most tokens computed per step (decodes and prefill chunks), in [1, 1048576].");
-ABSL_FLAG(int32_t, max_waiting, 1024, "Queued requests beyond this are refused as overloaded, in [1, 1048576].");
-ABSL_FLAG(int32_t, prefill_chunk, 512, "Most prompt tokens of one sequence per step, in [0, 1048576] (0: no limit).");
-ABSL_FLAG(int32_t, max_model_len, 0, "Context length (prompt + output), in [0, 16777216] (0: the model's, capped by the KV cache).");
-ABSL_FLAG(bool, prefix_cache, true, "Reuse the KV blocks of cached prompt prefixes (--no-prefix-cache: off).");
-ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "Worker rank 0 silent this long: the job has failed, in [1, 86400000].");
-ABSL_FLAG(int64_t, step_timeout_ms, 120000, "A step without its result this long: the job has failed, in [1, 86400000].");
-ABSL_FLAG(int64_t, drain_timeout_ms, 30000, "On SIGTERM/SIGINT, requests in flight get this long to finish, in [1, 86400000].");
-ABSL_FLAG(int64_t, worker_start_timeout_ms, 300000, "How long the workers may take to load and say ready, in [1, 86400000].");
-ABSL_FLAG(std::string, curve_secret_key, "", "The server's CURVE key pair file (mode 0600): the client socket authenticates and encrypts. Needs --curve-allowed-clients.");
-ABSL_FLAG(std::string, curve_allowed_clients, "", "The clients' public keys, one a line: only they are served. Needs --curve-secret-key.");
-ABSL_FLAG(std::string, worker_curve_key, "", "The job's CURVE key pair file for the worker socket (the workers' --coordinator-curve-key).");
+ABSL_FLAG(int32_t, max_step_tokens, 2048,
+          "Most tokens computed per step (decodes and prefill chunks), in [1, 1048576].");
+ABSL_FLAG(int32_t, max_waiting, 1024,
+          "Queued requests beyond this are refused as overloaded, in [1, 1048576].");
+ABSL_FLAG(int32_t, prefill_chunk, 512,
+          "Most prompt tokens of one sequence per step, in [0, 1048576] (0: no limit).");
+ABSL_FLAG(
+    int32_t, max_model_len, 0,
+    "Context length (prompt + output), in [0, 16777216] (0: the model's, capped by the KV cache).");
+ABSL_FLAG(bool, prefix_cache, true,
+          "Reuse the KV blocks of cached prompt prefixes (--no-prefix-cache: off).");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000,
+          "Worker rank 0 silent this long: the job has failed, in [1, 86400000].");
+ABSL_FLAG(int64_t, step_timeout_ms, 120000,
+          "A step without its result this long: the job has failed, in [1, 86400000].");
+ABSL_FLAG(int64_t, drain_timeout_ms, 30000,
+          "On SIGTERM/SIGINT, requests in flight get this long to finish, in [1, 86400000].");
+ABSL_FLAG(int64_t, worker_start_timeout_ms, 300000,
+          "How long the workers may take to load and say ready, in [1, 86400000].");
+ABSL_FLAG(std::string, curve_secret_key, "",
+          "The server's CURVE key pair file (mode 0600): the client socket authenticates and "
+          "encrypts. Needs --curve-allowed-clients.");
+ABSL_FLAG(std::string, curve_allowed_clients, "",
+          "The clients' public keys, one a line: only they are served. Needs --curve-secret-key.");
+ABSL_FLAG(
+    std::string, worker_curve_key, "",
+    "The job's CURVE key pair file for the worker socket (the workers' --coordinator-curve-key).");
 
 namespace {
 mlaserve::Coordinator* g_coordinator = nullptr;
@@ -67,7 +86,8 @@ int main(int argc, char** argv) {
   o.max_model_len = FlagInRange(FLAGS_max_model_len, 0, 1 << 24);
   o.prefix_caching = absl::GetFlag(FLAGS_prefix_cache);
   constexpr int64_t kDayMs = 86400000;
-  o.heartbeat_timeout = std::chrono::milliseconds(FlagInRange(FLAGS_heartbeat_timeout_ms, 1, kDayMs));
+  o.heartbeat_timeout =
+      std::chrono::milliseconds(FlagInRange(FLAGS_heartbeat_timeout_ms, 1, kDayMs));
   o.step_timeout = std::chrono::milliseconds(FlagInRange(FLAGS_step_timeout_ms, 1, kDayMs));
   o.drain_timeout = std::chrono::milliseconds(FlagInRange(FLAGS_drain_timeout_ms, 1, kDayMs));
   o.worker_start_timeout =

@@ -131,16 +131,17 @@ TEST_F(CommandLineDeathTest, ChecksExitTwoWithAMessage) {
   EXPECT_EXIT((Parse({"--fraction", "nan"}), FlagInRange(FLAGS_fraction, 0.01, 1.0)), two,
               "--fraction nan: must be in");
   EXPECT_EXIT((Parse({}), RequiredFlag(FLAGS_model, "DIR")), two, "--model DIR is required");
-  EXPECT_EXIT((Parse({"--device", "tpu"}), FlagOneOf(FLAGS_device, {"auto", "cuda", "cpu"})),
-              two, "--device tpu: must be auto, cuda, cpu");
+  EXPECT_EXIT((Parse({"--device", "tpu"}), FlagOneOf(FLAGS_device, {"auto", "cuda", "cpu"})), two,
+              "--device tpu: must be auto, cuda, cpu");
 }
 
 TEST_F(CommandLineDeathTest, HelpListsEveryFlagAndExitsZero) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const std::string help = CommandLineHelp("prog", "prog [flags] ARG");
   EXPECT_NE(help.find("usage: prog [flags] ARG\n"), std::string::npos) << help;
-  EXPECT_NE(help.find("  --max-running=INT  (default 256)\n      Most sequences running at once.\n"),
-            std::string::npos)
+  EXPECT_NE(
+      help.find("  --max-running=INT  (default 256)\n      Most sequences running at once.\n"),
+      std::string::npos)
       << help;
   EXPECT_NE(help.find("  --[no-]prefix-cache  (default true)"), std::string::npos) << help;
   EXPECT_NE(help.find("  --graphs=on|off  (default on)"), std::string::npos) << help;

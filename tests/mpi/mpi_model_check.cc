@@ -33,12 +33,14 @@
 #include "worker/comm/mpi_communicator.h"
 #include "worker/model/local_session.h"
 
-ABSL_FLAG(std::string, model, "", "The fixture model folder (tests/fixtures/models/...); required.");
+ABSL_FLAG(std::string, model, "",
+          "The fixture model folder (tests/fixtures/models/...); required.");
 ABSL_FLAG(std::string, moe, "expert", "MoE parallelism: expert or tensor.");
 ABSL_FLAG(std::string, kv, "f32", "KV cache format: f32, bf16, fp8 or fp8_tiled.");
 ABSL_FLAG(int32_t, fail_rank, -1, "This rank fails to load (-1: none).");
 ABSL_FLAG(int32_t, crash_rank, -1, "This rank aborts before the first step (-1: none).");
-ABSL_FLAG(int32_t, dcp, 1, "Decode context parallelism: groups of N ranks split the cache, N in [1, 64].");
+ABSL_FLAG(int32_t, dcp, 1,
+          "Decode context parallelism: groups of N ranks split the cache, N in [1, 64].");
 
 namespace {
 

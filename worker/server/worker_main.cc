@@ -32,48 +32,66 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "capnp/message.h"
-#include "common/command_line.h"
 #include "capnp/serialize.h"
+#include "common/command_line.h"
 #include "coordinator/auth/curve_keys.h"
 #include "kj/array.h"
 #include "mlaserve.capnp.h"
 #include "nlohmann/json.hpp"
 #include "worker/backend/cpu_ops.h"
 #include "worker/backend/cuda_backend_module.h"
-#include "worker/model/memory_plan.h"
 #include "worker/comm/mpi_communicator.h"
 #include "worker/comm/mpi_wait.h"
+#include "worker/model/memory_plan.h"
 #include "worker/server/step_executor.h"
 #include "worker/server/worker_metrics.h"
 #include "zmq.hpp"
 
 ABSL_FLAG(std::string, model, "", "The model folder (config.json, safetensors); required.");
-ABSL_FLAG(std::string, coordinator, "", "The coordinator's worker endpoint rank 0 connects to (its --worker-listen); required.");
-ABSL_FLAG(std::string, device, "auto", "auto, cuda or cpu (auto: cuda where the build has the CUDA backend and a GPU is visible).");
-ABSL_FLAG(std::string, kv_format, "bf16", "KV cache format: bf16, fp8, fp8_tiled (or f32, exact tests only).");
-ABSL_FLAG(int32_t, kv_blocks, 0, "KV cache blocks of 64 tokens per rank, in [0, 16777216] (0: what the memory plan leaves on a GPU, 256 on the CPU).");
-ABSL_FLAG(double, gpu_memory_fraction, 0.9, "Fraction of the GPU's free memory the rank may use, in (0, 1].");
-ABSL_FLAG(int32_t, max_step_tokens, 2048, "Most tokens in one step (sizes the GPU step workspace), in [1, 1048576].");
+ABSL_FLAG(std::string, coordinator, "",
+          "The coordinator's worker endpoint rank 0 connects to (its --worker-listen); required.");
+ABSL_FLAG(
+    std::string, device, "auto",
+    "auto, cuda or cpu (auto: cuda where the build has the CUDA backend and a GPU is visible).");
+ABSL_FLAG(std::string, kv_format, "bf16",
+          "KV cache format: bf16, fp8, fp8_tiled (or f32, exact tests only).");
+ABSL_FLAG(int32_t, kv_blocks, 0,
+          "KV cache blocks of 64 tokens per rank, in [0, 16777216] (0: what the memory plan leaves "
+          "on a GPU, 256 on the CPU).");
+ABSL_FLAG(double, gpu_memory_fraction, 0.9,
+          "Fraction of the GPU's free memory the rank may use, in (0, 1].");
+ABSL_FLAG(int32_t, max_step_tokens, 2048,
+          "Most tokens in one step (sizes the GPU step workspace), in [1, 1048576].");
 ABSL_FLAG(int32_t, max_seqs, 256, "Most sequences in one step, in [1, 65536].");
-ABSL_FLAG(std::string, moe, "expert", "MoE parallelism: expert (whole experts per rank) or tensor (every expert split).");
+ABSL_FLAG(std::string, moe, "expert",
+          "MoE parallelism: expert (whole experts per rank) or tensor (every expert split).");
 ABSL_FLAG(int32_t, threads, 1, "CPU backend threads per rank, in [1, 1024].");
-ABSL_FLAG(mlaserve::OnOff, cuda_graphs, mlaserve::OnOff{true}, "Replay single-token decode steps as CUDA graphs.");
-ABSL_FLAG(mlaserve::OnOff, deterministic, mlaserve::OnOff{false}, "Tokens independent of batching and preemption (README, Deterministic serving).");
-ABSL_FLAG(int32_t, dcp, 1, "Decode context parallelism: groups of N ranks split the KV cache, N in [1, 1024] dividing the rank count.");
+ABSL_FLAG(mlaserve::OnOff, cuda_graphs, mlaserve::OnOff{true},
+          "Replay single-token decode steps as CUDA graphs.");
+ABSL_FLAG(mlaserve::OnOff, deterministic, mlaserve::OnOff{false},
+          "Tokens independent of batching and preemption (README, Deterministic serving).");
+ABSL_FLAG(int32_t, dcp, 1,
+          "Decode context parallelism: groups of N ranks split the KV cache, N in [1, 1024] "
+          "dividing the rank count.");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "The address of each rank's /metrics endpoint.");
-ABSL_FLAG(int32_t, metrics_port, 0, "Rank r serves /metrics on this port + r, in [0, 65535] (0: off).");
+ABSL_FLAG(int32_t, metrics_port, 0,
+          "Rank r serves /metrics on this port + r, in [0, 65535] (0: off).");
 ABSL_FLAG(std::string, name, "", "The model name in metrics (default: the folder's name).");
-ABSL_FLAG(std::string, coordinator_curve_key, "", "The job's CURVE key pair file (mode 0600; the coordinator's --worker-curve-key): rank 0's sockets authenticate and encrypt.");
-ABSL_FLAG(int32_t, coordinator_timeout_s, 15, "No message from the coordinator (plans or idle pings) for this long: stop, in [1, 86400].");
+ABSL_FLAG(std::string, coordinator_curve_key, "",
+          "The job's CURVE key pair file (mode 0600; the coordinator's --worker-curve-key): rank "
+          "0's sockets authenticate and encrypt.");
+ABSL_FLAG(
+    int32_t, coordinator_timeout_s, 15,
+    "No message from the coordinator (plans or idle pings) for this long: stop, in [1, 86400].");
 
 namespace {
 
@@ -139,7 +157,8 @@ int main(int argc, char** argv) {
   a.kv_blocks = FlagInRange(FLAGS_kv_blocks, 0, 1 << 24);
   a.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   if (!(a.gpu_memory_fraction > 0 && a.gpu_memory_fraction <= 1)) {
-    UsageError(absl::StrCat("--gpu-memory-fraction ", a.gpu_memory_fraction, ": must be in (0, 1]"));
+    UsageError(
+        absl::StrCat("--gpu-memory-fraction ", a.gpu_memory_fraction, ": must be in (0, 1]"));
   }
   a.max_step_tokens = FlagInRange(FLAGS_max_step_tokens, 1, 1 << 20);
   a.max_seqs = FlagInRange(FLAGS_max_seqs, 1, 1 << 16);
@@ -161,7 +180,8 @@ int main(int argc, char** argv) {
     auto api = LoadCudaBackend();
     if (api.ok()) cuda_api = *api; else cuda_status = api.status();
   }
-  if (a.device == "auto") a.device = cuda_api != nullptr && cuda_api->device_count() > 0 ? "cuda" : "cpu";
+  if (a.device == "auto")
+    a.device = cuda_api != nullptr && cuda_api->device_count() > 0 ? "cuda" : "cpu";
   ModelOptions options;
   options.moe = a.moe == "tensor" ? MoeParallelism::kTensor : MoeParallelism::kExpert;
   options.deterministic = a.deterministic;

@@ -23,7 +23,8 @@
 
 ABSL_FLAG(std::string, model, "", "The checkpoint folder; required.");
 ABSL_FLAG(std::string, ids, "", "The prompt as token ids, 1,2,3 (or --prompt).");
-ABSL_FLAG(std::string, prompt, "", "The prompt as text, encoded with the folder's tokenizer (or --ids).");
+ABSL_FLAG(std::string, prompt, "",
+          "The prompt as text, encoded with the folder's tokenizer (or --ids).");
 ABSL_FLAG(int32_t, max_tokens, 32, "Tokens to generate, in [1, 1048576].");
 ABSL_FLAG(float, temperature, 0.0f, "Sampling temperature, in [0, 100] (0: greedy).");
 ABSL_FLAG(float, top_p, 1.0f, "Nucleus sampling, in (0, 1].");

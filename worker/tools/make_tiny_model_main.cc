@@ -21,7 +21,8 @@
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, tokenizer_dir, "", "Folder with DeepSeek-V3's tokenizer.json and tokenizer_config.json; required.");
+ABSL_FLAG(std::string, tokenizer_dir, "",
+          "Folder with DeepSeek-V3's tokenizer.json and tokenizer_config.json; required.");
 ABSL_FLAG(std::string, out, "", "The model folder to write; required.");
 ABSL_FLAG(uint64_t, seed, 20261129, "Seed of the random weights.");
 
