@@ -72,26 +72,44 @@
 #include "coordinator/http/chat_prompt.h"
 #include "coordinator/http/coordinator_link.h"
 #include "coordinator/http/http_exchange.h"
+#include "coordinator/http/large_stack.h"
 #include "coordinator/http/openai_protocol.h"
 #include "coordinator/http/reasoning_parser.h"
 #include "coordinator/http/tool_calls.h"
 #include "coordinator/server/request_builder.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, coordinator, "", "The coordinator's client endpoint, tcp://HOST:PORT; required.");
-ABSL_FLAG(std::string, listen, "127.0.0.1:8000", "HOST:PORT to serve HTTP on (civetweb's listening_ports).");
-ABSL_FLAG(std::string, api_key, "", "Requests must carry Authorization: Bearer KEY (default: $MLASERVE_API_KEY; neither: open).");
-ABSL_FLAG(std::string, server_key, "", "The coordinator's public key file, for a CURVE coordinator; with --client-key.");
-ABSL_FLAG(std::string, client_key, "", "This front end's key pair file, for a CURVE coordinator; with --server-key.");
-ABSL_FLAG(std::string, served_model_name, "", "The model's name in the API (default: the coordinator's model name).");
-ABSL_FLAG(int32_t, threads, 1088, "HTTP threads: one per open stream or kept-alive connection, in [1, 65536].");
-ABSL_FLAG(uint32_t, default_max_tokens, 256, "max_tokens of a request that gives none, in [1, 1048576].");
-ABSL_FLAG(int32_t, request_timeout_s, 600, "A generation with no reply from the coordinator for this long is aborted (504), in [1, 86400].");
-ABSL_FLAG(int32_t, keep_alive_timeout_s, 5, "An idle kept-alive connection is closed after this, in [0, 3600] (0: no keep-alive).");
-ABSL_FLAG(int32_t, client_timeout_s, 30, "A request's head and body must arrive, and a blocked write go out, within this, in [1, 86400].");
+ABSL_FLAG(std::string, coordinator, "",
+          "The coordinator's client endpoint, tcp://HOST:PORT; required.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:8000",
+          "HOST:PORT to serve HTTP on (civetweb's listening_ports).");
+ABSL_FLAG(
+    std::string, api_key, "",
+    "Requests must carry Authorization: Bearer KEY (default: $MLASERVE_API_KEY; neither: open).");
+ABSL_FLAG(std::string, server_key, "",
+          "The coordinator's public key file, for a CURVE coordinator; with --client-key.");
+ABSL_FLAG(std::string, client_key, "",
+          "This front end's key pair file, for a CURVE coordinator; with --server-key.");
+ABSL_FLAG(std::string, served_model_name, "",
+          "The model's name in the API (default: the coordinator's model name).");
+ABSL_FLAG(int32_t, threads, 1088,
+          "HTTP threads: one per open stream or kept-alive connection, in [1, 65536].");
+ABSL_FLAG(uint32_t, default_max_tokens, 256,
+          "max_tokens of a request that gives none, in [1, 1048576].");
+ABSL_FLAG(int32_t, request_timeout_s, 600,
+          "A generation with no reply from the coordinator for this long is aborted (504), in [1, "
+          "86400].");
+ABSL_FLAG(int32_t, keep_alive_timeout_s, 5,
+          "An idle kept-alive connection is closed after this, in [0, 3600] (0: no keep-alive).");
+ABSL_FLAG(int32_t, client_timeout_s, 30,
+          "A request's head and body must arrive, and a blocked write go out, within this, in [1, "
+          "86400].");
 ABSL_FLAG(uint64_t, max_body_bytes, 8u << 20, "Largest request body, in [1, 1073741824].");
-ABSL_FLAG(std::string, model, "", "The model folder the coordinator serves: tokenizer and chat template here too (see the top of openai_main.cc).");
-ABSL_FLAG(std::string, reasoning_parser, "none", "deepseek, kimi or none: where the model's thinking goes (needs --model).");
+ABSL_FLAG(std::string, model, "",
+          "The model folder the coordinator serves: tokenizer and chat template here too (see the "
+          "top of openai_main.cc).");
+ABSL_FLAG(std::string, reasoning_parser, "none",
+          "deepseek, kimi or none: where the model's thinking goes (needs --model).");
 
 namespace mlaserve::openai {
 namespace {
@@ -850,7 +868,15 @@ ApiError BadParam(const std::string& param, const std::string& message) {
 // The chat prompt of `req` rendered here (--model with a chat template; chat_prompt.h), its
 // inputs turned into token ids; false (and the error written) when it cannot be.
 bool BuildChatPrompt(HttpExchange& http, ParsedRequest& req, ChatPrompt& prompt, int& status) {
-  auto built = g_prompt->Build(req, req.inputs.at(0).add_generation_prompt);
+  // Rendering recurses with the template: not on civetweb's 100 KiB stack (large_stack.h).
+  absl::StatusOr<ChatPrompt> built;
+  const absl::Status ran = RunWithStack(kChatPromptStackBytes, [&] {
+    built = g_prompt->Build(req, req.inputs.at(0).add_generation_prompt);
+  });
+  if (!ran.ok()) {
+    status = WriteError(http, Error(503, "service_unavailable", std::string(ran.message())));
+    return false;
+  }
   if (!built.ok()) {
     status = WriteError(http, BadParam(req.tool_choice == ToolChoice::kRequired ||
                                                req.tool_choice == ToolChoice::kNamed
@@ -1109,7 +1135,8 @@ int Route(mg_connection* conn, void*) {
       http, Error(404, "not_found_error", "no route " + method + " " + uri, "route_not_found"));
 }
 
-constexpr char kUsage[] = "mlaserve-openai --coordinator tcp://HOST:PORT [--listen HOST:PORT] [flags]";
+constexpr char kUsage[] =
+    "mlaserve-openai --coordinator tcp://HOST:PORT [--listen HOST:PORT] [flags]";
 
 int Main(int argc, char** argv) {
   ParseFlags(argc, argv, kUsage);
