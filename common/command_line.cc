@@ -246,6 +246,20 @@ void ParseFlags(int argc, char** argv, absl::string_view usage, bool quiet) {
   }
 }
 
+std::vector<int> FlagIntsInRange(const absl::Flag<IntList>& flag, int lo, int hi,
+                                 bool allow_empty) {
+  std::vector<int> out;
+  for (int64_t v : absl::GetFlag(flag).values) {
+    if (v < lo || v > hi) {
+      UsageError(
+          absl::StrCat(FlagName(flag), " ", v, ": each value must be in [", lo, ", ", hi, "]"));
+    }
+    out.push_back(static_cast<int>(v));
+  }
+  if (out.empty() && !allow_empty) UsageError(FlagName(flag) + " needs at least one value");
+  return out;
+}
+
 std::string FlagOneOf(const absl::Flag<std::string>& flag,
                       std::initializer_list<absl::string_view> allowed) {
   std::string value = absl::GetFlag(flag);

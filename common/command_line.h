@@ -26,7 +26,6 @@
 
 #include <initializer_list>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
@@ -88,15 +87,28 @@ std::string FlagName(const absl::Flag<T>& flag) {
   return FlagName(absl::GetFlagReflectionHandle(flag));
 }
 
+// The bounds' type is the flag's, not deduced from them (FlagInRange(FLAGS_ms, 1, kDayMs) with an
+// int64_t flag). C++17's spelling of std::type_identity_t: the CUDA benchmarks build as C++17.
+template <typename T>
+struct FlagBound {
+  using type = T;
+};
+
 // The flag's value; a usage error unless lo <= value <= hi (NaN is out of every range).
 template <typename T>
-T FlagInRange(const absl::Flag<T>& flag, std::type_identity_t<T> lo, std::type_identity_t<T> hi) {
+T FlagInRange(const absl::Flag<T>& flag, typename FlagBound<T>::type lo,
+              typename FlagBound<T>::type hi) {
   const T value = absl::GetFlag(flag);
   if (!(value >= lo && value <= hi)) {
     UsageError(absl::StrCat(FlagName(flag), " ", value, ": must be in [", lo, ", ", hi, "]"));
   }
   return value;
 }
+
+// The values of a list flag; a usage error unless each is in [lo, hi] and (unless allow_empty)
+// there is at least one.
+std::vector<int> FlagIntsInRange(const absl::Flag<IntList>& flag, int lo, int hi,
+                                 bool allow_empty = false);
 
 // The flag's value; a usage error unless it is one of `allowed`.
 std::string FlagOneOf(const absl::Flag<std::string>& flag,

@@ -191,18 +191,6 @@ std::vector<std::string> Modes(const absl::Flag<std::vector<std::string>>& flag)
   return modes;
 }
 
-// The values of a list of sizes, each checked to be in [lo, hi]; `nonempty`: at least one.
-std::vector<int> Sizes(const absl::Flag<IntList>& flag, int64_t lo, int64_t hi, bool nonempty) {
-  std::vector<int> v;
-  for (int64_t x : absl::GetFlag(flag).values) {
-    if (x < lo || x > hi)
-      UsageError(absl::StrCat(FlagName(flag), " ", x, ": must be in [", lo, ", ", hi, "]"));
-    v.push_back(static_cast<int>(x));
-  }
-  if (nonempty && v.empty()) UsageError(FlagName(flag) + " needs at least one value");
-  return v;
-}
-
 int Run(int argc, char** argv) {
   ParseFlags(argc, argv,
              "mlaserve-model-bench (--model DIR | --synthetic-weights CONFIG_DIR) [flags]");
@@ -212,8 +200,9 @@ int Run(int argc, char** argv) {
   const int shard_rank = FlagInRange(FLAGS_rank, 0, 1 << 16);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const std::vector<std::string> kvs = absl::GetFlag(FLAGS_kv);
-  const std::vector<int> batches = Sizes(FLAGS_batches, 1, 1 << 16, /*nonempty=*/true);
-  const std::vector<int> prefills = Sizes(FLAGS_prefill, 1, 1 << 24, /*nonempty=*/false);
+  const std::vector<int> batches = FlagIntsInRange(FLAGS_batches, 1, 1 << 16);
+  const std::vector<int> prefills =
+      FlagIntsInRange(FLAGS_prefill, 1, 1 << 24, /*allow_empty=*/true);
   const int context = FlagInRange(FLAGS_context, 0, 1 << 24);
   const int steps = FlagInRange(FLAGS_steps, 1, 1 << 20);
   const std::vector<std::string> graph_modes = Modes(FLAGS_graphs);

@@ -101,6 +101,10 @@ TEST_F(CommandLineTest, Checks) {
   EXPECT_EQ(RequiredFlag(FLAGS_model, "DIR"), "/m");
   EXPECT_EQ(FlagOneOf(FLAGS_device, {"auto", "cuda", "cpu"}), "cpu");
   EXPECT_EQ(FlagName(FLAGS_max_running), "--max-running");
+  Parse({"--batches", "2,64"});
+  EXPECT_EQ(FlagIntsInRange(FLAGS_batches, 1, 64), (std::vector<int>{2, 64}));
+  Parse({"--batches="});
+  EXPECT_TRUE(FlagIntsInRange(FLAGS_batches, 1, 64, /*allow_empty=*/true).empty());
 }
 
 TEST_F(CommandLineDeathTest, UsageErrorsExitTwoWithAMessage) {
@@ -133,6 +137,10 @@ TEST_F(CommandLineDeathTest, ChecksExitTwoWithAMessage) {
   EXPECT_EXIT((Parse({}), RequiredFlag(FLAGS_model, "DIR")), two, "--model DIR is required");
   EXPECT_EXIT((Parse({"--device", "tpu"}), FlagOneOf(FLAGS_device, {"auto", "cuda", "cpu"})), two,
               "--device tpu: must be auto, cuda, cpu");
+  EXPECT_EXIT((Parse({"--batches", "1,65"}), FlagIntsInRange(FLAGS_batches, 1, 64)), two,
+              "--batches 65: each value must be in \\[1, 64\\]");
+  EXPECT_EXIT((Parse({"--batches="}), FlagIntsInRange(FLAGS_batches, 1, 64)), two,
+              "--batches needs at least one value");
 }
 
 TEST_F(CommandLineDeathTest, HelpListsEveryFlagAndExitsZero) {
