@@ -9,27 +9,24 @@
 #include <cstring>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "capnp/message.h"
 #include "capnp/serialize.h"
+#include "common/command_line.h"
 #include "mlaserve.capnp.h"
 #include "nlohmann/json.hpp"
 #include "zmq.hpp"
 
+ABSL_FLAG(std::string, coordinator, "",
+          "The coordinator's worker endpoint (its --worker-listen); required.");
+ABSL_FLAG(int32_t, vocab, 512, "Vocabulary size reported to the coordinator, in [1, 16777216].");
+ABSL_FLAG(int32_t, kv_blocks, 4096, "KV blocks reported to the coordinator, in [1, 16777216].");
+
 int main(int argc, char** argv) {
   using namespace mlaserve;
-  std::string endpoint;
-  int vocab = 512, kv_blocks = 4096;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--coordinator") endpoint = v;
-    else if (k == "--vocab") (void)absl::SimpleAtoi(v, &vocab);
-    else if (k == "--kv-blocks") (void)absl::SimpleAtoi(v, &kv_blocks);
-  }
-  if (endpoint.empty()) {
-    std::fprintf(stderr, "usage: mlaserve-null-worker --coordinator ENDPOINT [--vocab N] [--kv-blocks N]\n");
-    return 2;
-  }
+  ParseFlags(argc, argv, "mlaserve-null-worker --coordinator ENDPOINT [--vocab N] [--kv-blocks N]");
+  const std::string endpoint = RequiredFlag(FLAGS_coordinator, "ENDPOINT");
+  const int vocab = FlagInRange(FLAGS_vocab, 1, 1 << 24);
+  const int kv_blocks = FlagInRange(FLAGS_kv_blocks, 1, 1 << 24);
   zmq::context_t ctx(1);
   zmq::socket_t sock(ctx, zmq::socket_type::dealer);
   sock.set(zmq::sockopt::routing_id, "worker");

@@ -15,8 +15,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "common/command_line.h"
 #include "coordinator/scheduler/scheduler.h"
 
 namespace mlaserve {
@@ -119,7 +122,14 @@ Figures Measure(int32_t num_seqs, int32_t rounds) {
 }  // namespace mlaserve
 
 int main(int argc, char** argv) {
-  const int scale = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1;
+  // SCALE multiplies the timed rounds (400, 40 and 20 at 1, 64 and 256 running).
+  const std::vector<std::string> args =
+      mlaserve::ParseCommandLine(argc, argv, "scheduler_bench [SCALE]");
+  int scale = 1;
+  if (args.size() > 1 ||
+      (args.size() == 1 && !(absl::SimpleAtoi(args[0], &scale) && scale >= 1 && scale <= 10000))) {
+    mlaserve::UsageError("takes one optional SCALE in [1, 10000]");
+  }
   std::printf(
       "scheduling + result handling per decode step (Schedule + OnStepResult; model and plan "
       "encoding excluded)\nprompt %d tokens, 64-token blocks, 4096-block pool, %d timed decode "

@@ -14,26 +14,48 @@
 // in flight; --rate sends a Poisson stream of R requests/s. Prints TTFT, TPOT, ITL and E2E
 // (mean, p50, p90, p99), request and token throughput, and with --metrics the coordinator's
 // overhead per step from its own histogram (scheduling + plan encoding + result handling).
-#include <algorithm>
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <netinet/in.h>
 #include <random>
 #include <regex>
 #include <string>
-#include <sys/socket.h>
-#include <unistd.h>
 #include <vector>
-
-#include <sys/resource.h>
 
 #include "absl/strings/numbers.h"
 #include "bench/loadgen/http_load.h"
+#include "common/command_line.h"
 #include "coordinator/client/client.h"
+
+ABSL_FLAG(std::string, endpoint, "tcp://127.0.0.1:5555",
+          "The coordinator's client endpoint (ZeroMQ mode).");
+ABSL_FLAG(std::string, http, "",
+          "HOST:PORT of mlaserve-openai: streaming POST /v1/completions instead of ZeroMQ (needs "
+          "--concurrency).");
+ABSL_FLAG(std::string, api_key, "", "--http: the front end's API key.");
+ABSL_FLAG(int32_t, requests, 100, "Requests to send, in [1, 100000000].");
+ABSL_FLAG(int32_t, concurrency, 0,
+          "Keep N requests in flight, N in [0, 1000000] (give this or --rate).");
+ABSL_FLAG(double, rate, 0,
+          "A Poisson stream of R requests/s, R in [0, 1e9] (give this or --concurrency).");
+ABSL_FLAG(int32_t, input_len, 512, "Prompt tokens per request, in [1, 16777216].");
+ABSL_FLAG(int32_t, output_len, 128, "Output tokens per request, in [1, 16777216].");
+ABSL_FLAG(int32_t, vocab, 32000, "Prompt token ids are drawn from [0, V), V in [1, 16777216].");
+ABSL_FLAG(double, range, 0, "Lengths vary uniformly by +-this fraction, in [0, 1).");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the prompts and lengths.");
+ABSL_FLAG(std::string, input_file, "",
+          "Lines \"INPUT_LEN OUTPUT_LEN\", one a request (instead of --input-len, --output-len).");
+ABSL_FLAG(std::string, metrics, "",
+          "HOST:PORT of the coordinator's /metrics: also print its overhead per step.");
 
 namespace {
 
@@ -113,36 +135,32 @@ double CpuSeconds() {
 
 int main(int argc, char** argv) {
   using namespace mlaserve;
-  std::string endpoint = "tcp://127.0.0.1:5555", input_file, metrics, http, api_key;
-  int requests = 100, concurrency = 0, input_len = 512, output_len = 128, vocab = 32000;
-  double rate = 0, range = 0;
-  uint64_t seed = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    bool ok = true;
-    if (k == "--endpoint") endpoint = v;
-    else if (k == "--requests") ok = absl::SimpleAtoi(v, &requests);
-    else if (k == "--concurrency") ok = absl::SimpleAtoi(v, &concurrency);
-    else if (k == "--rate") ok = absl::SimpleAtod(v, &rate);
-    else if (k == "--input-len") ok = absl::SimpleAtoi(v, &input_len);
-    else if (k == "--output-len") ok = absl::SimpleAtoi(v, &output_len);
-    else if (k == "--vocab") ok = absl::SimpleAtoi(v, &vocab);
-    else if (k == "--range") ok = absl::SimpleAtod(v, &range);
-    else if (k == "--seed") ok = absl::SimpleAtoi(v, &seed);
-    else if (k == "--input-file") input_file = v;
-    else if (k == "--metrics") metrics = v;
-    else if (k == "--http") http = v;
-    else if (k == "--api-key") api_key = v;
-    else ok = false;
-    if (!ok) {
-      std::fprintf(stderr, "mlaserve-loadgen: bad argument %s %s\n", k.c_str(), v.c_str());
-      return 2;
-    }
+  ParseFlags(
+      argc, argv,
+      "mlaserve-loadgen (--endpoint E | --http HOST:PORT) (--concurrency N | --rate R) [flags]");
+  const std::string endpoint = absl::GetFlag(FLAGS_endpoint),
+                    input_file = absl::GetFlag(FLAGS_input_file);
+  const std::string metrics = absl::GetFlag(FLAGS_metrics), http = absl::GetFlag(FLAGS_http);
+  const std::string api_key = absl::GetFlag(FLAGS_api_key);
+  const int requests = FlagInRange(FLAGS_requests, 1, 100000000);
+  const int concurrency = FlagInRange(FLAGS_concurrency, 0, 1000000);
+  const double rate = FlagInRange(FLAGS_rate, 0, 1e9);
+  const int input_len = FlagInRange(FLAGS_input_len, 1, 1 << 24);
+  const int output_len = FlagInRange(FLAGS_output_len, 1, 1 << 24);
+  const int vocab = FlagInRange(FLAGS_vocab, 1, 1 << 24);
+  const double range = absl::GetFlag(FLAGS_range);
+  if (!(range >= 0 && range < 1))
+    UsageError(absl::StrCat("--range ", range, ": must be in [0, 1)"));
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  if ((concurrency > 0) == (rate > 0))
+    UsageError("give exactly one of --concurrency N and --rate R");
+  int http_port = 0;
+  if (!http.empty() &&
+      !(absl::SimpleAtoi(http.substr(http.rfind(':') + 1), &http_port) &&
+        http.rfind(':') != std::string::npos && http_port > 0 && http_port < 65536)) {
+    UsageError("--http " + http + ": expected HOST:PORT");
   }
-  if ((concurrency > 0) == (rate > 0)) {
-    std::fprintf(stderr, "mlaserve-loadgen: give exactly one of --concurrency N and --rate R\n");
-    return 2;
-  }
+  if (!http.empty() && concurrency <= 0) UsageError("--http takes --concurrency N (no --rate)");
   std::mt19937_64 rng(seed);
   std::vector<std::pair<int, int>> shapes;
   if (!input_file.empty()) {
@@ -161,13 +179,9 @@ int main(int argc, char** argv) {
   };
   const double cpu0 = CpuSeconds();
   if (!http.empty()) {
-    if (concurrency <= 0) {
-      std::fprintf(stderr, "mlaserve-loadgen: --http takes --concurrency N (no --rate)\n");
-      return 2;
-    }
     bench::HttpLoadOptions o;
     o.host = http.substr(0, http.rfind(':'));
-    o.port = std::stoi(http.substr(http.rfind(':') + 1));
+    o.port = http_port;
     o.api_key = api_key;
     o.concurrency = concurrency;
     std::vector<bench::HttpRequestSpec> specs(static_cast<size_t>(requests));

@@ -17,12 +17,25 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
 #include "kernels/mla/kv_cache_format.h"
 #include "kernels/mla/mla_decode.h"
+
+ABSL_FLAG(mlaserve::IntList, batch, (mlaserve::IntList{{1, 8, 32, 64, 128}}),
+          "Batch sizes, each in [1, 65536].");
+ABSL_FLAG(mlaserve::IntList, context, (mlaserve::IntList{{1024, 8192, 32768, 131072}}),
+          "Tokens of context per sequence, each in [1, 16777216].");
+ABSL_FLAG(mlaserve::IntList, heads, (mlaserve::IntList{{8, 16, 64, 128}}),
+          "Query heads per GPU, each in [1, 1024].");
+ABSL_FLAG(mlaserve::IntList, variant, (mlaserve::IntList{{-1}}),
+          "Kernel variants by index (-1: the one the dispatcher picks).");
+ABSL_FLAG(mlaserve::IntList, workers, (mlaserve::IntList{{0}}),
+          "Caps on the persistent workers, each >= 0 (0: none).");
+ABSL_FLAG(std::vector<std::string>, format, std::vector<std::string>({"bf16", "fp8", "fp8_tiled"}),
+          "KV cache formats.");
 
 namespace mlaserve {
 namespace {
@@ -84,14 +97,6 @@ __global__ void FillBf16(uint16_t* x, size_t n, uint64_t seed) {
        i += size_t(gridDim.x) * blockDim.x) {
     x[i] = RandomBf16(Hash(seed + i * 7919));
   }
-}
-
-std::vector<int> ParseList(const char* s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::stoi(item));
-  return v;
 }
 
 double MeasureCopyBandwidth() {
@@ -239,31 +244,17 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
 }
 
 int Main(int argc, char** argv) {
-  std::vector<int> batches = {1, 8, 32, 64, 128}, contexts = {1024, 8192, 32768, 131072},
-                   heads_list = {8, 16, 64, 128}, variants = {-1}, workers_list = {0};
-  std::vector<KvCacheFormat> formats = {KvCacheFormat::kBf16, KvCacheFormat::kFp8,
-                                        KvCacheFormat::kFp8Tiled};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--batch")
-      batches = ParseList(argv[i + 1]);
-    else if (k == "--context")
-      contexts = ParseList(argv[i + 1]);
-    else if (k == "--heads")
-      heads_list = ParseList(argv[i + 1]);
-    else if (k == "--variant")
-      variants = ParseList(argv[i + 1]);
-    else if (k == "--workers")  // caps on the persistent workers (0: none)
-      workers_list = ParseList(argv[i + 1]);
-    else if (k == "--format") {
-      formats.clear();
-      std::stringstream ss(argv[i + 1]);
-      std::string item;
-      while (std::getline(ss, item, ',')) formats.push_back(*ParseKvCacheFormat(item));
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
-    }
+  ParseFlags(argc, argv, "mla_decode_bench [flags]");
+  const std::vector<int> batches = FlagIntsInRange(FLAGS_batch, 1, 1 << 16);
+  const std::vector<int> contexts = FlagIntsInRange(FLAGS_context, 1, 1 << 24);
+  const std::vector<int> heads_list = FlagIntsInRange(FLAGS_heads, 1, 1024);
+  const std::vector<int> variants = FlagIntsInRange(FLAGS_variant, -1, 1 << 16);
+  const std::vector<int> workers_list = FlagIntsInRange(FLAGS_workers, 0, 1 << 16);
+  std::vector<KvCacheFormat> formats;
+  for (const std::string& name : absl::GetFlag(FLAGS_format)) {
+    absl::StatusOr<KvCacheFormat> f = ParseKvCacheFormat(name);
+    if (!f.ok()) UsageError("--format " + name + ": " + std::string(f.status().message()));
+    formats.push_back(*f);
   }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));

@@ -16,11 +16,26 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "kernels/mla/mla_prefill.h"
+
+ABSL_FLAG(mlaserve::IntList, heads, (mlaserve::IntList{{16, 128}}),
+          "Query heads, each in [1, 1024].");
+ABSL_FLAG(mlaserve::IntList, ctx, (mlaserve::IntList{{0, 4096}}),
+          "Cached prefix tokens per sequence, each in [0, 16777216].");
+ABSL_FLAG(mlaserve::IntList, new, (mlaserve::IntList{{512, 4096}}),
+          "New (prefilled) tokens per sequence, each in [1, 16777216].");
+ABSL_FLAG(mlaserve::IntList, seqs, (mlaserve::IntList{{1}}),
+          "Sequences per call, each in [1, 65536].");
+ABSL_FLAG(int32_t, iters, 20, "Timed calls per configuration, in [1, 100000].");
+ABSL_FLAG(double, peak_tflops, 989.0, "The GPU's peak bf16 TFLOP/s the fraction is of, > 0.");
+ABSL_FLAG(std::vector<std::string>, dims, std::vector<std::string>({"128x128"}),
+          "Head dims NOPExV (qk_nope x v_head), comma-separated.");
 
 namespace mlaserve {
 namespace {
@@ -46,46 +61,24 @@ __global__ void FillBf16(uint16_t* x, size_t n, uint64_t seed) {
   }
 }
 
-std::vector<int> ParseList(const char* s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::atoi(item.c_str()));
-  return v;
-}
-
 int Main(int argc, char** argv) {
-  std::vector<int> heads_list{16, 128}, ctx_list{0, 4096}, new_list{512, 4096}, seqs_list{1};
-  std::vector<std::pair<int, int>> dims{{128, 128}};
-  int iters = 20;
-  double peak = 989.0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--heads") {
-      heads_list = ParseList(argv[i + 1]);
-    } else if (k == "--ctx") {
-      ctx_list = ParseList(argv[i + 1]);
-    } else if (k == "--new") {
-      new_list = ParseList(argv[i + 1]);
-    } else if (k == "--seqs") {
-      seqs_list = ParseList(argv[i + 1]);
-    } else if (k == "--iters") {
-      iters = std::max(1, std::atoi(argv[i + 1]));
-    } else if (k == "--peak_tflops") {
-      peak = std::atof(argv[i + 1]);
-    } else if (k == "--dims") {
-      dims.clear();
-      std::stringstream ss(argv[i + 1]);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
-        const size_t x = item.find('x');
-        dims.emplace_back(std::atoi(item.substr(0, x).c_str()),
-                          std::atoi(item.substr(x + 1).c_str()));
-      }
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
+  ParseFlags(argc, argv, "mla_prefill_bench [flags]");
+  const std::vector<int> heads_list = FlagIntsInRange(FLAGS_heads, 1, 1024);
+  const std::vector<int> ctx_list = FlagIntsInRange(FLAGS_ctx, 0, 1 << 24);
+  const std::vector<int> new_list = FlagIntsInRange(FLAGS_new, 1, 1 << 24);
+  const std::vector<int> seqs_list = FlagIntsInRange(FLAGS_seqs, 1, 1 << 16);
+  const int iters = FlagInRange(FLAGS_iters, 1, 100000);
+  const double peak = absl::GetFlag(FLAGS_peak_tflops);
+  if (!(peak > 0)) UsageError(absl::StrCat("--peak-tflops ", peak, ": must be > 0"));
+  std::vector<std::pair<int, int>> dims;
+  for (const std::string& d : absl::GetFlag(FLAGS_dims)) {
+    std::vector<std::string> parts = absl::StrSplit(d, 'x');
+    int nope = 0, v = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &nope) ||
+        !absl::SimpleAtoi(parts[1], &v) || nope < 1 || v < 1) {
+      UsageError("--dims " + d + ": expected NOPExV, e.g. 128x128");
     }
+    dims.emplace_back(nope, v);
   }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));

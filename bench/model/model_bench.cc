@@ -45,11 +45,37 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "common/safetensors.h"
 #include "kernels/linear/linear.h"
 #include "worker/backend/cuda_ops.h"
 #include "worker/model/deepseek_v3.h"
 #include "worker/model/synthetic_checkpoint.h"
+
+ABSL_FLAG(std::string, model, "", "The checkpoint folder (or --synthetic-weights).");
+ABSL_FLAG(
+    std::string, synthetic_weights, "",
+    "A folder with config.json (+ hf_quant_config.json): its weights are generated while loading.");
+ABSL_FLAG(std::vector<std::string>, kv, std::vector<std::string>({"bf16", "fp8_tiled"}),
+          "KV cache formats to run, comma-separated.");
+ABSL_FLAG(mlaserve::IntList, batches, (mlaserve::IntList{{1, 8, 64}}),
+          "Decode batch sizes, each in [1, 65536].");
+ABSL_FLAG(mlaserve::IntList, prefill, (mlaserve::IntList{{2048, 8192}}),
+          "Prefill lengths, each in [1, 16777216] (empty: none).");
+ABSL_FLAG(int32_t, context, 1024, "Context of every decoding sequence, in [0, 16777216].");
+ABSL_FLAG(int32_t, steps, 16, "Timed decode steps per batch, in [1, 1048576].");
+ABSL_FLAG(std::string, oracle, "",
+          "A transformers oracle file (bench/model/hf_midsize.py oracle): greedy agreement (needs "
+          "--model).");
+ABSL_FLAG(std::vector<std::string>, graphs, std::vector<std::string>({"on", "off"}),
+          "CUDA graph modes to run: on, off or both.");
+ABSL_FLAG(std::vector<std::string>, deterministic, std::vector<std::string>({"off"}),
+          "Deterministic modes to run: off, on or both.");
+ABSL_FLAG(mlaserve::OnOff, phases, mlaserve::OnOff{false},
+          "Also time the model's phases with CUDA events.");
+ABSL_FLAG(int32_t, rank, 0, "Load this rank's shard of a --ranks N deployment, in [0, N).");
+ABSL_FLAG(int32_t, ranks, 0, "The deployment's rank count, in [0, 65536] (0: the whole model).");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic weights.");
 
 namespace mlaserve {
 namespace {
@@ -125,15 +151,6 @@ double GemmRate() {
   return 2.0 * n * n * n / Median(t);
 }
 
-std::vector<int> Ints(const std::string& s) {
-  std::vector<int> v;
-  for (auto p : absl::StrSplit(s, ',')) {
-    int x;
-    if (absl::SimpleAtoi(p, &x)) v.push_back(x);
-  }
-  return v;
-}
-
 // Sequences [first, first + n) of a step batch, each with its own contiguous run of blocks.
 struct Sequences {
   std::vector<std::vector<int32_t>> tables;
@@ -164,63 +181,39 @@ StepBatch Step(Sequences& s, const std::vector<int>& which,
   return b;
 }
 
+// Each value of a list of on/off modes (--graphs on,off), checked.
+std::vector<std::string> Modes(const absl::Flag<std::vector<std::string>>& flag) {
+  std::vector<std::string> modes = absl::GetFlag(flag);
+  for (const std::string& m : modes) {
+    if (m != "on" && m != "off")
+      UsageError(FlagName(flag) + " " + m + ": each mode must be on or off");
+  }
+  return modes;
+}
+
 int Run(int argc, char** argv) {
-  std::string model_dir, oracle, synthetic_dir;
-  int shard_rank = 0, shard_world = 0;
-  uint64_t seed = 1;
-  std::vector<std::string> kvs = {"bf16", "fp8_tiled"};
-  std::vector<int> batches = {1, 8, 64}, prefills = {2048, 8192};
-  int context = 1024, steps = 16;
-  std::vector<std::string> graph_modes = {"on", "off"};
-  std::vector<std::string> det_modes = {"off"};
-  bool phases = false;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model")
-      model_dir = v;
-    else if (k == "--kv")
-      kvs = absl::StrSplit(v, ',');
-    else if (k == "--batches")
-      batches = Ints(v);
-    else if (k == "--prefill")
-      prefills = Ints(v);
-    else if (k == "--context")
-      context = std::stoi(v);
-    else if (k == "--steps")
-      steps = std::stoi(v);
-    else if (k == "--oracle")
-      oracle = v;
-    else if (k == "--graphs")
-      graph_modes = absl::StrSplit(v, ',');
-    else if (k == "--phases")
-      phases = v == "on";
-    else if (k == "--deterministic")
-      det_modes = absl::StrSplit(v, ',');
-    else if (k == "--synthetic-weights")
-      synthetic_dir = v;
-    else if (k == "--rank")
-      shard_rank = std::stoi(v);
-    else if (k == "--ranks")
-      shard_world = std::stoi(v);
-    else if (k == "--seed")
-      seed = std::stoull(v);
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
-      return 2;
-    }
-  }
+  ParseFlags(argc, argv,
+             "mlaserve-model-bench (--model DIR | --synthetic-weights CONFIG_DIR) [flags]");
+  const std::string model_dir = absl::GetFlag(FLAGS_model), oracle = absl::GetFlag(FLAGS_oracle);
+  const std::string synthetic_dir = absl::GetFlag(FLAGS_synthetic_weights);
+  const int shard_world = FlagInRange(FLAGS_ranks, 0, 1 << 16);
+  const int shard_rank = FlagInRange(FLAGS_rank, 0, 1 << 16);
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const std::vector<std::string> kvs = absl::GetFlag(FLAGS_kv);
+  const std::vector<int> batches = FlagIntsInRange(FLAGS_batches, 1, 1 << 16);
+  const std::vector<int> prefills =
+      FlagIntsInRange(FLAGS_prefill, 1, 1 << 24, /*allow_empty=*/true);
+  const int context = FlagInRange(FLAGS_context, 0, 1 << 24);
+  const int steps = FlagInRange(FLAGS_steps, 1, 1 << 20);
+  const std::vector<std::string> graph_modes = Modes(FLAGS_graphs);
+  const std::vector<std::string> det_modes = Modes(FLAGS_deterministic);
+  const bool phases = absl::GetFlag(FLAGS_phases).on;
   if (model_dir.empty() == synthetic_dir.empty()) {
-    std::fprintf(stderr, "one of --model DIR and --synthetic-weights CONFIG_DIR is required\n");
-    return 2;
+    UsageError("one of --model DIR and --synthetic-weights CONFIG_DIR is required");
   }
-  if (!synthetic_dir.empty() && !oracle.empty()) {
-    std::fprintf(stderr, "--oracle needs the real weights (--model)\n");
-    return 2;
-  }
-  if (shard_world > 0 && (shard_rank < 0 || shard_rank >= shard_world)) {
-    std::fprintf(stderr, "--rank must be in [0, --ranks)\n");
-    return 2;
-  }
+  if (!synthetic_dir.empty() && !oracle.empty())
+    UsageError("--oracle needs the real weights (--model)");
+  if (shard_world > 0 && shard_rank >= shard_world) UsageError("--rank must be in [0, --ranks)");
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   const double bw = CopyBandwidth();

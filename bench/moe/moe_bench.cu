@@ -18,11 +18,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "kernels/moe/int4_moe.h"
+#include "common/command_line.h"
 #include "kernels/moe/nvfp4_moe.h"
 #include "kernels/moe/nvfp4_moe_gemm.h"
 
@@ -86,15 +86,16 @@ struct Config {
 
 using namespace mlaserve;  // NOLINT: a benchmark main
 
+ABSL_FLAG(bool, quick, false, "Prefill at 2k tokens only.");
+ABSL_FLAG(bool, decode, false, "Decode only (for comparing build variants).");
+ABSL_FLAG(bool, prefill, false, "Prefill only.");
+ABSL_FLAG(bool, int4, false, "Also the INT4 (compressed-tensors) expert format, beside NVFP4 on the same routing draws.");
+
 int main(int argc, char** argv) {
-  // --quick: prefill 2k only; --decode: decode only (for comparing build variants).
-  bool quick = false, decode_only = false, prefill_only = false, int4 = false;
-  for (int i = 1; i < argc; ++i) {
-    quick |= std::strcmp(argv[i], "--quick") == 0;
-    decode_only |= std::strcmp(argv[i], "--decode") == 0;
-    prefill_only |= std::strcmp(argv[i], "--prefill") == 0;
-    int4 |= std::strcmp(argv[i], "--int4") == 0;
-  }
+  ParseFlags(argc, argv, "moe_bench [--quick] [--decode | --prefill] [--int4]");
+  const bool quick = absl::GetFlag(FLAGS_quick), decode_only = absl::GetFlag(FLAGS_decode),
+             prefill_only = absl::GetFlag(FLAGS_prefill),
+             int4 = absl::GetFlag(FLAGS_int4);
   const int H = 7168, I = 2048, K = 8;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));

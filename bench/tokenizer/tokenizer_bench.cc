@@ -12,20 +12,24 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "common/command_line.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s MODEL_DIR CORPUS [PASSES]\n", argv[0]);
-    return 2;
+  const std::vector<std::string> args =
+      mlaserve::ParseCommandLine(argc, argv, "tokenizer_bench MODEL_DIR CORPUS [PASSES]");
+  int passes = 3;
+  if (args.size() < 2 || args.size() > 3) mlaserve::UsageError("takes MODEL_DIR CORPUS [PASSES]");
+  if (args.size() == 3 && !(absl::SimpleAtoi(args[2], &passes) && passes >= 1 && passes <= 1000)) {
+    mlaserve::UsageError("PASSES " + args[2] + ": must be in [1, 1000]");
   }
-  const int passes = argc > 3 ? std::atoi(argv[3]) : 3;
-  auto tok = mlaserve::Tokenizer::LoadFromModelDir(argv[1]);
+  auto tok = mlaserve::Tokenizer::LoadFromModelDir(args[0]);
   if (!tok.ok()) {
     std::fprintf(stderr, "%s\n", std::string(tok.status().message()).c_str());
     return 1;
   }
-  std::ifstream in(argv[2], std::ios::binary);
+  std::ifstream in(args[1], std::ios::binary);
   std::ostringstream contents;
   contents << in.rdbuf();
   const std::string data = contents.str();

@@ -1096,6 +1096,7 @@ class Renderer {
 
   Flow Execute(const Node& node, std::string* out) {
     Step(1);
+    const Nesting nesting(this);
     const Flow flow = ExecuteNode(node, out);
     CheckSize(*out);
     return flow;
@@ -1118,6 +1119,20 @@ class Renderer {
                                      limits_.max_output_bytes, " bytes; a runaway template?"));
     }
   }
+  // One level of the renderer's recursion while alive (RenderLimits::max_depth).
+  struct Nesting {
+    explicit Nesting(Renderer* r) : renderer(r) {
+      if (renderer->depth_ >= renderer->limits_.max_depth) {
+        throw RenderError(
+            absl::StrCat("template nests blocks, expressions and macro calls more "
+                         "than ",
+                         renderer->limits_.max_depth, " deep"));
+      }
+      ++renderer->depth_;
+    }
+    ~Nesting() { --renderer->depth_; }
+    Renderer* renderer;
+  };
   static void Checked(bool overflow, const std::string& op) {
     if (overflow) throw RenderError("integer overflow in " + op + " (beyond 64 bits)");
   }
@@ -1910,6 +1925,7 @@ class Renderer {
 
  public:
   Value Eval(const Expr& e) {
+    const Nesting nesting(this);
     switch (e.kind) {
       case Expr::Kind::kLiteral:
         return e.literal;
@@ -2034,6 +2050,7 @@ class Renderer {
   RenderLimits limits_;
   int64_t steps_ = 0;
   int call_depth_ = 0;
+  int depth_ = 0;  // Nesting levels open
 };
 
 }  // namespace

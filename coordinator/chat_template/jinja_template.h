@@ -34,6 +34,12 @@ struct RenderLimits {
   uint64_t max_output_bytes = uint64_t{64} << 20;
   // Nested macro calls.
   int max_call_depth = 64;
+  // Nested blocks, expressions and macro calls together. The renderer recurses once per level,
+  // so this bounds its stack (~1.8 KiB a level: 256 levels take ~470 KiB in the -O2 build,
+  // ~660 KiB under ASan): parsing bounds the nesting of one template, but macro calls multiply
+  // it (62 calls deep through 45 nested ifs overflowed an 8 MiB stack). The chat templates of
+  // DeepSeek-V3/V3.1 and Kimi-K2 reach 9-19 levels, with tools and tool calls.
+  int max_depth = 256;
 };
 
 class Template {

@@ -67,17 +67,50 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "common/command_line.h"
 #include "coordinator/client/client.h"
 #include "coordinator/http/chat_prompt.h"
 #include "coordinator/http/coordinator_link.h"
 #include "coordinator/http/http_exchange.h"
+#include "coordinator/http/large_stack.h"
 #include "coordinator/http/openai_protocol.h"
 #include "coordinator/http/reasoning_parser.h"
 #include "coordinator/http/stop_strings.h"
 #include "coordinator/http/tool_calls.h"
 #include "coordinator/server/request_builder.h"
 #include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, coordinator, "",
+          "The coordinator's client endpoint, tcp://HOST:PORT; required.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:8000",
+          "HOST:PORT to serve HTTP on (civetweb's listening_ports).");
+ABSL_FLAG(
+    std::string, api_key, "",
+    "Requests must carry Authorization: Bearer KEY (default: $MLASERVE_API_KEY; neither: open).");
+ABSL_FLAG(std::string, server_key, "",
+          "The coordinator's public key file, for a CURVE coordinator; with --client-key.");
+ABSL_FLAG(std::string, client_key, "",
+          "This front end's key pair file, for a CURVE coordinator; with --server-key.");
+ABSL_FLAG(std::string, served_model_name, "",
+          "The model's name in the API (default: the coordinator's model name).");
+ABSL_FLAG(int32_t, threads, 1088,
+          "HTTP threads: one per open stream or kept-alive connection, in [1, 65536].");
+ABSL_FLAG(uint32_t, default_max_tokens, 256,
+          "max_tokens of a request that gives none, in [1, 1048576].");
+ABSL_FLAG(int32_t, request_timeout_s, 600,
+          "A generation with no reply from the coordinator for this long is aborted (504), in [1, "
+          "86400].");
+ABSL_FLAG(int32_t, keep_alive_timeout_s, 5,
+          "An idle kept-alive connection is closed after this, in [0, 3600] (0: no keep-alive).");
+ABSL_FLAG(int32_t, client_timeout_s, 30,
+          "A request's head and body must arrive, and a blocked write go out, within this, in [1, "
+          "86400].");
+ABSL_FLAG(uint64_t, max_body_bytes, 8u << 20, "Largest request body, in [1, 1073741824].");
+ABSL_FLAG(std::string, model, "",
+          "The model folder the coordinator serves: tokenizer and chat template here too (see the "
+          "top of openai_main.cc).");
+ABSL_FLAG(std::string, reasoning_parser, "none",
+          "deepseek, kimi or none: where the model's thinking goes (needs --model).");
 
 namespace mlaserve::openai {
 namespace {
@@ -902,7 +935,15 @@ ApiError BadParam(const std::string& param, const std::string& message) {
 // The chat prompt of `req` rendered here (--model with a chat template; chat_prompt.h), its
 // inputs turned into token ids; false (and the error written) when it cannot be.
 bool BuildChatPrompt(HttpExchange& http, ParsedRequest& req, ChatPrompt& prompt, int& status) {
-  auto built = g_prompt->Build(req, req.inputs.at(0).add_generation_prompt);
+  // Rendering recurses with the template: not on civetweb's 100 KiB stack (large_stack.h).
+  absl::StatusOr<ChatPrompt> built;
+  const absl::Status ran = RunWithStack(kChatPromptStackBytes, [&] {
+    built = g_prompt->Build(req, req.inputs.at(0).add_generation_prompt);
+  });
+  if (!ran.ok()) {
+    status = WriteError(http, Error(503, "service_unavailable", std::string(ran.message())));
+    return false;
+  }
   if (!built.ok()) {
     status = WriteError(http, BadParam(req.tool_choice == ToolChoice::kRequired ||
                                                req.tool_choice == ToolChoice::kNamed
@@ -1170,68 +1211,29 @@ int Route(mg_connection* conn, void*) {
       http, Error(404, "not_found_error", "no route " + method + " " + uri, "route_not_found"));
 }
 
-int Usage() {
-  std::fprintf(stderr,
-               "usage: mlaserve-openai --coordinator tcp://HOST:PORT --listen HOST:PORT "
-               "[--api-key KEY] [--server-key FILE --client-key FILE]\n"
-               "       [--served-model-name NAME] [--threads N] [--default-max-tokens N] "
-               "[--request-timeout-s S]\n"
-               "       [--keep-alive-timeout-s S] [--client-timeout-s S] [--max-body-bytes N]\n"
-               "       [--model DIR] [--reasoning-parser deepseek|kimi|none]\n");
-  return 2;
-}
+constexpr char kUsage[] =
+    "mlaserve-openai --coordinator tcp://HOST:PORT [--listen HOST:PORT] [flags]";
 
 int Main(int argc, char** argv) {
+  ParseFlags(argc, argv, kUsage);
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) {
-      return Usage();
-    }
-    const std::string v = argv[++i];
-    bool ok = true;
-    if (a == "--coordinator") {
-      o.coordinator = v;
-    } else if (a == "--listen") {
-      o.listen = v;
-    } else if (a == "--api-key") {
-      o.api_key = v;
-    } else if (a == "--server-key") {
-      o.security.server_key_file = v;
-    } else if (a == "--client-key") {
-      o.security.client_key_file = v;
-    } else if (a == "--served-model-name") {
-      o.served_model_name = v;
-    } else if (a == "--threads") {
-      ok = absl::SimpleAtoi(v, &o.threads) && o.threads > 0;
-    } else if (a == "--default-max-tokens") {
-      ok = absl::SimpleAtoi(v, &o.default_max_tokens) && o.default_max_tokens > 0;
-    } else if (a == "--model") {
-      o.model_dir = v;
-    } else if (a == "--reasoning-parser") {
-      ok = v == "deepseek" || v == "kimi" || v == "none";
-      o.reasoning = v == "deepseek" ? ReasoningFormat::kDeepSeekR1
-                    : v == "kimi"   ? ReasoningFormat::kKimiK2
-                                    : ReasoningFormat::kNone;
-    } else if (a == "--request-timeout-s") {
-      ok = absl::SimpleAtoi(v, &o.request_timeout_s) && o.request_timeout_s > 0;
-    } else if (a == "--keep-alive-timeout-s") {
-      ok = absl::SimpleAtoi(v, &o.keep_alive_timeout_s) && o.keep_alive_timeout_s >= 0;
-    } else if (a == "--client-timeout-s") {
-      ok = absl::SimpleAtoi(v, &o.client_timeout_s) && o.client_timeout_s > 0;
-    } else if (a == "--max-body-bytes") {
-      ok = absl::SimpleAtoi(v, &o.max_body_bytes) && o.max_body_bytes > 0;
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "mlaserve-openai: bad argument %s %s\n", a.c_str(), v.c_str());
-      return Usage();
-    }
-  }
-  if (o.coordinator.empty()) {
-    return Usage();
-  }
+  o.coordinator = RequiredFlag(FLAGS_coordinator, "tcp://HOST:PORT");
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.api_key = absl::GetFlag(FLAGS_api_key);
+  o.security.server_key_file = absl::GetFlag(FLAGS_server_key);
+  o.security.client_key_file = absl::GetFlag(FLAGS_client_key);
+  o.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  o.threads = FlagInRange(FLAGS_threads, 1, 1 << 16);
+  o.default_max_tokens = FlagInRange(FLAGS_default_max_tokens, 1, 1 << 20);
+  o.request_timeout_s = FlagInRange(FLAGS_request_timeout_s, 1, 86400);
+  o.keep_alive_timeout_s = FlagInRange(FLAGS_keep_alive_timeout_s, 0, 3600);
+  o.client_timeout_s = FlagInRange(FLAGS_client_timeout_s, 1, 86400);
+  o.max_body_bytes = FlagInRange(FLAGS_max_body_bytes, 1, 1 << 30);
+  o.model_dir = absl::GetFlag(FLAGS_model);
+  const std::string reasoning = FlagOneOf(FLAGS_reasoning_parser, {"deepseek", "kimi", "none"});
+  o.reasoning = reasoning == "deepseek" ? ReasoningFormat::kDeepSeekR1
+                : reasoning == "kimi"   ? ReasoningFormat::kKimiK2
+                                        : ReasoningFormat::kNone;
   if (o.api_key.empty()) {
     if (const char* k = std::getenv("MLASERVE_API_KEY"); k != nullptr) {
       o.api_key = k;
@@ -1261,13 +1263,11 @@ int Main(int argc, char** argv) {
       }
     }
   } else if (o.reasoning != ReasoningFormat::kNone) {
-    std::fprintf(stderr, "mlaserve-openai: --reasoning-parser needs --model DIR\n");
-    return Usage();
+    UsageError("--reasoning-parser needs --model DIR");
   }
 
   if (o.security.server_key_file.empty() != o.security.client_key_file.empty()) {
-    std::fprintf(stderr, "mlaserve-openai: --server-key and --client-key go together\n");
-    return 2;
+    UsageError("--server-key and --client-key go together");
   }
   auto link = CoordinatorLink::Start(o.coordinator, o.security);
   if (!link.ok()) {

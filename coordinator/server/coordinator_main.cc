@@ -19,60 +19,88 @@
 #include <cstdio>
 #include <string>
 
-#include "absl/strings/numbers.h"
+#include "common/command_line.h"
 #include "coordinator/server/coordinator.h"
+
+// Defaults are CoordinatorOptions' (coordinator.h); the ranges keep the scheduler's sizes
+// positive (0 where it means "none" or "the model's").
+ABSL_FLAG(std::string, model, "",
+          "The model folder (config.json, safetensors, tokenizer files); required.");
+ABSL_FLAG(std::string, listen, "tcp://127.0.0.1:5555", "The clients' ZeroMQ endpoint (ROUTER).");
+ABSL_FLAG(std::string, worker_listen, "tcp://127.0.0.1:5556",
+          "The endpoint worker rank 0 connects to.");
+ABSL_FLAG(std::string, metrics, "127.0.0.1:9400",
+          "HOST:PORT of the Prometheus /metrics endpoint (port 0: any free port; off: none).");
+ABSL_FLAG(std::string, name, "",
+          "The model name in metrics and model info (default: the folder's name).");
+ABSL_FLAG(int32_t, max_running, 256, "Most sequences holding KV blocks at once, in [1, 65536].");
+ABSL_FLAG(int32_t, max_step_tokens, 2048,
+          "Most tokens computed per step (decodes and prefill chunks), in [1, 1048576].");
+ABSL_FLAG(int32_t, max_waiting, 1024,
+          "Queued requests beyond this are refused as overloaded, in [1, 1048576].");
+ABSL_FLAG(int32_t, prefill_chunk, 512,
+          "Most prompt tokens of one sequence per step, in [0, 1048576] (0: no limit).");
+ABSL_FLAG(
+    int32_t, max_model_len, 0,
+    "Context length (prompt + output), in [0, 16777216] (0: the model's, capped by the KV cache).");
+ABSL_FLAG(bool, prefix_cache, true,
+          "Reuse the KV blocks of cached prompt prefixes (--no-prefix-cache: off).");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
+          "A worker rank silent this long (its heartbeats stopped; a rank that dies is seen at "
+          "once): the job has failed, in [1, 86400000].");
+ABSL_FLAG(int64_t, client_backlog_limit_bytes, int64_t{16} << 20,
+          "Replies held for one client beyond ZeroMQ's queue; past it the client's requests are "
+          "aborted, in [1, 2^40].");
+ABSL_FLAG(int64_t, step_timeout_ms, 120000,
+          "A step without its result this long: the job has failed, in [1, 86400000].");
+ABSL_FLAG(int64_t, drain_timeout_ms, 30000,
+          "On SIGTERM/SIGINT, requests in flight get this long to finish, in [1, 86400000].");
+ABSL_FLAG(int64_t, worker_start_timeout_ms, 300000,
+          "How long the workers may take to load and say ready, in [1, 86400000].");
+ABSL_FLAG(std::string, curve_secret_key, "",
+          "The server's CURVE key pair file (mode 0600): the client socket authenticates and "
+          "encrypts. Needs --curve-allowed-clients.");
+ABSL_FLAG(std::string, curve_allowed_clients, "",
+          "The clients' public keys, one a line: only they are served. Needs --curve-secret-key.");
+ABSL_FLAG(
+    std::string, worker_curve_key, "",
+    "The job's CURVE key pair file for the worker socket (the workers' --coordinator-curve-key).");
 
 namespace {
 mlaserve::Coordinator* g_coordinator = nullptr;
 void OnSignal(int) {
   if (g_coordinator != nullptr) g_coordinator->RequestShutdown();
 }
-int Usage(const std::string& why) {
-  std::fprintf(stderr, "mlaserve-coordinator: %s (see the comment at the top of coordinator_main.cc or README.md)\n", why.c_str());
-  return 2;
-}
+constexpr char kUsage[] = "mlaserve-coordinator --model DIR [flags]";
 }  // namespace
 
 int main(int argc, char** argv) {
+  using mlaserve::FlagInRange;
+  mlaserve::ParseFlags(argc, argv, kUsage);
   mlaserve::CoordinatorOptions o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--no-prefix-cache") {
-      o.prefix_caching = false;
-      continue;
-    }
-    if (i + 1 >= argc) return Usage(a + " needs a value");
-    const std::string v = argv[++i];
-    auto num = [&](auto* out) { return absl::SimpleAtoi(v, out); };
-    auto ms = [&](std::chrono::milliseconds* out) {
-      int64_t n;
-      if (!absl::SimpleAtoi(v, &n) || n <= 0) return false;
-      *out = std::chrono::milliseconds(n);
-      return true;
-    };
-    bool ok = true;
-    if (a == "--model") o.model_dir = v;
-    else if (a == "--listen") o.client_endpoint = v;
-    else if (a == "--worker-listen") o.worker_endpoint = v;
-    else if (a == "--metrics") o.metrics_address = v == "off" ? "" : v;
-    else if (a == "--name") o.model_name = v;
-    else if (a == "--curve-secret-key") o.curve_secret_key_file = v;
-    else if (a == "--curve-allowed-clients") o.curve_allowed_clients_file = v;
-    else if (a == "--worker-curve-key") o.worker_curve_key_file = v;
-    else if (a == "--max-running") ok = num(&o.max_running_seqs);
-    else if (a == "--max-step-tokens") ok = num(&o.max_tokens_per_step);
-    else if (a == "--max-waiting") ok = num(&o.max_waiting);
-    else if (a == "--prefill-chunk") ok = num(&o.max_prefill_chunk);
-    else if (a == "--max-model-len") ok = num(&o.max_model_len);
-    else if (a == "--heartbeat-timeout-ms") ok = ms(&o.heartbeat_timeout);
-    else if (a == "--step-timeout-ms") ok = ms(&o.step_timeout);
-    else if (a == "--drain-timeout-ms") ok = ms(&o.drain_timeout);
-    else if (a == "--worker-start-timeout-ms") ok = ms(&o.worker_start_timeout);
-    else if (a == "--client-backlog-limit-bytes") ok = num(&o.client_backlog_limit_bytes) && o.client_backlog_limit_bytes > 0;
-    else return Usage("unknown argument " + a);
-    if (!ok) return Usage(a + ": bad value " + v);
-  }
-  if (o.model_dir.empty()) return Usage("--model DIR is required");
+  o.model_dir = mlaserve::RequiredFlag(FLAGS_model, "DIR");
+  o.client_endpoint = absl::GetFlag(FLAGS_listen);
+  o.worker_endpoint = absl::GetFlag(FLAGS_worker_listen);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics);
+  if (o.metrics_address == "off") o.metrics_address.clear();
+  o.model_name = absl::GetFlag(FLAGS_name);
+  o.curve_secret_key_file = absl::GetFlag(FLAGS_curve_secret_key);
+  o.curve_allowed_clients_file = absl::GetFlag(FLAGS_curve_allowed_clients);
+  o.worker_curve_key_file = absl::GetFlag(FLAGS_worker_curve_key);
+  o.max_running_seqs = FlagInRange(FLAGS_max_running, 1, 1 << 16);
+  o.max_tokens_per_step = FlagInRange(FLAGS_max_step_tokens, 1, 1 << 20);
+  o.max_waiting = FlagInRange(FLAGS_max_waiting, 1, 1 << 20);
+  o.max_prefill_chunk = FlagInRange(FLAGS_prefill_chunk, 0, 1 << 20);
+  o.max_model_len = FlagInRange(FLAGS_max_model_len, 0, 1 << 24);
+  o.prefix_caching = absl::GetFlag(FLAGS_prefix_cache);
+  constexpr int64_t kDayMs = 86400000;
+  o.heartbeat_timeout =
+      std::chrono::milliseconds(FlagInRange(FLAGS_heartbeat_timeout_ms, 1, kDayMs));
+  o.step_timeout = std::chrono::milliseconds(FlagInRange(FLAGS_step_timeout_ms, 1, kDayMs));
+  o.drain_timeout = std::chrono::milliseconds(FlagInRange(FLAGS_drain_timeout_ms, 1, kDayMs));
+  o.worker_start_timeout =
+      std::chrono::milliseconds(FlagInRange(FLAGS_worker_start_timeout_ms, 1, kDayMs));
+  o.client_backlog_limit_bytes = FlagInRange(FLAGS_client_backlog_limit_bytes, 1, int64_t{1} << 40);
   mlaserve::Coordinator coordinator(o);
   g_coordinator = &coordinator;
   std::signal(SIGTERM, OnSignal);

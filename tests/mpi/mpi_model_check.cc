@@ -27,10 +27,20 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
 #include "tests/model/golden_fixture.h"
 #include "worker/backend/cpu_ops.h"
 #include "worker/comm/mpi_communicator.h"
 #include "worker/model/local_session.h"
+
+ABSL_FLAG(std::string, model, "",
+          "The fixture model folder (tests/fixtures/models/...); required.");
+ABSL_FLAG(std::string, moe, "expert", "MoE parallelism: expert or tensor.");
+ABSL_FLAG(std::string, kv, "f32", "KV cache format: f32, bf16, fp8 or fp8_tiled.");
+ABSL_FLAG(int32_t, fail_rank, -1, "This rank fails to load (-1: none).");
+ABSL_FLAG(int32_t, crash_rank, -1, "This rank aborts before the first step (-1: none).");
+ABSL_FLAG(int32_t, dcp, 1,
+          "Decode context parallelism: groups of N ranks split the cache, N in [1, 64].");
 
 namespace {
 
@@ -44,17 +54,21 @@ int Finish(int code) {
 int main(int argc, char** argv) {
   using namespace mlaserve;
   MPI_Init(&argc, &argv);
-  std::string model_dir, moe = "expert", kv = "f32";
-  int fail_rank = -1, crash_rank = -1, dcp = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--model") model_dir = argv[i + 1];
-    else if (a == "--moe") moe = argv[i + 1];
-    else if (a == "--kv") kv = argv[i + 1];
-    else if (a == "--fail-rank") fail_rank = std::atoi(argv[i + 1]);
-    else if (a == "--crash-rank") crash_rank = std::atoi(argv[i + 1]);
-    else if (a == "--dcp") dcp = std::atoi(argv[i + 1]);
-  }
+  // A usage error: every rank exits 2, rank 0 says why, MPI finalized on the way out.
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  ParseFlags(argc, argv, "mpirun -np N mpi_model_check --model DIR [flags]", world_rank != 0);
+  const std::string model_dir = RequiredFlag(FLAGS_model, "DIR");
+  const std::string moe = FlagOneOf(FLAGS_moe, {"expert", "tensor"});
+  const std::string kv = absl::GetFlag(FLAGS_kv);
+  const int fail_rank = FlagInRange(FLAGS_fail_rank, -1, 1 << 16);
+  const int crash_rank = FlagInRange(FLAGS_crash_rank, -1, 1 << 16);
+  const int dcp = FlagInRange(FLAGS_dcp, 1, 64);
   MpiCommunicator comm;
   const int rank = comm.rank(), world = comm.size();
   CpuOps ops(1);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "worker/comm/nccl_communicator.h"
@@ -370,6 +371,16 @@ TEST_F(NcclCommunicatorTest, MissingPeerTimesOutInsteadOfHanging) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
+  // GoogleTest took its --gtest_* flags; anything left is a mistake (this test has no flags of
+  // its own). A usage error exits every rank with 2, rank 0 saying why.
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  mlaserve::ParseFlags(argc, argv, "mpirun -np N nccl_test [--gtest_* flags]", world_rank != 0);
   using mlaserve::g_comm;
   using mlaserve::g_create;
   using mlaserve::g_skip;

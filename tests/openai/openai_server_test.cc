@@ -220,7 +220,9 @@ int StartFrontEnd(const std::string& args, const std::string& name, pid_t* pid) 
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
-  for (int i = 0; i < 200; ++i) {
+  // Up to 60 s: with --model it loads the tokenizer first, which took over 10 s in the sanitizer
+  // build with the e2e and mpi tests on the same 2 cores.
+  for (int i = 0; i < 1200; ++i) {
     std::this_thread::sleep_for(50ms);
     std::ifstream in(log);
     const std::string text((std::istreambuf_iterator<char>(in)), {});

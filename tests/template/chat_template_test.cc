@@ -220,6 +220,31 @@ TEST(ChatTemplateTest, RenderLimitsEndHostileTemplates) {
   EXPECT_EQ(*ok->Render(nlohmann::json::object(), limits), "4611686018427387904 5");
 }
 
+// The renderer recurses once per block, expression and macro call it is inside; parsing bounds
+// one template's nesting, macro calls multiply it. 62 calls deep through 45 nested ifs each
+// overflowed an 8 MiB stack (the coordinator's main thread) before RenderLimits::max_depth.
+TEST(ChatTemplateTest, RenderDepthIsBoundedThroughMacroCalls) {
+  auto nested_macro = [](int ifs, int calls) {
+    std::string body;
+    for (int i = 0; i < ifs; ++i) body += "{% if true %}";
+    body += "{{ m(n - 1) if n > 0 else 'end' }}";
+    for (int i = 0; i < ifs; ++i) body += "{% endif %}";
+    return "{% macro m(n) %}" + body + "{% endmacro %}{{ m(" + std::to_string(calls) + ") }}";
+  };
+  absl::StatusOr<ChatTemplate> hostile = ChatTemplate::Parse(nested_macro(45, 62));
+  ASSERT_TRUE(hostile.ok()) << hostile.status();
+  absl::StatusOr<std::string> out = hostile->Render(nlohmann::json::object());
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("nests blocks, expressions and macro calls more than 256"),
+            std::string::npos)
+      << out.status();
+  // Within the bound the same construct renders: two calls through 45 ifs each (~190 levels; the
+  // chat templates of DeepSeek-V3/V3.1 and Kimi-K2 reach 9-19 with tools and tool calls).
+  absl::StatusOr<ChatTemplate> fine = ChatTemplate::Parse(nested_macro(45, 1));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(*fine->Render(nlohmann::json::object()), "end");
+}
+
 TEST(ChatTemplateTest, NestingIsBoundedAtLoadAndInTheContext) {
   const std::string deep_expr = std::string(500, '(') + "1" + std::string(500, ')');
   absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse("{{ " + deep_expr + " }}");

@@ -79,7 +79,7 @@ std::vector<int32_t> RecordReader::Ids() {
   const uint32_t count = U32();
   if (pos_ + 4ull * count > data_.size()) throw std::runtime_error("truncated record file");
   std::vector<int32_t> ids(count);
-  std::memcpy(ids.data(), data_.data() + pos_, 4ull * count);
+  if (count > 0) std::memcpy(ids.data(), data_.data() + pos_, 4ull * count);  // data() may be null
   pos_ += 4ull * count;
   return ids;
 }

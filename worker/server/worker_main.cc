@@ -1,10 +1,11 @@
 // mlaserve-worker: one rank of a model replica, launched by mpirun (one rank per GPU, or on CPU).
 //
 //   mpirun -np N mlaserve-worker --model DIR --coordinator tcp://HOST:PORT
-//       [--device cuda|cpu] [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N]
+//       [--device auto|cuda|cpu] [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N]
 //       [--gpu-memory-fraction F] [--max-step-tokens N] [--max-seqs N]
 //       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off] [--deterministic on|off]
-//       [--coordinator-curve-key FILE] [--dcp N]
+//       [--coordinator-curve-key FILE] [--dcp N] [--metrics-host H --metrics-port N]
+//       [--name NAME] [--coordinator-timeout-s S]   (--help lists every flag)
 //
 // --dcp N (decode context parallelism, issue 20; N divides the rank count, CPU backend so far):
 // groups of N ranks split the latent cache by blocks instead of each holding all of it;
@@ -37,49 +38,90 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "capnp/message.h"
 #include "capnp/serialize.h"
+#include "common/command_line.h"
 #include "coordinator/auth/curve_keys.h"
 #include "kj/array.h"
 #include "mlaserve.capnp.h"
 #include "nlohmann/json.hpp"
 #include "worker/backend/cpu_ops.h"
 #include "worker/backend/cuda_backend_module.h"
-#include "worker/model/memory_plan.h"
 #include "worker/comm/mpi_communicator.h"
 #include "worker/comm/mpi_wait.h"
+#include "worker/model/memory_plan.h"
 #include "worker/server/step_executor.h"
 #include "worker/server/worker_metrics.h"
 #include "zmq.hpp"
+
+ABSL_FLAG(std::string, model, "", "The model folder (config.json, safetensors); required.");
+ABSL_FLAG(std::string, coordinator, "",
+          "The coordinator's worker endpoint rank 0 connects to (its --worker-listen); required.");
+ABSL_FLAG(
+    std::string, device, "auto",
+    "auto, cuda or cpu (auto: cuda where the build has the CUDA backend and a GPU is visible).");
+ABSL_FLAG(std::string, kv_format, "bf16",
+          "KV cache format: bf16, fp8, fp8_tiled (or f32, exact tests only).");
+ABSL_FLAG(int32_t, kv_blocks, 0,
+          "KV cache blocks of 64 tokens per rank, in [0, 16777216] (0: what the memory plan leaves "
+          "on a GPU, 256 on the CPU).");
+ABSL_FLAG(double, gpu_memory_fraction, 0.9,
+          "Fraction of the GPU's free memory the rank may use, in (0, 1].");
+ABSL_FLAG(int32_t, max_step_tokens, 2048,
+          "Most tokens in one step (sizes the GPU step workspace), in [1, 1048576].");
+ABSL_FLAG(int32_t, max_seqs, 256, "Most sequences in one step, in [1, 65536].");
+ABSL_FLAG(std::string, moe, "expert",
+          "MoE parallelism: expert (whole experts per rank) or tensor (every expert split).");
+ABSL_FLAG(int32_t, threads, 1, "CPU backend threads per rank, in [1, 1024].");
+ABSL_FLAG(mlaserve::OnOff, cuda_graphs, mlaserve::OnOff{true},
+          "Replay single-token decode steps as CUDA graphs.");
+ABSL_FLAG(mlaserve::OnOff, deterministic, mlaserve::OnOff{false},
+          "Tokens independent of batching and preemption (README, Deterministic serving).");
+ABSL_FLAG(int32_t, dcp, 1,
+          "Decode context parallelism: groups of N ranks split the KV cache, N in [1, 1024] "
+          "dividing the rank count.");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "The address of each rank's /metrics endpoint.");
+ABSL_FLAG(int32_t, metrics_port, 0,
+          "Rank r serves /metrics on this port + r, in [0, 65535] (0: off).");
+ABSL_FLAG(std::string, name, "", "The model name in metrics (default: the folder's name).");
+ABSL_FLAG(std::string, coordinator_curve_key, "",
+          "The job's CURVE key pair file (mode 0600; the coordinator's --worker-curve-key): rank "
+          "0's sockets authenticate and encrypt.");
+ABSL_FLAG(
+    int32_t, coordinator_timeout_s, 15,
+    "No message from the coordinator (plans or idle pings) for this long: stop, in [1, 86400].");
 
 namespace {
 
 using namespace mlaserve;
 
+constexpr char kUsage[] =
+    "mpirun -np N mlaserve-worker --model DIR --coordinator tcp://HOST:PORT [flags]";
+
+// The flags' values, checked (the flags above say what each means).
 struct Args {
-  std::string model, coordinator, kv = "bf16", moe = "expert", device;
-  int kv_blocks = 0, threads = 1;  // kv_blocks 0: as many as fit (GPU), 256 (CPU)
+  std::string model, coordinator, kv, moe, device;
+  int kv_blocks = 0, threads = 1;
   double gpu_memory_fraction = 0.9;
-  int max_step_tokens = 2048, max_seqs = 256;
-  bool cuda_graphs = true;  // single-token decode steps replayed as CUDA graphs
+  int max_step_tokens = 0, max_seqs = 0;
+  bool cuda_graphs = true;
   bool deterministic = false;
   int dcp = 1;
-  std::string metrics_host = "127.0.0.1";
-  int metrics_port = 0;  // rank r serves on metrics_port + r; 0: off
-  int coordinator_timeout_s = 15;  // no message (plans or idle pings) for this long: exit
+  std::string metrics_host;
+  int metrics_port = 0;
+  int coordinator_timeout_s = 0;
   std::string name;
-  std::string coordinator_curve_key;  // the job's key pair file; empty: NULL mechanism (loopback)
+  std::string coordinator_curve_key;  // empty: NULL mechanism (loopback)
 };
 
 std::string Serialize(capnp::MessageBuilder& msg) {
@@ -107,35 +149,37 @@ int main(int argc, char** argv) {
   MpiCommunicator mpi;
   TimedCommunicator comm(mpi);
   const int rank = comm.rank();
+  // A usage error exits every rank with status 2 (all parse the same arguments); only rank 0
+  // prints it, and MPI is finalized on the way out so that mpirun reports just the status.
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
+  ParseFlags(argc, argv, kUsage, /*quiet=*/rank != 0);
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) return Fail(rank, k + " needs a value");
-    const std::string v = argv[++i];
-    bool ok = true;
-    if (k == "--model") a.model = v;
-    else if (k == "--coordinator") a.coordinator = v;
-    else if (k == "--kv-format") a.kv = v;
-    else if (k == "--moe") a.moe = v;
-    else if (k == "--kv-blocks") ok = absl::SimpleAtoi(v, &a.kv_blocks) && a.kv_blocks > 0;
-    else if (k == "--device") a.device = v;
-    else if (k == "--gpu-memory-fraction") ok = absl::SimpleAtod(v, &a.gpu_memory_fraction) && a.gpu_memory_fraction > 0 && a.gpu_memory_fraction <= 1;
-    else if (k == "--max-step-tokens") ok = absl::SimpleAtoi(v, &a.max_step_tokens) && a.max_step_tokens > 0;
-    else if (k == "--max-seqs") ok = absl::SimpleAtoi(v, &a.max_seqs) && a.max_seqs > 0;
-    else if (k == "--cuda-graphs") ok = (v == "on" || v == "off") && ((a.cuda_graphs = v == "on"), true);
-    else if (k == "--dcp") ok = absl::SimpleAtoi(v, &a.dcp) && a.dcp > 0;
-    else if (k == "--deterministic") ok = (v == "on" || v == "off") && ((a.deterministic = v == "on"), true);
-    else if (k == "--threads") ok = absl::SimpleAtoi(v, &a.threads) && a.threads > 0;
-    else if (k == "--metrics-port") ok = absl::SimpleAtoi(v, &a.metrics_port) && a.metrics_port >= 0;
-    else if (k == "--metrics-host") a.metrics_host = v;
-    else if (k == "--name") a.name = v;
-    else if (k == "--coordinator-curve-key") a.coordinator_curve_key = v;
-    else if (k == "--coordinator-timeout-s") ok = absl::SimpleAtoi(v, &a.coordinator_timeout_s) && a.coordinator_timeout_s > 0;
-    else return Fail(rank, "unknown argument " + k);
-    if (!ok) return Fail(rank, k + ": bad value " + v);
+  a.model = RequiredFlag(FLAGS_model, "DIR");
+  a.coordinator = RequiredFlag(FLAGS_coordinator, "ENDPOINT");
+  a.device = FlagOneOf(FLAGS_device, {"auto", "cuda", "cpu"});
+  a.kv = absl::GetFlag(FLAGS_kv_format);
+  a.kv_blocks = FlagInRange(FLAGS_kv_blocks, 0, 1 << 24);
+  a.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+  if (!(a.gpu_memory_fraction > 0 && a.gpu_memory_fraction <= 1)) {
+    UsageError(
+        absl::StrCat("--gpu-memory-fraction ", a.gpu_memory_fraction, ": must be in (0, 1]"));
   }
-  if (a.model.empty() || a.coordinator.empty()) return Fail(rank, "--model and --coordinator are required");
-  if (a.moe != "expert" && a.moe != "tensor") return Fail(rank, "--moe must be expert or tensor");
+  a.max_step_tokens = FlagInRange(FLAGS_max_step_tokens, 1, 1 << 20);
+  a.max_seqs = FlagInRange(FLAGS_max_seqs, 1, 1 << 16);
+  a.moe = FlagOneOf(FLAGS_moe, {"expert", "tensor"});
+  a.threads = FlagInRange(FLAGS_threads, 1, 1024);
+  a.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs).on;
+  a.deterministic = absl::GetFlag(FLAGS_deterministic).on;
+  a.dcp = FlagInRange(FLAGS_dcp, 1, 1024);
+  a.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  a.metrics_port = FlagInRange(FLAGS_metrics_port, 0, 65535);
+  a.name = absl::GetFlag(FLAGS_name);
+  a.coordinator_curve_key = absl::GetFlag(FLAGS_coordinator_curve_key);
+  a.coordinator_timeout_s = FlagInRange(FLAGS_coordinator_timeout_s, 1, 86400);
 
   // The CUDA backend is a module loaded at run time (cuda_backend_module.h says why).
   const CudaBackendApi* cuda_api = nullptr;
@@ -144,8 +188,8 @@ int main(int argc, char** argv) {
     auto api = LoadCudaBackend();
     if (api.ok()) cuda_api = *api; else cuda_status = api.status();
   }
-  if (a.device.empty()) a.device = cuda_api != nullptr && cuda_api->device_count() > 0 ? "cuda" : "cpu";
-  if (a.device != "cpu" && a.device != "cuda") return Fail(rank, "--device must be cuda or cpu");
+  if (a.device == "auto")
+    a.device = cuda_api != nullptr && cuda_api->device_count() > 0 ? "cuda" : "cpu";
   ModelOptions options;
   options.moe = a.moe == "tensor" ? MoeParallelism::kTensor : MoeParallelism::kExpert;
   options.deterministic = a.deterministic;

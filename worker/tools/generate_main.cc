@@ -10,14 +10,29 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "worker/backend/cpu_ops.h"
 #include "worker/model/local_session.h"
+
+ABSL_FLAG(std::string, model, "", "The checkpoint folder; required.");
+ABSL_FLAG(std::string, ids, "", "The prompt as token ids, 1,2,3 (or --prompt).");
+ABSL_FLAG(std::string, prompt, "",
+          "The prompt as text, encoded with the folder's tokenizer (or --ids).");
+ABSL_FLAG(int32_t, max_tokens, 32, "Tokens to generate, in [1, 1048576].");
+ABSL_FLAG(float, temperature, 0.0f, "Sampling temperature, in [0, 100] (0: greedy).");
+ABSL_FLAG(float, top_p, 1.0f, "Nucleus sampling, in (0, 1].");
+ABSL_FLAG(int32_t, top_k, 0, "Sample among the K likeliest tokens, K >= 0 (0: all).");
+ABSL_FLAG(uint64_t, seed, 0, "Sampling seed.");
+ABSL_FLAG(std::string, kv_format, "bf16", "KV cache format: bf16, fp8, fp8_tiled or f32.");
+ABSL_FLAG(int32_t, threads, 2, "CPU threads, in [1, 1024].");
+ABSL_FLAG(bool, ignore_eos, false, "Keep generating past end-of-sequence tokens.");
 
 namespace {
 
@@ -26,59 +41,31 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+constexpr char kUsage[] =
+    "mlaserve-generate --model DIR (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
+    "  [--temperature T] [--top-p P] [--top-k K] [--seed S] [--kv-format bf16|fp8|fp8_tiled]\n"
+    "  [--threads N] [--ignore-eos]";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace mlaserve;
-  std::string model_dir, ids_arg, prompt, kv = "bf16";
-  int max_tokens = 32, threads = 2;
-  bool ignore_eos = false;
+  ParseFlags(argc, argv, kUsage);
+  const std::string model_dir = RequiredFlag(FLAGS_model, "DIR");
+  const std::string ids_arg = absl::GetFlag(FLAGS_ids), prompt = absl::GetFlag(FLAGS_prompt);
+  const std::string kv = absl::GetFlag(FLAGS_kv_format);
+  const int max_tokens = FlagInRange(FLAGS_max_tokens, 1, 1 << 20);
+  const int threads = FlagInRange(FLAGS_threads, 1, 1024);
+  const bool ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   SamplingRefParams sampling;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "mlaserve-generate: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto number = [&](auto* out) {
-      const std::string v = value();
-      if (!absl::SimpleAtoi(v, out)) {
-        std::fprintf(stderr, "mlaserve-generate: %s: not a number: %s\n", a.c_str(), v.c_str());
-        std::exit(2);
-      }
-    };
-    auto real = [&](float* out) {
-      const std::string v = value();
-      if (!absl::SimpleAtof(v, out)) {
-        std::fprintf(stderr, "mlaserve-generate: %s: not a number: %s\n", a.c_str(), v.c_str());
-        std::exit(2);
-      }
-    };
-    if (a == "--model") model_dir = value();
-    else if (a == "--ids") ids_arg = value();
-    else if (a == "--prompt") prompt = value();
-    else if (a == "--max-tokens") number(&max_tokens);
-    else if (a == "--threads") number(&threads);
-    else if (a == "--temperature") real(&sampling.temperature);
-    else if (a == "--top-p") real(&sampling.top_p);
-    else if (a == "--top-k") number(&sampling.top_k);
-    else if (a == "--seed") number(&sampling.seed);
-    else if (a == "--kv-format") kv = value();
-    else if (a == "--ignore-eos") ignore_eos = true;
-    else if (a == "--help" || a == "-h") {
-      std::printf("usage: mlaserve-generate --model DIR (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
-                  "  [--temperature T] [--top-p P] [--top-k K] [--seed S] [--kv-format bf16|fp8|fp8_tiled]\n"
-                  "  [--threads N] [--ignore-eos]\n");
-      return 0;
-    } else {
-      return Fail("unknown argument " + a + " (see --help)");
-    }
+  sampling.temperature = FlagInRange(FLAGS_temperature, 0, 100);
+  sampling.top_p = absl::GetFlag(FLAGS_top_p);
+  if (!(sampling.top_p > 0.0f && sampling.top_p <= 1.0f)) {
+    UsageError(absl::StrCat("--top-p ", sampling.top_p, ": must be in (0, 1]"));
   }
-  if (model_dir.empty()) return Fail("--model DIR is required");
-  if (ids_arg.empty() == prompt.empty()) return Fail("give exactly one of --ids and --prompt");
+  sampling.top_k = FlagInRange(FLAGS_top_k, 0, std::numeric_limits<int32_t>::max());
+  sampling.seed = absl::GetFlag(FLAGS_seed);
+  if (ids_arg.empty() == prompt.empty()) UsageError("give exactly one of --ids and --prompt");
   auto format = ParseKvCacheFormat(kv);
   if (!format.ok()) return Fail(std::string(format.status().message()));
 

@@ -16,9 +16,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "common/dtype.h"
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, tokenizer_dir, "",
+          "Folder with DeepSeek-V3's tokenizer.json and tokenizer_config.json; required.");
+ABSL_FLAG(std::string, out, "", "The model folder to write; required.");
+ABSL_FLAG(uint64_t, seed, 20261129, "Seed of the random weights.");
 
 namespace {
 
@@ -34,16 +40,10 @@ int Fail(const std::string& msg) {
 
 int main(int argc, char** argv) {
   using namespace mlaserve;
-  std::string tok_dir, out;
-  uint64_t seed = 20261129;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--tokenizer-dir") tok_dir = argv[i + 1];
-    else if (a == "--out") out = argv[i + 1];
-    else if (a == "--seed") seed = std::stoull(argv[i + 1]);
-    else return Fail("unknown argument " + a);
-  }
-  if (tok_dir.empty() || out.empty()) return Fail("usage: --tokenizer-dir DIR --out DIR [--seed N]");
+  ParseFlags(argc, argv, "mlaserve-make-tiny-model --tokenizer-dir DIR --out DIR [--seed N]");
+  const std::string tok_dir = RequiredFlag(FLAGS_tokenizer_dir, "DIR");
+  const std::string out = RequiredFlag(FLAGS_out, "DIR");
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
   std::ifstream tok_config_in(fs::path(tok_dir) / "tokenizer_config.json");
   if (!fs::exists(fs::path(tok_dir) / "tokenizer.json") || !tok_config_in) {
     return Fail(tok_dir + " has no tokenizer.json and tokenizer_config.json (run scripts/install_deps.sh)");

@@ -5,26 +5,19 @@
 #include <cstdio>
 #include <string>
 
+#include "common/command_line.h"
 #include "worker/model/nvfp4_quantizer.h"
 
+ABSL_FLAG(std::string, in, "", "The BF16/FP32 checkpoint folder; required.");
+ABSL_FLAG(std::string, out, "", "The NVFP4 folder to write; required.");
+ABSL_FLAG(bool, quiet, false, "No progress on stderr.");
+
 int main(int argc, char** argv) {
-  std::string in, out;
-  bool quiet = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if ((a == "--in" || a == "--out") && i + 1 < argc) {
-      (a == "--in" ? in : out) = argv[++i];
-    } else if (a == "--quiet") {
-      quiet = true;
-    } else {
-      std::fprintf(stderr, "usage: mlaserve-quantize --in DIR --out DIR [--quiet]\n");
-      return 2;
-    }
-  }
-  if (in.empty() || out.empty()) {
-    std::fprintf(stderr, "usage: mlaserve-quantize --in DIR --out DIR [--quiet]\n");
-    return 2;
-  }
+  using namespace mlaserve;
+  ParseFlags(argc, argv, "mlaserve-quantize --in DIR --out DIR [--quiet]");
+  const std::string in = RequiredFlag(FLAGS_in, "DIR");
+  const std::string out = RequiredFlag(FLAGS_out, "DIR");
+  const bool quiet = absl::GetFlag(FLAGS_quiet);
   mlaserve::QuantizeOptions options;
   size_t quantized = 0;
   options.progress = [&](const mlaserve::QuantizeProgress& p) {
