@@ -446,6 +446,11 @@ absl::StatusOr<LinearWeight> CudaOps::UploadLinear(const LinearWeight& host) {
         "a packed INT4 weight outside the routed experts: the CUDA backend has no dense INT4 GEMM "
         "(the loader dequantizes such modules to bf16)");
   }
+  if (host.fp8()) {
+    return absl::UnimplementedError(
+        "an FP8 block weight kept packed outside the routed experts: the CUDA backend's dense "
+        "projections do not read FP8 yet (the loader dequantizes such modules to bf16)");
+  }
   LinearWeight w = host;
   w.block_scale = Tensor();
   if (host.nvfp4()) {
@@ -483,14 +488,36 @@ absl::StatusOr<RoutedExperts> CudaOps::UploadExperts(int first_expert, int num_r
   w.nvfp4 = host[0].gate.nvfp4();
   w.int4 = host[0].gate.int4();
   w.int4_group_size = host[0].gate.int4_group;
+  w.fp8 = host[0].gate.fp8();
+  w.fp8_block_rows = host[0].gate.fp8_block_rows;
+  w.fp8_block_cols = host[0].gate.fp8_block_cols;
   std::vector<Tensor> keep;  // bf16 copies of fp32/fp16 experts (or of non-bf16 INT4 scales)
   auto proj = [&](const LinearWeight& lw) -> absl::StatusOr<MoeExpertsHostWeights::Projection> {
     MoeExpertsHostWeights::Projection p;
-    if (lw.nvfp4() != w.nvfp4 || lw.int4() != w.int4 ||
-        (w.int4 && lw.int4_group != w.int4_group_size)) {
+    if (lw.nvfp4() != w.nvfp4 || lw.int4() != w.int4 || lw.fp8() != w.fp8 ||
+        (w.int4 && lw.int4_group != w.int4_group_size) ||
+        (w.fp8 &&
+         (lw.fp8_block_rows != w.fp8_block_rows || lw.fp8_block_cols != w.fp8_block_cols))) {
       return absl::InvalidArgumentError(
-          "routed experts mix NVFP4, INT4 (or INT4 group sizes) and dense projections in one "
-          "layer; the GPU grouped GEMM takes one format per layer");
+          "routed experts mix NVFP4, INT4, FP8 (or INT4 group sizes, FP8 block sizes) and dense "
+          "projections in one layer; the GPU grouped GEMM takes one format per layer");
+    }
+    if (w.fp8) {
+      if (lw.fp8_codes.dtype() != DType::kF8E4M3 || lw.fp8_scale_inv.dtype() != DType::kF32 ||
+          lw.fp8_codes.shape() != std::vector<int64_t>{lw.out_features, lw.in_features} ||
+          lw.fp8_scale_inv.shape().size() != 2 || lw.fp8_origin_row > (1 << 30) ||
+          lw.fp8_origin_col > (1 << 30) || lw.fp8_scale_inv.dim(0) > (1 << 30) ||
+          lw.fp8_scale_inv.dim(1) > (1 << 30)) {
+        return absl::InvalidArgumentError(
+            "an FP8 expert projection without F8_E4M3 [out, in] codes and a 2-D F32 scale grid");
+      }
+      p.fp8_codes = lw.fp8_codes.data<uint8_t>();
+      p.fp8_scale_inv = lw.fp8_scale_inv.data<float>();
+      p.fp8_origin_row = static_cast<int>(lw.fp8_origin_row);
+      p.fp8_origin_col = static_cast<int>(lw.fp8_origin_col);
+      p.fp8_grid_rows = static_cast<int>(lw.fp8_scale_inv.dim(0));
+      p.fp8_grid_cols = static_cast<int>(lw.fp8_scale_inv.dim(1));
+      return p;
     }
     if (w.int4) {
       if (lw.int4_packed.dtype() != DType::kI32 || lw.int4_packed.shape().size() != 2 ||

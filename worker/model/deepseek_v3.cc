@@ -124,29 +124,35 @@ class WeightReader {
   }
 
   // The same in host memory: dense in the checkpoint's dtype, or NVFP4 when the checkpoint has
-  // module.weight_scale (ModelOpt layout). INT4 (compressed-tensors module.weight_packed) routed
-  // experts (keep_int4) stay packed, their rows of the checkpoint's words and scales
-  // (LinearWeight::int4_packed): the CPU backend dequantizes them exactly, the CUDA backend's INT4
-  // expert GEMM reads 4 bits + a bf16 scale per 32 weights (kernels/moe/int4_moe_layout.h; its
-  // weight is bf16(q * s)). Other INT4 modules (none in Kimi's releases, whose ignore list keeps
-  // attention, shared experts and dense MLPs in bf16) and FP8 block (DeepSeek
-  // module.weight_scale_inv) modules are dequantized here into a dense fp32 weight of the shard,
-  // which both backends take as they take an fp32 checkpoint: the CPU backend as is (exact), the
-  // CUDA backend rounded once to bf16 in UploadLinear. That rounding: INT4 q * bf16 scale has up
-  // to 11 significant bits, so bf16 (8) keeps it to a relative 2^-9, and the result is the bf16
-  // product compressed-tensors' decompress_weight itself returns (dequantize() outputs the
-  // scale's dtype); FP8 e4m3 * fp32 scale_inv is rounded to fp32 then to bf16, as DeepSeek's
-  // weight_dequant stores it (relative <= 2^-9 + 2^-24). Memory: the GPU holds 2 bytes a weight
-  // for those (4x an INT4 checkpoint, 2x an FP8 one) until dense INT4 / FP8 block GEMMs exist.
+  // module.weight_scale (ModelOpt layout). Routed experts (keep_packed) of INT4 (compressed-tensors
+  // module.weight_packed) and FP8 block (DeepSeek module.weight_scale_inv) checkpoints stay
+  // quantized: INT4 as their rows of the checkpoint's words and scales (LinearWeight::int4_*), FP8
+  // as the shard's window of e4m3 codes and the tensor's scale grid (LinearWeight::fp8_*). The CPU
+  // backend dequantizes them exactly; the CUDA backend's expert GEMMs read 4 bits + a bf16 scale
+  // per 32 weights (kernels/moe/int4_moe_layout.h; weight bf16(q * s)) or 1 byte + an fp32 scale
+  // per 8 x 64 weights (kernels/moe/fp8_moe_layout.h; weight bf16(fp32(e4m3 * s))). Other INT4
+  // modules (none in Kimi's releases, whose ignore list keeps attention, shared experts and dense
+  // MLPs in bf16) and the other FP8 modules (DeepSeek's attention, dense MLPs, shared experts) are
+  // dequantized here into a dense fp32 weight of the shard, which both backends take as they take
+  // an fp32 checkpoint: the CPU backend as is (exact), the CUDA backend rounded once to bf16 in
+  // UploadLinear. That rounding: INT4 q * bf16 scale has up to 11 significant bits, so bf16 (8)
+  // keeps it to a relative 2^-9, and the result is the bf16 product compressed-tensors'
+  // decompress_weight itself returns (dequantize() outputs the scale's dtype); FP8 e4m3 * fp32
+  // scale_inv is rounded to fp32 then to bf16, as DeepSeek's weight_dequant stores it (relative
+  // <= 2^-9 + 2^-24; the same bits as the GPU's FP8 expert weights). Memory: the GPU holds 2 bytes
+  // a weight for those (4x an INT4 checkpoint, 2x an FP8 one) until dense INT4 / FP8 block GEMMs
+  // read them.
   absl::StatusOr<LinearWeight> HostLinear(const std::string& module, int64_t out, int64_t in,
                                           ShardRange rows, ShardRange cols,
-                                          bool keep_int4 = false) {
+                                          bool keep_packed = false) {
     LinearWeight w;
     w.out_features = rows.count;
     w.in_features = cols.count;
     const std::string wn = module + ".weight";
-    if (Has(module + ".weight_packed")) return Int4Linear(module, out, in, rows, cols, keep_int4);
-    if (Has(module + ".weight_scale_inv")) return Fp8BlockLinear(module, out, in, rows, cols);
+    if (Has(module + ".weight_packed")) return Int4Linear(module, out, in, rows, cols, keep_packed);
+    if (Has(module + ".weight_scale_inv")) {
+      return Fp8BlockLinear(module, out, in, rows, cols, keep_packed);
+    }
     if (Has(module + ".weight_scale")) {
       if (quant_ != nullptr && quant_->IsExcluded(module)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -266,9 +272,10 @@ class WeightReader {
     return w;
   }
 
-  // A DeepSeek FP8 block-quantized module (format: kernels/linear/fp8_block_ref.h), dequantized.
+  // A DeepSeek FP8 block-quantized module (format: kernels/linear/fp8_block_ref.h): the shard's
+  // codes and the scale grid (keep_packed), or dequantized to fp32.
   absl::StatusOr<LinearWeight> Fp8BlockLinear(const std::string& module, int64_t out, int64_t in,
-                                              ShardRange rows, ShardRange cols) {
+                                              ShardRange rows, ShardRange cols, bool keep_packed) {
     const std::string sn = Name(module + ".weight_scale_inv");
     if (quant_ == nullptr || quant_->method != QuantConfig::Method::kFp8Block ||
         quant_->weight_block_size.size() != 2) {
@@ -287,6 +294,16 @@ class WeightReader {
     LinearWeight w;
     w.out_features = rows.count;
     w.in_features = cols.count;
+    if (keep_packed) {
+      w.fp8_codes = ReadSlice(*weight, rows.begin, rows.count, cols.begin, cols.count);
+      w.fp8_scale_inv = Tensor::Host(DType::kF32, scale->info->shape);
+      std::copy(s.begin(), s.end(), w.fp8_scale_inv.data<float>());
+      w.fp8_origin_row = rows.begin;
+      w.fp8_origin_col = cols.begin;
+      w.fp8_block_rows = br;
+      w.fp8_block_cols = bc;
+      return w;
+    }
     w.weight = Tensor::Host(DType::kF32, {rows.count, cols.count});
     DequantizeFp8Block({weight->bytes.data(), s.data(), out, in, br, bc}, rows.begin, rows.count,
                        cols.begin, cols.count, w.weight.data<float>());
@@ -536,7 +553,7 @@ absl::Status DeepseekV3Model::LoadWeights(const TensorSource& ckpt) {
       std::vector<ExpertWeights> host;  // the layer's local experts, read from the checkpoint
       auto host_lin = [&](LinearWeight& dst, const std::string& n, int64_t out, int64_t in,
                           ShardRange rows, ShardRange cols) -> absl::Status {
-        auto w = r.HostLinear(n, out, in, rows, cols, /*keep_int4=*/true);
+        auto w = r.HostLinear(n, out, in, rows, cols, /*keep_packed=*/true);
         if (!w.ok()) return w.status();
         dst = *std::move(w);
         return absl::OkStatus();
