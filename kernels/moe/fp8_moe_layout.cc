@@ -91,7 +91,9 @@ absl::Status Relayout(const std::vector<RowSource>& rows_src, int cols, int cols
         const RowSource& src = rows_src[mt * kFp8TileRows + r];
         const int c0 = kc * kFp8TileCols;
         if (src.w == nullptr || c0 >= cols) {
-          for (int c = 0; c < kFp8TileCols; ++c) dst[P.at[r][c]] = 0;
+          for (int c = 0; c < kFp8TileCols; ++c) {
+            dst[P.at[r][c]] = 0;
+          }
           continue;
         }
         const Fp8BlockTensor& w = *src.w;
@@ -105,8 +107,12 @@ absl::Status Relayout(const std::vector<RowSource>& rows_src, int cols, int cols
         s[r / kFp8HalfRows] = sc;
         const uint8_t* codes = w.weight + static_cast<size_t>(src.row) * w.cols + c0;
         const int n = cols - c0 < kFp8TileCols ? cols - c0 : kFp8TileCols;
-        for (int c = 0; c < n; ++c) dst[P.at[r][c]] = codes[c];
-        for (int c = n; c < kFp8TileCols; ++c) dst[P.at[r][c]] = 0;
+        for (int c = 0; c < n; ++c) {
+          dst[P.at[r][c]] = codes[c];
+        }
+        for (int c = n; c < kFp8TileCols; ++c) {
+          dst[P.at[r][c]] = 0;
+        }
       }
       std::memcpy(tiled_scales + chunk * kFp8ChunkScaleBytes, s, sizeof(s));
     }
@@ -120,22 +126,30 @@ int Fp8ChunkByteOf(int r, int c) { return Places().at[r][c]; }
 
 absl::Status RelayoutFp8(const Fp8BlockTensor& w, int rows_p, int cols_p, uint8_t* tiled_codes,
                          uint8_t* tiled_scales) {
-  if (absl::Status st = CheckSource(w, "projection"); !st.ok()) return st;
+  if (absl::Status st = CheckSource(w, "projection"); !st.ok()) {
+    return st;
+  }
   if (rows_p < w.rows || rows_p % kFp8TileRows != 0) {
     return absl::InvalidArgumentError(absl::StrCat("FP8 relayout: ", w.rows,
                                                    " rows do not fit a padded height of ", rows_p,
                                                    " (a multiple of 16)"));
   }
   std::vector<RowSource> src(rows_p);
-  for (int r = 0; r < w.rows; ++r) src[r] = {&w, r};
+  for (int r = 0; r < w.rows; ++r) {
+    src[r] = {&w, r};
+  }
   return Relayout(src, static_cast<int>(w.cols), cols_p, tiled_codes, tiled_scales);
 }
 
 absl::Status RelayoutFp8GateUp(const Fp8BlockTensor& gate, const Fp8BlockTensor& up,
                                int intermediate_p, int cols_p, uint8_t* tiled_codes,
                                uint8_t* tiled_scales) {
-  if (absl::Status st = CheckSource(gate, "gate"); !st.ok()) return st;
-  if (absl::Status st = CheckSource(up, "up"); !st.ok()) return st;
+  if (absl::Status st = CheckSource(gate, "gate"); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = CheckSource(up, "up"); !st.ok()) {
+    return st;
+  }
   if (gate.rows != up.rows || gate.cols != up.cols) {
     return absl::InvalidArgumentError(absl::StrCat("FP8 gate/up relayout: gate [", gate.rows, ", ",
                                                    gate.cols, "] and up [", up.rows, ", ", up.cols,

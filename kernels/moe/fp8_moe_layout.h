@@ -76,7 +76,9 @@ MLASERVE_FP8_HD float Fp8BitsToFloat(uint32_t code) {
 MLASERVE_FP8_HD uint32_t Fp8RoundToBf16Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    return (u >> 16) | 0x40u;
+  }
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 

@@ -35,7 +35,9 @@ struct Fp8Tensor {
 uint8_t RandomCode(std::mt19937& rng) {
   for (;;) {
     const uint8_t c = static_cast<uint8_t>(rng());
-    if ((c & 0x7f) != 0x7f) return c;
+    if ((c & 0x7f) != 0x7f) {
+      return c;
+    }
   }
 }
 
@@ -43,7 +45,9 @@ Fp8Tensor RandomFp8(int rows, int cols, int br, int bc, uint32_t seed) {
   std::mt19937 rng(seed);
   Fp8Tensor t{rows, cols, br, bc};
   t.codes.resize(static_cast<size_t>(rows) * cols);
-  for (auto& c : t.codes) c = RandomCode(rng);
+  for (auto& c : t.codes) {
+    c = RandomCode(rng);
+  }
   t.scale.resize(static_cast<size_t>((rows + br - 1) / br) * ((cols + bc - 1) / bc));
   for (auto& s : t.scale) {
     const uint32_t r = rng();
@@ -190,7 +194,9 @@ TEST(Fp8LayoutTest, PairDecodeIsBf16OfTheFp32Product) {
   for (float s : scales) {
     for (uint32_t pair = 0; pair < 65536; ++pair) {
       const uint8_t lo = pair & 0xff, hi = pair >> 8;
-      if ((lo & 0x7f) == 0x7f || (hi & 0x7f) == 0x7f) continue;
+      if ((lo & 0x7f) == 0x7f || (hi & 0x7f) == 0x7f) {
+        continue;
+      }
       const uint32_t got = Fp8PairToBf16(pair, s);
       const uint32_t want = FloatToBf16(E4m3ToFloat(lo) * s) |
                             (static_cast<uint32_t>(FloatToBf16(E4m3ToFloat(hi) * s)) << 16);
@@ -259,9 +265,14 @@ TEST(Fp8LayoutTest, ChunkBytesByHand) {
   EXPECT_EQ(Fp8ChunkByteOf(15, 63), 512 + 16 * 31 + 8 + 7);
   // Every byte of the chunk is one element's.
   std::vector<int> seen(1024, 0);
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 64; ++c) ++seen[Fp8ChunkByteOf(r, c)];
-  for (int i = 0; i < 1024; ++i) ASSERT_EQ(seen[i], 1) << i;
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 64; ++c) {
+      ++seen[Fp8ChunkByteOf(r, c)];
+    }
+  }
+  for (int i = 0; i < 1024; ++i) {
+    ASSERT_EQ(seen[i], 1) << i;
+  }
 }
 
 TEST(Fp8LayoutTest, RejectsBadShapesAndScales) {
