@@ -95,4 +95,9 @@ cudaError_t Launch(const Fp8MoeGemmParams& p, cudaStream_t stream) {
   return LaunchWeightOnlyMoeGemm<Fp8Format, kGateUp, kTileTokens>(p, stream);
 }
 
+template <int kTileTokens>
+cudaError_t LaunchDense(const Fp8MoeGemmParams& p, cudaStream_t stream) {
+  return LaunchWeightOnlyMoeGemm<Fp8Format, false, kTileTokens, true>(p, stream);
+}
+
 }  // namespace mlaserve::moe_gemm

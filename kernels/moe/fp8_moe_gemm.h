@@ -44,12 +44,33 @@ struct Fp8MoeGemmParams {
   // down output: y[r][o] = routing weight * down(h[r])[o], fp32 [rows, n].
   const float* __restrict__ topk_weights;  // [tokens * top_k]
   float* __restrict__ y;
+  // InvokeFp8DenseGemm only (a dense projection: one weight, num_local_experts 1, no routing; the
+  // dispatch fields and h, topk_weights, y unused): out = dense_alpha * a W^T for dense_rows
+  // contiguous rows of a ([dense_rows, k] bf16), into dense_out (bf16 [dense_rows, dense_n],
+  // dense_n <= n: W's rows from dense_n on are padding).
+  int dense_rows;
+  int dense_n;
+  float dense_alpha;
+  __nv_bfloat16* __restrict__ dense_out;
 };
 
 // Fused gate+up projection with SiLU(gate) * up in the epilogue.
 cudaError_t InvokeFp8MoeGateUp(const Fp8MoeGemmParams& params, cudaStream_t stream);
 // Down projection; the epilogue multiplies by the row's routing weight.
 cudaError_t InvokeFp8MoeDown(const Fp8MoeGemmParams& params, cudaStream_t stream);
+
+// A dense projection through the down kernel in its dense mode (moe_weight_only_gemm.cuh kDense),
+// tile_tokens rows a tile (kMoeTileTokens*; max_tiles = ceil(dense_rows / tile_tokens)). The
+// weight is read once per row tile: meant for decode-sized dense_rows. Like the expert GEMMs, a
+// row's result does not depend on the other rows or the tile size.
+cudaError_t InvokeFp8DenseGemm(const Fp8MoeGemmParams& params, cudaStream_t stream);
+
+// The rearranged weight [rows_p, cols_p] (codes and scales as above) back in row-major bf16,
+// out[r][c] = bf16(fp32(e4m3 * s)) (the kernel's own values) for r < rows, c < cols (out's row
+// stride: cols), for a bf16 GEMM of large row counts.
+cudaError_t InvokeFp8TiledToBf16(const uint8_t* codes, const uint8_t* scales, int rows_p,
+                                 int cols_p, int rows, int cols, __nv_bfloat16* out,
+                                 cudaStream_t stream);
 
 // For tests: out[i] = the kernel's register formation (Fp8PairToBf16, fp8_moe_layout.h) of the
 // e4m3 pair codes[i] (bits 0..15) with scales[i], on the device ([n] each).
@@ -60,6 +81,8 @@ namespace moe_gemm {
 // One explicit instantiation per (projection, tile) lives in its own .cu file.
 template <bool kGateUp, int kTileTokens>
 cudaError_t Launch(const Fp8MoeGemmParams& params, cudaStream_t stream);
+template <int kTileTokens>
+cudaError_t LaunchDense(const Fp8MoeGemmParams& params, cudaStream_t stream);
 }  // namespace moe_gemm
 
 }  // namespace mlaserve

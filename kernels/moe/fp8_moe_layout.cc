@@ -64,7 +64,8 @@ absl::Status CheckSource(const Fp8BlockTensor& w, const char* what) {
         w.origin_col,
         " of the checkpoint tensor; the GPU layout needs a row that is a multiple "
         "of 8 and a column that is a multiple of 64 (each 8 x 64 piece in one scale block): "
-        "choose a rank count that splits the experts' intermediate size into multiples of 64"));
+        "choose a rank count that splits the tensor into shards of multiples of 8 rows and 64 "
+        "columns (DeepSeek's expert width 2048 splits so over up to 32 ranks)"));
   }
   return absl::OkStatus();
 }

@@ -86,9 +86,24 @@ struct TileConfig {
   static_assert(kSmemBytes <= 99 * 1024, "shared memory");
 };
 
-template <class Cfg, bool kGateUp, class Format>
+template <bool kDense, class Params>
+__device__ __forceinline__ int DenseRows(const Params& p) {
+  if constexpr (kDense) {
+    return p.dense_rows;
+  } else {
+    return 0;
+  }
+}
+
+// kDense (a format whose Params has the dense_* fields, FP8's): one weight and no routing, a
+// plain projection out = alpha * a W^T of p.dense_rows contiguous activation rows into
+// p.dense_out, bf16 [dense_rows, dense_n] (dense_n <= n: the weight's rows past it are padding
+// and not stored); expert_offsets, tile_offsets, sorted_assignment and
+// topk_weights are not read. Launched with kGateUp false.
+template <class Cfg, bool kGateUp, class Format, bool kDense = false>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     WeightOnlyMoeGemmKernel(const typename Format::Params p) {
+  static_assert(!(kDense && kGateUp), "the dense mode is a down-like projection");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kBM = Cfg::kBM, kBN = Cfg::kBN, kBK = Cfg::kBK, kStages = Cfg::kStages;
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT;
@@ -104,11 +119,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     moe_launch::WaitForPrerequisiteGrid();
     moe_launch::AllowDependentLaunch();
   }
+  // (Dense: e = 0 and row tile `tile`; the grid has exactly ceil(dense_rows / kBN) of them.)
   const int tile = blockIdx.y;
   const int num_e = p.num_local_experts;
-  if (tile >= __ldcg(p.tile_offsets + num_e)) return;
+  if constexpr (!kDense) {
+    if (tile >= __ldcg(p.tile_offsets + num_e)) return;
+  }
   int lo = 0, hi = num_e - 1;
-  while (lo < hi) {
+  while (!kDense && lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
     if (__ldcg(p.tile_offsets + mid) <= tile) {
       lo = mid;
@@ -116,9 +134,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       hi = mid - 1;
     }
   }
-  const int e = lo;
-  const int row_begin = __ldcg(p.expert_offsets + e) + (tile - __ldcg(p.tile_offsets + e)) * kBN;
-  const int row_end = min(row_begin + kBN, __ldcg(p.expert_offsets + e + 1));
+  const int e = kDense ? 0 : lo;
+  const int row_begin =
+      kDense ? tile * kBN
+             : __ldcg(p.expert_offsets + e) + (tile - __ldcg(p.tile_offsets + e)) * kBN;
+  const int row_end =
+      min(row_begin + kBN, kDense ? DenseRows<kDense>(p) : __ldcg(p.expert_offsets + e + 1));
   const int valid_rows = row_end - row_begin;  // 1..kBN
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -273,7 +294,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Epilogue. acc[mt][nt]: c0 (weight row g, activation row 2t), c1 (g, 2t+1), c2 (g+8, 2t),
   // c3 (g+8, 2t+1).
   const int t4 = lane & 3;
-  if constexpr (kGateUp) {
+  if constexpr (kDense) {
+    const float alpha = p.dense_alpha;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = row_begin + warp_n * Cfg::kWN + nt * 8 + 2 * t4 + half;
+        if (r < row_end) {
+          const size_t row = static_cast<size_t>(r) * p.dense_n;
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            const int o = (mt_block + warp_m * kMT + mt) * 16 + g;
+#pragma unroll
+            for (int hi8 = 0; hi8 < 2; ++hi8) {
+              const float v = acc[mt][nt][2 * hi8 + half] * alpha;
+              if (o + 8 * hi8 < p.dense_n) p.dense_out[row + o + 8 * hi8] = __float2bfloat16_rn(v);
+            }
+          }
+        }
+      }
+    }
+  } else if constexpr (kGateUp) {
     const float alpha_gate = Format::GateAlpha(p, e);
     const float alpha_up = Format::UpAlpha(p, e);
     const int inter = p.n / 2;
@@ -385,13 +427,13 @@ struct FourBitLanes {
   using Tile = TileFor<kTileTokens>;
 };
 
-template <class Format, bool kGateUp, int kTileTokens>
+template <class Format, bool kGateUp, int kTileTokens, bool kDense = false>
 cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
   using Cfg = typename Format::template Tile<kTileTokens>::Cfg;
   static_assert(Cfg::kChunkCodeBytes == Format::kChunkCodeBytes &&
                     Cfg::kChunkScaleBytes == Format::kChunkScaleBytes,
                 "the tiles' chunk bytes are the format's");
-  auto kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format>;
+  auto kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;
   if (p.n % Cfg::kBM != 0 || p.k % Cfg::kBK != 0 || p.max_tiles < 0 || p.max_tiles > 65535) {
     return cudaErrorInvalidValue;
   }

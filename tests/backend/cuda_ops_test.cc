@@ -549,6 +549,90 @@ TEST_F(CudaOpsTest, MoeRouteAndExperts) {
   }
 }
 
+// Dense DeepSeek FP8 projections kept in FP8 on the GPU (UploadLinear rearranges them into the
+// expert GEMMs' layout; Linear runs the weight-only kernel up to 256 rows and in the
+// deterministic mode, a dequantized bf16 copy through cuBLASLt above) against the CPU, which
+// dequantizes exactly: the GPU's weights bf16(fp32(e4m3 * s)) add ~3e-6 to the NMSE. Shapes of
+// DeepSeek-R1 at 8 ranks (kv_a [576, 7168], q_b [3072, 1536]), one padded on both sides and a
+// tensor-parallel window; fp32 outputs take the cuBLASLt path. Then: above 256 rows the result
+// is the BF16 weight's bit for bit (the same cuBLASLt call on the same bf16 values), and in the
+// deterministic mode a row's bits do not depend on the batch.
+TEST_F(CudaOpsTest, LinearFp8) {
+  std::mt19937 rng(12);
+  struct Case {
+    int m, n, k;
+    int row0 = 0, col0 = 0;  // the weight as a window of a larger tensor
+    DType out = DType::kBF16;
+  };
+  for (const Case& c : std::vector<Case>{{1, 576, 7168},
+                                         {7, 3072, 1536},
+                                         {64, 100, 64},
+                                         {100, 256, 512, 64, 128},
+                                         {300, 576, 7168},
+                                         {300, 100, 64},
+                                         {3, 384, 512, 0, 0, DType::kF32}}) {
+    const std::string tag = "Linear fp8 " + std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
+                            std::to_string(c.k) + (c.row0 + c.col0 > 0 ? " window" : "") +
+                            (c.out == DType::kF32 ? " ->f32" : "");
+    const auto x = RandomBf16(size_t(c.m) * c.k, rng);
+    const auto w = RandomBf16(size_t(c.n) * c.k, rng, 0.05f);
+    LinearWeight host;
+    QuantizeFp8(w, c.n, c.k, c.n + 2 * c.row0, c.k + 2 * c.col0, c.row0, c.col0, &host);
+    auto cw = cpu_.UploadLinear(host);
+    auto gw = gpu_->UploadLinear(host);
+    ASSERT_TRUE(cw.ok()) << cw.status();
+    ASSERT_TRUE(gw.ok()) << gw.status();
+    EXPECT_TRUE(gw->fp8() && gw->weight.empty()) << tag;
+    StepLayout L;
+    StepTensors st;
+    ASSERT_TRUE(gpu_->BeginStep(L, &st).ok());
+    Tensor cx = cpu_.Activation({c.m, c.k});
+    std::copy(x.begin(), x.end(), cx.data<float>());
+    Tensor gx = GpuAct(x, {c.m, c.k});
+    Tensor co = cpu_.Activation({c.m, c.n}), go = gpu_->Activation({c.m, c.n}, c.out);
+    cpu_.Linear(cx, *cw, co);
+    gpu_->Linear(gx, *gw, go);
+    ExpectClose(go, co, c.out == DType::kF32 ? 2e-5 : 5e-5, tag);
+    if (c.m > 256 && c.out == DType::kBF16) {
+      // The same bf16 values as a BF16 weight (the CPU's fp32 weight rounded: exactly
+      // bf16(fp32(e4m3 * s))).
+      LinearWeight b;
+      b.out_features = c.n;
+      b.in_features = c.k;
+      b.weight = Tensor::Host(DType::kBF16, {c.n, c.k});
+      for (int64_t i = 0; i < b.weight.numel(); ++i) {
+        b.weight.data<uint16_t>()[i] = FloatToBf16(cw->weight.data<float>()[i]);
+      }
+      auto gb = gpu_->UploadLinear(b);
+      ASSERT_TRUE(gb.ok()) << gb.status();
+      Tensor gob = gpu_->Activation({c.m, c.n});
+      gpu_->Linear(gx, *gb, gob);
+      ExpectExact(go, gob, tag + " vs bf16 weight");
+    }
+  }
+  // Deterministic mode: row 0 alone and among 300 rows (the weight-only kernel at every m).
+  ASSERT_TRUE(gpu_->SetBatchInvariant(true).ok());
+  const int n = 576, k = 7168, m = 300;
+  const auto x = RandomBf16(size_t(m) * k, rng);
+  const auto w = RandomBf16(size_t(n) * k, rng, 0.05f);
+  LinearWeight host;
+  QuantizeFp8(w, n, k, n, k, 0, 0, &host);
+  auto gw = gpu_->UploadLinear(host);
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  StepLayout L;
+  StepTensors st;
+  ASSERT_TRUE(gpu_->BeginStep(L, &st).ok());
+  Tensor gx = GpuAct(x, {m, k});
+  Tensor gx1 = GpuAct(std::vector<float>(x.begin(), x.begin() + k), {1, k});
+  Tensor go = gpu_->Activation({m, n}), go1 = gpu_->Activation({1, n});
+  gpu_->Linear(gx, *gw, go);
+  gpu_->Linear(gx1, *gw, go1);
+  const std::vector<float> all = Download(go), one = Download(go1);
+  EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin()))
+      << "deterministic mode: row 0 differs between m = 1 and m = 300";
+  ASSERT_TRUE(gpu_->SetBatchInvariant(false).ok());
+}
+
 TEST_F(CudaOpsTest, SampleMatchesCpu) {
   std::mt19937 rng(6);
   for (int vocab : {512, 163840}) {

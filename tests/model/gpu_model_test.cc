@@ -2,8 +2,9 @@
 // on every fixture of tests/fixtures/models, on dsv3-tiny with its routed experts in
 // compressed-tensors INT4 and on dsv3-tiny in DeepSeek's FP8 block-128 layout (every projection
 // but embed, lm_head and the router; both written at test time by quantized_checkpoint_writer.h;
-// the GPU keeps the routed experts packed, INT4 / FP8, and rounds the other FP8 projections to
-// bf16; the CPU dequantizes all exactly), both with a bf16 KV cache: prefill logits at
+// the GPU keeps the routed experts packed, INT4 / FP8, and the other FP8 projections in FP8 but
+// kv_b, which it rounds to bf16; the CPU dequantizes all exactly), both with a bf16 KV cache:
+// prefill logits at
 // every position of the golden prompts, chunked prefill against whole prefill on the GPU, and a
 // 32-token greedy continuation through token-by-token decode.
 //

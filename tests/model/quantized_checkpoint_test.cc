@@ -106,10 +106,23 @@ class RecordingCpuOps : public CpuOps {
         if (w->fp8()) origins.insert({w->fp8_origin_row, w->fp8_origin_col});
       }
     }
-    return CpuOps::UploadExperts(first_expert, num_routed_experts, host);
+    in_experts_ = true;
+    auto r = CpuOps::UploadExperts(first_expert, num_routed_experts, host);
+    in_experts_ = false;
+    return r;
   }
-  int fp8 = 0, dense = 0;
+  absl::StatusOr<LinearWeight> UploadLinear(const LinearWeight& host) override {
+    if (!in_experts_) {
+      (host.fp8() ? linear_fp8 : linear_dense) += 1;
+    }
+    return CpuOps::UploadLinear(host);
+  }
+  int fp8 = 0, dense = 0;                // routed expert projections
+  int linear_fp8 = 0, linear_dense = 0;  // other modules through UploadLinear
   std::set<std::pair<int64_t, int64_t>> origins;
+
+ private:
+  bool in_experts_ = false;
 };
 
 absl::StatusOr<std::vector<float>> ShardLogits(const std::string& dir, RecordingCpuOps& ops,
@@ -128,9 +141,10 @@ absl::StatusOr<std::vector<float>> ShardLogits(const std::string& dir, Recording
 }
 
 // The FP8 folder's routed experts reach the backend in FP8 (LinearWeight::fp8_*, which the CUDA
-// backend's FP8 expert GEMM reads), and rank 1 of 2 of a tensor-parallel split (gate / up rows
-// 12..23 and down columns 12..23 of each expert's 24: windows off the 128-block grid, which the CPU
-// takes) and of an expert-parallel one computes the dequantized folder's bits.
+// backend's FP8 expert GEMM reads), and so do its other projections but kv_b (dense, through
+// UploadLinear: the CUDA backend keeps them FP8 for Linear); rank 1 of 2 of a tensor-parallel split
+// (gate / up rows 12..23 and down columns 12..23 of each expert's 24: windows off the 128-block
+// grid, which the CPU takes) and of an expert-parallel one computes the dequantized folder's bits.
 TEST(QuantizedCheckpointTest, Fp8ExpertsStayFp8AndShardsAreExact) {
   const fs::path q = TempDir("fp8_shard_q"), d = TempDir("fp8_shard_d");
   WriteFolders(Layout::kFp8, q, d);
@@ -147,6 +161,11 @@ TEST(QuantizedCheckpointTest, Fp8ExpertsStayFp8AndShardsAreExact) {
     EXPECT_EQ(qops.fp8, 2 * per_layer);
     EXPECT_EQ(qops.dense, 0);
     EXPECT_EQ(dops.fp8, 0);
+    // Per layer q_a, q_b, kv_a, o_proj, and the dense MLP (layer 0) or the shared expert's gate,
+    // up, down: 7 x 3 layers FP8; dense: kv_b x 3, the routers x 2 and lm_head.
+    EXPECT_EQ(qops.linear_fp8, 21);
+    EXPECT_EQ(qops.linear_dense, 6);
+    EXPECT_EQ(dops.linear_fp8, 0);
     if (moe == MoeParallelism::kTensor) {
       // gate / up: rows from 12, all columns; down: all rows, columns from 12.
       EXPECT_EQ(qops.origins, (std::set<std::pair<int64_t, int64_t>>{{12, 0}, {0, 12}}));

@@ -1,6 +1,5 @@
 #include "worker/backend/cuda_ops.h"
 
-
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -12,10 +11,13 @@
 #include "common/dtype.h"
 #include "kernels/activation/silu_mul.h"
 #include "kernels/embedding/embedding.h"
+#include "kernels/linear/fp8_block_ref.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_ref.h"
 #include "kernels/mla/mla_decode.h"
 #include "kernels/mla/mla_prefill.h"
+#include "kernels/moe/fp8_dense_linear.h"
+#include "kernels/moe/fp8_moe_layout.h"
 #include "kernels/moe/moe_experts.h"
 #include "kernels/moe/moe_router.h"
 #include "kernels/norm/rms_norm.h"
@@ -447,9 +449,41 @@ absl::StatusOr<LinearWeight> CudaOps::UploadLinear(const LinearWeight& host) {
         "(the loader dequantizes such modules to bf16)");
   }
   if (host.fp8()) {
-    return absl::UnimplementedError(
-        "an FP8 block weight kept packed outside the routed experts: the CUDA backend's dense "
-        "projections do not read FP8 yet (the loader dequantizes such modules to bf16)");
+    // DeepSeek FP8 block weights stay FP8: the expert GEMMs' layout (fp8_moe_layout.h), padded to
+    // multiples of 128, read by Linear (kernels/moe/fp8_dense_linear.h).
+    const int rows_p = (host.out_features + 127) / 128 * 128;
+    const int cols_p = (host.in_features + 127) / 128 * 128;
+    Tensor codes = Tensor::Host(DType::kU8, {rows_p, cols_p});
+    Tensor scales = Tensor::Host(DType::kF32, {rows_p / 16, cols_p / 64, 2});
+    if (host.fp8_codes.dtype() != DType::kF8E4M3 || host.fp8_scale_inv.dtype() != DType::kF32 ||
+        host.fp8_scale_inv.shape().size() != 2) {
+      return absl::InvalidArgumentError(
+          "an FP8 projection without F8_E4M3 codes and a 2-D F32 scale grid");
+    }
+    const Fp8BlockTensor t{host.fp8_codes.data<uint8_t>(),
+                           host.fp8_scale_inv.data<float>(),
+                           host.out_features,
+                           host.in_features,
+                           host.fp8_block_rows,
+                           host.fp8_block_cols,
+                           host.fp8_origin_row,
+                           host.fp8_origin_col,
+                           host.fp8_scale_inv.dim(0),
+                           host.fp8_scale_inv.dim(1)};
+    if (absl::Status st =
+            RelayoutFp8(t, rows_p, cols_p, codes.data<uint8_t>(), scales.data<uint8_t>());
+        !st.ok()) {
+      return st;
+    }
+    LinearWeight w = host;
+    w.weight = w.block_scale = Tensor();
+    auto dc = Upload(codes);
+    if (!dc.ok()) return dc.status();
+    auto ds = Upload(scales);
+    if (!ds.ok()) return ds.status();
+    w.fp8_codes = *std::move(dc);
+    w.fp8_scale_inv = *std::move(ds);
+    return w;
   }
   LinearWeight w = host;
   w.block_scale = Tensor();
@@ -637,8 +671,20 @@ void CudaOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& we
                [&] { return absl::StrCat("AddRmsNorm ", Shape(residual)); });
 }
 
+// Above this many rows (default mode) a dense FP8 projection runs as bf16: its weight dequantized
+// into the step arena (n x k x 2 bytes, 29 MB for DeepSeek-R1's o_proj at 8 ranks; the values
+// the weight-only kernel uses) and cuBLASLt's GEMM, as bf16 checkpoints run. Below, and at any
+// row count in the deterministic mode (its row results do not depend on m), the weight-only
+// kernel reads the FP8 weight itself, once per 16 / 64 / 128-row tile. Not yet measured: the
+// crossing point is a guess from the expert GEMMs' measurements (weight-bound to ~128 rows).
+constexpr int64_t kFp8DenseMaxRows = 256;
+
 void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   MLASERVE_SKIP_IF_FAILED();
+  if (w.fp8()) {
+    Fp8Linear(x, w, out);
+    return;
+  }
   LinearGemm::Args a;
   a.k = w.in_features;
   a.n = w.out_features;
@@ -653,6 +699,62 @@ void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   impl_->Check(impl_->gemm->Run(a, impl_->stream), [&] {
     return absl::StrCat("Linear ", Shape(x), " x ", Shape(w.weight), "^T -> ", Shape(out));
   });
+}
+
+void CudaOps::Fp8Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  const int64_t k = w.in_features, n = w.out_features, m = x.numel() / k;
+  const int n_p = static_cast<int>(w.fp8_codes.dim(0)), k_p = static_cast<int>(w.fp8_codes.dim(1));
+  auto what = [&] {
+    return absl::StrCat("Linear (FP8) ", Shape(x), " x [", n, ", ", k, "]^T -> ", Shape(out));
+  };
+  if (m == 0) return;
+  const auto* codes = w.fp8_codes.data<uint8_t>();
+  const auto* scales = w.fp8_scale_inv.data<uint8_t>();
+  if (out.dtype() == DType::kBF16 && (impl_->gemm->batch_invariant() || m <= kFp8DenseMaxRows)) {
+    const void* xp = x.data<void>();
+    if (k != k_p) {
+      // The layout's K is padded to 128: x with zero columns to k_p.
+      void* pad = impl_->ArenaAlloc(static_cast<size_t>(m) * k_p * 2);
+      if (pad == nullptr) return;
+      const size_t row = static_cast<size_t>(k) * 2, row_p = static_cast<size_t>(k_p) * 2;
+      impl_->Check(
+          cudaMemset2DAsync(static_cast<char*>(pad) + row, row_p, 0, row_p - row, m, impl_->stream),
+          what);
+      impl_->Check(
+          cudaMemcpy2DAsync(pad, row_p, xp, row, row, m, cudaMemcpyDeviceToDevice, impl_->stream),
+          what);
+      xp = pad;
+    }
+    Fp8DenseLinearParams p;
+    p.m = static_cast<int>(m);
+    p.n = static_cast<int>(n);
+    p.n_p = n_p;
+    p.k_p = k_p;
+    p.x = xp;
+    p.codes = codes;
+    p.scales = scales;
+    p.alpha = w.alpha;
+    p.out = out.data<void>();
+    impl_->Check(InvokeFp8DenseLinear(p, impl_->stream), what);
+    return;
+  }
+  void* wb = impl_->ArenaAlloc(static_cast<size_t>(n) * k * 2);
+  if (wb == nullptr) return;
+  impl_->Check(InvokeFp8DenseToBf16(codes, scales, n_p, k_p, static_cast<int>(n),
+                                    static_cast<int>(k), wb, impl_->stream),
+               what);
+  LinearGemm::Args a;
+  a.k = k;
+  a.n = n;
+  a.m = m;
+  a.x = x.data<void>();
+  a.x_stride = k;
+  a.w = wb;
+  a.alpha = w.alpha;
+  a.out = out.data<void>();
+  a.out_dtype = out.dtype();
+  a.out_stride = n;
+  impl_->Check(impl_->gemm->Run(a, impl_->stream), what);
 }
 
 void CudaOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {

@@ -25,6 +25,7 @@
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/linear/fp8_block_ref.h"
+#include "kernels/moe/fp8_dense_linear.h"
 #include "kernels/moe/fp8_moe.h"
 #include "kernels/moe/fp8_moe_gemm.h"
 #include "kernels/moe/fp8_moe_layout.h"
@@ -391,6 +392,95 @@ TEST(Fp8MoeGpuTest, GroupedGemmsMatchCpuForEveryTileSize) {
           "fp8 gemms tokens %d tile %d: rel err vs bf16 weights h %.2e y %.2e | vs fp32(e4m3*s) "
           "h %.2e y %.2e\n",
           tokens, tile, e_h, e_y, e_hx, e_yx);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense projections (fp8_dense_linear.h): the weight-only kernel's dense mode and the
+// dequantized copy for large row counts.
+
+// DeepSeek-R1 projection shapes at 8 ranks ([n, k]: kv_a [576, 7168] with n off the 128 grid,
+// q_b [3072, 1536]) and one padded on both sides ([100, 64], as dsv3-tiny's): every row count
+// through each tile size, against fp64 on the bf16 weights (only fp32 summation and the output's
+// bf16 rounding remain: relative 2^-9 per element, ~1.1e-3 in norm; bound 2e-3) and on
+// fp32(e4m3 * s) (the weights' rounding adds ~1.7e-3: bound 5e-3); a row's bits the same at every
+// m; the dequantized copy equal bit for bit to the host's bf16 of DequantizeFp8Block.
+TEST(Fp8MoeGpuTest, DenseProjectionsMatchCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    int n, k;
+  };
+  std::mt19937 rng(31);
+  for (const Shape sh : {Shape{576, 7168}, Shape{3072, 1536}, Shape{100, 64}}) {
+    const int n_p = (sh.n + 127) / 128 * 128, k_p = (sh.k + 127) / 128 * 128;
+    const Fp8Proj w = RandomFp8Proj(sh.n, sh.k, 1000 + sh.n, 0.2f / std::sqrt(float(sh.k)));
+    const std::vector<float> wf = Dequantize(w);
+    const std::vector<float> wb = RoundedToBf16(wf);
+    std::vector<uint8_t> codes(Fp8TiledCodeBytes(n_p, k_p)), scales(Fp8TiledScaleBytes(n_p, k_p));
+    ASSERT_TRUE(RelayoutFp8(w.View(), n_p, k_p, codes.data(), scales.data()).ok());
+    DevBuf<uint8_t> d_codes(codes), d_scales(scales);
+    // The dequantized copy.
+    DevBuf<uint16_t> d_wb(static_cast<size_t>(sh.n) * sh.k);
+    CUDA_OK(InvokeFp8DenseToBf16(d_codes.p, d_scales.p, n_p, k_p, sh.n, sh.k, d_wb.p, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got_w = d_wb.Get();
+    size_t w_differ = 0;
+    for (size_t i = 0; i < wf.size(); ++i) w_differ += got_w[i] != FloatToBf16(wf[i]);
+    EXPECT_EQ(w_differ, 0u) << sh.n << "x" << sh.k;
+    const int max_m = 300;
+    const std::vector<uint16_t> xb = RandomBf16(static_cast<size_t>(max_m) * sh.k, rng, 1.0f);
+    std::vector<uint16_t> xp(static_cast<size_t>(max_m) * k_p, 0);  // zero-padded columns
+    for (int r = 0; r < max_m; ++r) {
+      std::copy_n(xb.begin() + static_cast<size_t>(r) * sh.k, sh.k,
+                  xp.begin() + static_cast<size_t>(r) * k_p);
+    }
+    const std::vector<float> xf = Bf16ToF32(xb);
+    DevBuf<uint16_t> d_x(xp);
+    std::vector<uint16_t> row0;  // row 0's bits at m = 1
+    for (int m : {1, 5, 16, 17, 64, 100, 300}) {
+      DevBuf<uint16_t> d_out(static_cast<size_t>(m) * sh.n);
+      d_out.Poison();
+      Fp8DenseLinearParams p;
+      p.m = m;
+      p.n = sh.n;
+      p.n_p = n_p;
+      p.k_p = k_p;
+      p.x = d_x.p;
+      p.codes = d_codes.p;
+      p.scales = d_scales.p;
+      p.alpha = 1.0f;
+      p.out = d_out.p;
+      CUDA_OK(InvokeFp8DenseLinear(p, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> ob = d_out.Get();
+      std::vector<float> got(ob.size()), ref_b(ob.size()), ref_x(ob.size());
+      for (size_t i = 0; i < ob.size(); ++i) got[i] = Bf16ToFloat(ob[i]);
+      ParallelFor(m, [&](int b, int e) {
+        for (int r = b; r < e; ++r) {
+          for (int o = 0; o < sh.n; ++o) {
+            double ab = 0, ax = 0;
+            for (int c = 0; c < sh.k; ++c) {
+              const double xv = xf[static_cast<size_t>(r) * sh.k + c];
+              ab += wb[static_cast<size_t>(o) * sh.k + c] * xv;
+              ax += wf[static_cast<size_t>(o) * sh.k + c] * xv;
+            }
+            ref_b[static_cast<size_t>(r) * sh.n + o] = static_cast<float>(ab);
+            ref_x[static_cast<size_t>(r) * sh.n + o] = static_cast<float>(ax);
+          }
+        }
+      });
+      const double e_b = RelErr(got, ref_b), e_x = RelErr(got, ref_x);
+      std::printf("fp8 dense [%d, %d] m %d: rel err vs bf16 weights %.2e, vs fp32(e4m3*s) %.2e\n",
+                  sh.n, sh.k, m, e_b, e_x);
+      EXPECT_LT(e_b, 2e-3) << sh.n << "x" << sh.k << " m " << m;
+      EXPECT_LT(e_x, 5e-3) << sh.n << "x" << sh.k << " m " << m;
+      if (m == 1) {
+        row0.assign(ob.begin(), ob.begin() + sh.n);
+      } else {
+        EXPECT_TRUE(std::equal(row0.begin(), row0.end(), ob.begin()))
+            << "row 0's bits changed with m = " << m;
+      }
     }
   }
 }
