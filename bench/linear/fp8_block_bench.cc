@@ -26,13 +26,13 @@
 
 namespace {
 
-#define CHECK_CUDA(e)                                                 \
-  do {                                                                \
-    cudaError_t err_ = (e);                                           \
-    if (err_ != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s: %s\n", #e, cudaGetErrorString(err_)); \
-      std::exit(1);                                                   \
-    }                                                                 \
+#define CHECK_CUDA(e)                                                              \
+  do {                                                                             \
+    cudaError_t err_ = (e);                                                        \
+    if (err_ != cudaSuccess) {                                                     \
+      std::fprintf(stderr, "%s: %s\n", #e, cudaGetErrorString(err_));              \
+      std::exit(1);                                                                \
+    }                                                                              \
   } while (0)
 
 template <class F>
@@ -74,10 +74,8 @@ int main(int argc, char** argv) {
   std::vector<int> rows = {1, 8, 64, 256, 2048};
   int reps = 50;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--rows"))
-      rows = Ints(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps"))
-      reps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--rows")) rows = Ints(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: fp8_block_bench [--rows 1,8,64] [--reps 50]\n");
       return 2;
@@ -97,8 +95,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&src, copy_bytes));
   CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
   CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
-  const double copy_ms = MedianMs(
-      [&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  const double copy_ms = MedianMs([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
   const double bw = 2.0 * copy_bytes / (copy_ms * 1e-3);
   CHECK_CUDA(cudaFree(src));
   CHECK_CUDA(cudaFree(dst));
@@ -108,9 +105,8 @@ int main(int argc, char** argv) {
     const char* name;
     int64_t n, k;
   };
-  const std::vector<Proj> projs = {{"q_a", 1536, 7168},    {"kv_a", 576, 7168},
-                                   {"q_b", 3072, 1536},    {"kv_b", 4096, 512},
-                                   {"o_proj", 7168, 2048}, {"gate_up", 4608, 7168}};
+  const std::vector<Proj> projs = {{"q_a", 1536, 7168}, {"kv_a", 576, 7168},  {"q_b", 3072, 1536},
+                                   {"kv_b", 4096, 512}, {"o_proj", 7168, 2048}, {"gate_up", 4608, 7168}};
   auto fp8 = block_fp8 ? mlaserve::Fp8BlockGemm::Create()
                        : absl::StatusOr<std::unique_ptr<mlaserve::Fp8BlockGemm>>(nullptr);
   auto bf16 = mlaserve::LinearGemm::Create();
@@ -136,7 +132,7 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&w8[c], p.n * p.k));
       CHECK_CUDA(cudaMalloc(&w16[c], p.n * p.k * 2));
       CHECK_CUDA(cudaMalloc(&ws[c], nb * kb * 4));
-      CHECK_CUDA(cudaMemset(w8[c], 0x38, p.n * p.k));  // e4m3 1.0
+      CHECK_CUDA(cudaMemset(w8[c], 0x38, p.n * p.k));   // e4m3 1.0
       CHECK_CUDA(cudaMemset(w16[c], 0x3c, p.n * p.k * 2));
       std::vector<float> one(nb * kb, 1.0f / 64);
       CHECK_CUDA(cudaMemcpy(ws[c], one.data(), one.size() * 4, cudaMemcpyHostToDevice));
@@ -164,8 +160,7 @@ int main(int argc, char** argv) {
         a.w_scale = static_cast<const float*>(ws[turn % copies]);
         ++turn;
         if (auto s = (*fp8)->Run(a, nullptr); !s.ok()) {
-          if (ok)
-            std::fprintf(stderr, "%s m %d: %s\n", p.name, m, std::string(s.message()).c_str());
+          if (ok) std::fprintf(stderr, "%s m %d: %s\n", p.name, m, std::string(s.message()).c_str());
           ok = false;
         }
       };
@@ -178,14 +173,11 @@ int main(int argc, char** argv) {
       b.x_stride = p.k;
       b.out = out;
       b.out_stride = p.n;
-      const double t16 = MedianMs(
-          [&] {
-            b.w = w16[turn % copies];
-            ++turn;
-            if (auto s = (*bf16)->Run(b, nullptr); !s.ok())
-              std::fprintf(stderr, "bf16: %s\n", std::string(s.message()).c_str());
-          },
-          reps);
+      const double t16 = MedianMs([&] {
+        b.w = w16[turn % copies];
+        ++turn;
+        if (auto s = (*bf16)->Run(b, nullptr); !s.ok()) std::fprintf(stderr, "bf16: %s\n", std::string(s.message()).c_str());
+      }, reps);
       mlaserve::Fp8DenseLinearParams d;
       d.m = m;
       d.n = static_cast<int>(p.n);
@@ -193,14 +185,13 @@ int main(int argc, char** argv) {
       d.k_p = static_cast<int>(k_p);
       d.x = x;
       d.out = out;
-      const double two = MedianMs(
-          [&] {
-            d.codes = static_cast<const uint8_t*>(wt[turn % copies]);
-            d.scales = static_cast<const uint8_t*>(wts[turn % copies]);
-            ++turn;
-            CHECK_CUDA(mlaserve::InvokeFp8DenseLinear(d, nullptr));
-          },
-          reps);
+      auto run_wo = [&] {
+        d.codes = static_cast<const uint8_t*>(wt[turn % copies]);
+        d.scales = static_cast<const uint8_t*>(wts[turn % copies]);
+        ++turn;
+        CHECK_CUDA(mlaserve::InvokeFp8DenseLinear(d, nullptr));
+      };
+      const double two = MedianMs(run_wo, reps);
       const double act = double(m) * p.k * 2 + double(m) * p.n * 2;
       const double b8 = double(p.n) * p.k + nb * kb * 4 + act, b16 = 2.0 * p.n * p.k + act;
       const double bwo = double(n_p) * k_p * (1.0 + 1.0 / 128) + act;
