@@ -672,7 +672,7 @@ void CudaOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& we
 }
 
 // Above this many rows (default mode) a dense FP8 projection runs as bf16: its weight dequantized
-// into the step arena (n x k x 2 bytes, 29 MB for DeepSeek-R1's o_proj at 8 ranks; the values
+// into the step arena (n x k x 2 bytes, at most 33 MB for DeepSeek-R1 at 8 ranks; the values
 // the weight-only kernel uses) and cuBLASLt's GEMM, as bf16 checkpoints run. Below, and at any
 // row count in the deterministic mode (its row results do not depend on m), the weight-only
 // kernel reads the FP8 weight itself, once per 16 / 64 / 128-row tile. Not yet measured: the
@@ -710,6 +710,10 @@ void CudaOps::Fp8Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   if (m == 0) return;
   const auto* codes = w.fp8_codes.data<uint8_t>();
   const auto* scales = w.fp8_scale_inv.data<uint8_t>();
+  // The padded x or the bf16 copy is dead once the GEMM is enqueued (later scratch reuses it in
+  // stream order): released here, not at the layer's end (a dense MLP layer's three copies would
+  // take ~100 MB on DeepSeek-R1 at 8 ranks).
+  const uint64_t mark = ScratchMark();
   if (out.dtype() == DType::kBF16 && (impl_->gemm->batch_invariant() || m <= kFp8DenseMaxRows)) {
     const void* xp = x.data<void>();
     if (k != k_p) {
@@ -736,6 +740,7 @@ void CudaOps::Fp8Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
     p.alpha = w.alpha;
     p.out = out.data<void>();
     impl_->Check(InvokeFp8DenseLinear(p, impl_->stream), what);
+    ScratchRelease(mark);
     return;
   }
   void* wb = impl_->ArenaAlloc(static_cast<size_t>(n) * k * 2);
@@ -755,6 +760,7 @@ void CudaOps::Fp8Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   a.out_dtype = out.dtype();
   a.out_stride = n;
   impl_->Check(impl_->gemm->Run(a, impl_->stream), what);
+  ScratchRelease(mark);
 }
 
 void CudaOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {

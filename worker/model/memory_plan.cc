@@ -66,7 +66,8 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const TensorSource& ckpt, const Mode
     // Other INT4 modules and FP8 kv_b are dequantized at load, to bf16 on the GPU (8 values per
     // I32 word -> 16 bytes; 1-byte e4m3 -> 2 bytes). Their checkpoint scales are counted in those
     // figures. (A dense FP8 projection of more than 256 rows dequantizes its weight into the step
-    // arena: at most ~33 MB for DeepSeek-R1 at 8 ranks, within the workspace's margin below.)
+    // arena for the call: at most 33 MB for DeepSeek-R1 at 8 ranks, within the workspace's
+    // margin below.)
     if (t.dtype == DType::kI32 && EndsWith(name, ".weight_packed")) {
       if (expert && t.shape.size() == 2) {
         const size_t rows = RoundUp128(static_cast<size_t>(t.shape[0]));
