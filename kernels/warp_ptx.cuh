@@ -23,7 +23,15 @@ __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
   CpAsync16(SmemAddr(smem), gmem, valid);
 }
-// 4-byte copy (through L1: .ca is the only cache mode for sizes below 16).
+// 8-byte copy (through L1: .ca is the only cache mode for sizes below 16).
+__device__ __forceinline__ void CpAsync8(uint32_t smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(valid ? 8 : 0));
+}
+__device__ __forceinline__ void CpAsync8(void* smem, const void* gmem, bool valid) {
+  CpAsync8(SmemAddr(smem), gmem, valid);
+}
+// 4-byte copy (through L1, as the 8-byte one).
 __device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(valid ? 4 : 0));

@@ -12,7 +12,8 @@ export LD_LIBRARY_PATH="$bin/../lib:${LD_LIBRARY_PATH:-}"
 export MLASERVE_SOURCE_DIR="$root"
 tests=("$@")
 ((${#tests[@]})) || tests=(cuda_ops_test gpu_model_test elementwise_gpu_test mla_prefill_gpu_test
-  mla_decode_gpu_test moe_experts_gpu_test moe_gpu_test int4_moe_gpu_test sampling_gpu_test)
+  mla_decode_gpu_test moe_experts_gpu_test moe_gpu_test int4_moe_gpu_test fp8_moe_gpu_test
+  sampling_gpu_test)
 rc=0
 for t in "${tests[@]}"; do
   start=$SECONDS

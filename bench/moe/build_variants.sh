@@ -10,7 +10,9 @@ build() {
   name=$1; shift; files=$1; shift
   objs=""
   for f in $files; do
-    /usr/local/cuda/bin/nvcc -I"$PWD" -O2 -DNDEBUG --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -std=c++17 -lineinfo "$@" -c kernels/moe/nvfp4_moe_gemm_$f.cu -o build-moe/variants/${name}_$f.o -Xptxas -v 2>&1 | grep -E "registers|spill" | sed "s/^/$name $f: /"
+    src=kernels/moe/nvfp4_moe_gemm_$f.cu
+    case $f in fp8_*) src=kernels/moe/$f.cu ;; esac
+    /usr/local/cuda/bin/nvcc -I"$PWD" -O2 -DNDEBUG --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -std=c++17 -lineinfo "$@" -c $src -o build-moe/variants/${name}_$f.o -Xptxas -v 2>&1 | grep -E "registers|spill" | sed "s/^/$name $f: /"
     objs="$objs variants/${name}_$f.o"
   done
   (cd build-moe && eval "${LINK/bench\/moe\/CMakeFiles\/moe_bench.dir\/moe_bench.cu.o -o bench\/moe\/moe_bench/bench/moe/CMakeFiles/moe_bench.dir/moe_bench.cu.o $objs -o variants/moe_bench_$name}")
@@ -22,4 +24,10 @@ build D8W "$D" -DMLASERVE_MOE_DECODE_WARPS_M=8 -DMLASERVE_MOE_DECODE_MIN_BLOCKS=
 # Prefill: 3 stages with the 8 x 1 warp layout (all_256 / 8192 tokens, 2026-11-29: 271.0 GEMM
 # TFLOP/s against 269.2 for the default, within noise).
 build P3S "$P" -DMLASERVE_MOE_PREFILL_STAGES=3
+# FP8 decode (fp8_moe_gemm.cuh; run with --fp8 --decode): K step 128 with 3 stages (16 KB of codes
+# a stage, 60 KB of shared memory); the bit-manipulation e4m3 decode instead of the cvt path (is
+# the cvt path bound by the conversion pipe?). Neither measured yet.
+F="fp8_moe_gemm_gate_up_bn16 fp8_moe_gemm_down_bn16"
+build FP8_BK128 "$F" -DMLASERVE_FP8_MOE_DECODE_BK=128 -DMLASERVE_FP8_MOE_DECODE_STAGES=3 -DMLASERVE_FP8_MOE_DECODE_MIN_BLOCKS=3
+build FP8_BITS "$F" -DMLASERVE_FP8_DECODE_BITS
 ls -la build-moe/variants/ | grep bench

@@ -1,18 +1,23 @@
-// NVFP4 and INT4 MoE expert-path benchmark on full-size shapes (hidden 7168, intermediate 2048,
-// top-8): decode (1..256 tokens) against the device's measured copy bandwidth on the weight bytes
-// of the active experts (codes + scales), prefill (2k..32k tokens) in TFLOP/s. Weights are cold:
+// NVFP4, INT4 and FP8 MoE expert-path benchmark on full-size shapes (hidden 7168, intermediate
+// 2048, top-8): decode (1..256 tokens) against the device's measured copy bandwidth on the weight
+// bytes of the active experts (codes + scales), prefill (2k..32k tokens) in TFLOP/s. Weights are cold:
 // L2 is flushed (a 256 MB memset) before every timed run. The BF16 peer (cuBLAS through PyTorch)
 // is bf16_peer.py.
 //
 // Times per configuration: the four stages one by one (events between them, plain launches; the
-// stage columns), the layer as one InvokeNvfp4Moe / InvokeInt4Moe call with plain launches
+// stage columns), the layer as one InvokeNvfp4Moe / InvokeInt4Moe / InvokeFp8Moe call with plain
+// launches
 // ("plain") and with its default launches ("layer": programmatic for small decode batches,
 // kMoeProgrammaticMaxRows), and for decode that call replayed as a CUDA graph ("graph").
 //
-// Usage: moe_bench [--quick | --decode | --prefill] [--int4]
+// Usage: moe_bench [--quick | --decode | --prefill] [--int4 | --fp8]
 //   --int4: Kimi-K2.5 EP8 (48 of 384 experts local) in INT4 (compressed-tensors, group 32,
 //   bf16 scales: kernels/moe/int4_moe.h) and, in the same process for comparison, in NVFP4, at
 //   1, 8, 64 and 256 decode tokens (with --prefill: 8192 tokens instead).
+//   --fp8: DeepSeek-R1 shapes, all 256 experts and EP8 (32 of 256 local), in FP8 block-128 (e4m3
+//   codes, an fp32 scale per 128 x 128 block: kernels/moe/fp8_moe.h; the layout holds one per
+//   8 x 64 weights, 1/128 of the code bytes) and, in the same process, in NVFP4, at 1, 8, 64 and
+//   256 decode tokens (with --prefill: 8192 tokens instead).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/moe/fp8_moe.h"
 #include "kernels/moe/int4_moe.h"
 #include "common/command_line.h"
 #include "kernels/moe/nvfp4_moe.h"
@@ -64,6 +70,17 @@ __global__ void FillInt4Scales(uint16_t* p, size_t n, uint32_t seed) {
     p[i] = static_cast<uint16_t>(0x3b80u | (Hash(i, seed) & 0x7fu));
   }
 }
+// FP8 codes with bit 6 clear: exponent fields 0..7 (|v| <= 1.875, no NaN codes); fp32 scales.
+__global__ void FillFp8Codes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    p[i] = Hash(i, seed) & 0xbf;
+  }
+}
+__global__ void FillF32(float* p, size_t n, float v) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    p[i] = v;
+  }
+}
 __global__ void FillBf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     p[i] = __float2bfloat16((Hash(i, seed) & 0xffff) / 32768.0f - 1.0f);
@@ -75,11 +92,13 @@ float Median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+enum class Format { kNvfp4, kInt4, kFp8 };
+
 struct Config {
   const char* name;
-  int num_experts;    // global
-  int num_local;      // experts on this rank: ids [0, num_local)
-  bool int4 = false;  // INT4 weights (else NVFP4)
+  int num_experts;  // global
+  int num_local;    // experts on this rank: ids [0, num_local)
+  Format format = Format::kNvfp4;
 };
 
 }  // namespace
@@ -90,12 +109,13 @@ ABSL_FLAG(bool, quick, false, "Prefill at 2k tokens only.");
 ABSL_FLAG(bool, decode, false, "Decode only (for comparing build variants).");
 ABSL_FLAG(bool, prefill, false, "Prefill only.");
 ABSL_FLAG(bool, int4, false, "Also the INT4 (compressed-tensors) expert format, beside NVFP4 on the same routing draws.");
+ABSL_FLAG(bool, fp8, false, "Also the FP8 block-128 (DeepSeek) expert format, beside NVFP4 on the same routing draws.");
 
 int main(int argc, char** argv) {
-  ParseFlags(argc, argv, "moe_bench [--quick] [--decode | --prefill] [--int4]");
+  ParseFlags(argc, argv, "moe_bench [--quick] [--decode | --prefill] [--int4] [--fp8]");
   const bool quick = absl::GetFlag(FLAGS_quick), decode_only = absl::GetFlag(FLAGS_decode),
              prefill_only = absl::GetFlag(FLAGS_prefill),
-             int4 = absl::GetFlag(FLAGS_int4);
+             int4 = absl::GetFlag(FLAGS_int4), fp8 = absl::GetFlag(FLAGS_fp8);
   const int H = 7168, I = 2048, K = 8;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -143,21 +163,28 @@ int main(int argc, char** argv) {
     prefill_tokens = {8192};
   }
   if (int4) {
-    configs = {{"ep8_48_of_384", 384, 48, false}, {"ep8_48_of_384", 384, 48, true}};
+    configs = {{"ep8_48_of_384", 384, 48, Format::kNvfp4}, {"ep8_48_of_384", 384, 48, Format::kInt4}};
     if (!prefill_only) decode_tokens = {1, 8, 64, 256};
     prefill_tokens = prefill_only ? std::vector<int>{8192} : std::vector<int>{};
   }
-  const size_t gu_codes_e = static_cast<size_t>(2 * I) * H / 2, gu_scales_e = gu_codes_e / 8;
-  const size_t dn_codes_e = static_cast<size_t>(H) * I / 2, dn_scales_e = dn_codes_e / 8;
-  const double bytes_per_expert = gu_codes_e + gu_scales_e + dn_codes_e + dn_scales_e;
+  if (fp8) {
+    configs = {{"r1_all_256", 256, 256, Format::kFp8},
+               {"r1_all_256", 256, 256, Format::kNvfp4},
+               {"r1_ep8_32_of_256", 256, 32, Format::kFp8},
+               {"r1_ep8_32_of_256", 256, 32, Format::kNvfp4}};
+    if (!prefill_only) decode_tokens = {1, 8, 64, 256};
+    prefill_tokens = prefill_only ? std::vector<int>{8192} : std::vector<int>{};
+  }
   const double flop_per_row = 2.0 * (2.0 * I * H + 1.0 * H * I);
-  // INT4's layout has the same bytes: codes 4 bits a weight, one bf16 scale per 32 weights.
+  // INT4's layout has NVFP4's bytes: codes 4 bits a weight, one bf16 scale per 32 weights. FP8's:
+  // a byte a weight, an fp32 scale per 8 x 64 weights.
   std::printf(
-      "weight bytes per expert (codes + scales: e4m3 per 16 for NVFP4, bf16 per 32 for INT4): "
-      "%.2f MB; bf16: %.2f MB\n",
-      bytes_per_expert / 1e6, 3.0 * H * I * 2 / 1e6);
+      "weight bytes per expert (codes + scales: e4m3 per 16 for NVFP4, bf16 per 32 for INT4; "
+      "fp32 per 512 for FP8): %.2f MB (NVFP4, INT4), %.2f MB (FP8); bf16: %.2f MB\n",
+      3.0 * H * I * (0.5 + 1.0 / 16) / 1e6, 3.0 * H * I * (1.0 + 1.0 / 128) / 1e6,
+      3.0 * H * I * 2 / 1e6);
   std::printf(
-      "\n%-14s %5s %6s %4s %6s %7s | %8s %8s %8s %8s %8s | %8s %8s %8s | %7s %6s %6s "
+      "\n%-16s %5s %6s %4s %6s %7s | %8s %8s %8s %8s %8s | %8s %8s %8s | %7s %6s %6s "
       "%6s | %8s %8s\n",
       "config", "fmt", "tokens", "tile", "active", "rows", "dispatch", "gate_up", "down", "combine",
       "stages", "plain", "layer", "graph", "GB/s", "%stage", "%layer", "%graph", "TFLOP/s",
@@ -165,9 +192,16 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(1234);
   for (const Config& c : configs) {
-    // --int4: both formats see the same routing draws.
-    if (int4) rng.seed(1234);
+    // --int4, --fp8: every format sees the same routing draws.
+    if (int4 || fp8) rng.seed(1234);
     const int E = c.num_local;
+    const bool is_fp8 = c.format == Format::kFp8, is_int4 = c.format == Format::kInt4;
+    // Per expert: codes and scales of gate_up [2I, H] and down [H, I].
+    const size_t gu_codes_e = is_fp8 ? static_cast<size_t>(2 * I) * H : static_cast<size_t>(I) * H;
+    const size_t dn_codes_e = is_fp8 ? static_cast<size_t>(H) * I : static_cast<size_t>(H) * I / 2;
+    const size_t gu_scales_e = gu_codes_e / (is_fp8 ? 128 : 8);
+    const size_t dn_scales_e = dn_codes_e / (is_fp8 ? 128 : 8);
+    const double bytes_per_expert = gu_codes_e + gu_scales_e + dn_codes_e + dn_scales_e;
     uint8_t *gu_c, *gu_s, *dn_c, *dn_s;
     float *gu_gs, *dn_gs;
     CK(cudaMalloc(&gu_c, gu_codes_e * E));
@@ -176,9 +210,17 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&dn_s, dn_scales_e * E));
     CK(cudaMalloc(&gu_gs, 2 * E * sizeof(float)));
     CK(cudaMalloc(&dn_gs, E * sizeof(float)));
-    FillCodes<<<4096, 256, 0, s>>>(gu_c, gu_codes_e * E, 1);
-    FillCodes<<<4096, 256, 0, s>>>(dn_c, dn_codes_e * E, 3);
-    if (c.int4) {
+    if (is_fp8) {
+      FillFp8Codes<<<4096, 256, 0, s>>>(gu_c, gu_codes_e * E, 1);
+      FillFp8Codes<<<4096, 256, 0, s>>>(dn_c, dn_codes_e * E, 3);
+    } else {
+      FillCodes<<<4096, 256, 0, s>>>(gu_c, gu_codes_e * E, 1);
+      FillCodes<<<4096, 256, 0, s>>>(dn_c, dn_codes_e * E, 3);
+    }
+    if (is_fp8) {
+      FillF32<<<4096, 256, 0, s>>>(reinterpret_cast<float*>(gu_s), gu_scales_e * E / 4, 1e-3f);
+      FillF32<<<4096, 256, 0, s>>>(reinterpret_cast<float*>(dn_s), dn_scales_e * E / 4, 1e-3f);
+    } else if (is_int4) {
       FillInt4Scales<<<4096, 256, 0, s>>>(reinterpret_cast<uint16_t*>(gu_s), gu_scales_e * E / 2,
                                           2);
       FillInt4Scales<<<4096, 256, 0, s>>>(reinterpret_cast<uint16_t*>(dn_s), dn_scales_e * E / 2,
@@ -192,6 +234,7 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(dn_gs, gs.data(), E * 4, cudaMemcpyHostToDevice));
     const Nvfp4MoeWeights weights{0, E, H, I, gu_c, gu_s, gu_gs, dn_c, dn_s, dn_gs};
     const Int4MoeWeights int4_weights{0, E, H, I, gu_c, gu_s, dn_c, dn_s};
+    const Fp8MoeWeights fp8_weights{0, E, H, I, gu_c, gu_s, dn_c, dn_s};
 
     std::vector<int> all_tokens = decode_tokens;
     all_tokens.insert(all_tokens.end(), prefill_tokens.begin(), prefill_tokens.end());
@@ -253,12 +296,32 @@ int main(int argc, char** argv) {
       q.out = p.out;
       q.workspace = p.workspace;
       q.workspace_bytes = p.workspace_bytes;
+      // And in the FP8 format.
+      Fp8MoeParams f{};
+      f.weights = fp8_weights;
+      f.tokens = p.tokens;
+      f.top_k = p.top_k;
+      f.tile_tokens = p.tile_tokens;
+      f.x = p.x;
+      f.topk_ids = p.topk_ids;
+      f.topk_weights = p.topk_weights;
+      f.out = p.out;
+      f.workspace = p.workspace;
+      f.workspace_bytes = p.workspace_bytes;
       Nvfp4MoeParams plain = p;
       plain.plain_launches = true;
       Int4MoeParams q_plain = q;
       q_plain.plain_launches = true;
+      Fp8MoeParams f_plain = f;
+      f_plain.plain_launches = true;
       auto stage = [&](int i) {
-        if (c.int4) {
+        if (is_fp8) {
+          return i == 0   ? InvokeFp8MoeDispatchStage(f, s)
+                 : i == 1 ? InvokeFp8MoeGateUpStage(f, s)
+                 : i == 2 ? InvokeFp8MoeDownStage(f, s)
+                          : InvokeFp8MoeCombineStage(f, s);
+        }
+        if (is_int4) {
           return i == 0   ? InvokeInt4MoeDispatchStage(q, s)
                  : i == 1 ? InvokeInt4MoeGateUpStage(q, s)
                  : i == 2 ? InvokeInt4MoeDownStage(q, s)
@@ -270,7 +333,8 @@ int main(int argc, char** argv) {
                         : InvokeNvfp4MoeCombineStage(p, s);
       };
       auto layer = [&](bool plain_launches) {
-        if (c.int4) return InvokeInt4Moe(plain_launches ? q_plain : q, s);
+        if (is_fp8) return InvokeFp8Moe(plain_launches ? f_plain : f, s);
+        if (is_int4) return InvokeInt4Moe(plain_launches ? q_plain : q, s);
         return InvokeNvfp4Moe(plain_launches ? plain : p, s);
       };
       const int reps = decode ? 30 : (tokens >= 32768 ? 3 : 6);
@@ -329,9 +393,9 @@ int main(int argc, char** argv) {
       };
       const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
       std::printf(
-          "%-14s %5s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
+          "%-16s %5s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
           "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f\n",
-          c.name, c.int4 ? "int4" : "nvfp4", tokens, p.tile_tokens, active, rows, Median(t_disp),
+          c.name, is_fp8 ? "fp8" : is_int4 ? "int4" : "nvfp4", tokens, p.tile_tokens, active, rows, Median(t_disp),
           Median(t_gu), Median(t_dn), Median(t_comb), us_total, us_plain, us_layer, us_graph,
           bytes / (us_layer * 1e-6) / 1e9, pct(us_total), pct(us_layer), pct(us_graph), tflops,
           flop_per_row * rows / (us_layer * 1e-6) / 1e12);
@@ -351,7 +415,7 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "\nus: stages = dispatch + gate_up + down + combine timed one by one; plain = one "
-      "InvokeNvfp4Moe / InvokeInt4Moe call, plain launches; layer = the same call, default "
+      "InvokeNvfp4Moe / InvokeInt4Moe / InvokeFp8Moe call, plain launches; layer = the same call, default "
       "launches (programmatic for tokens * top_k <= 256 in decode); graph = that call replayed as "
       "a CUDA graph (decode only). GB/s: weight bytes of the active experts (codes + scales) / "
       "layer time; %%stage, %%layer, %%graph: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 "

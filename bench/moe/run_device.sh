@@ -27,6 +27,9 @@ if [ "${VARIANTS:-0}" = 1 ]; then
   for v in build-moe/variants/moe_bench_P*; do
     echo "== $v --prefill"; timeout 60 $v --prefill 2>&1 | grep -E "^(ep8|all)"
   done >> "$OUT/variants.log" 2>&1
+  for v in build-moe/variants/moe_bench_FP8*; do
+    echo "== $v --fp8 --decode"; timeout 60 $v --fp8 --decode 2>&1 | grep -E "^r1.* fp8 "
+  done >> "$OUT/variants.log" 2>&1
 fi
 if [ "${SKIP_PEER:-0}" != 1 ]; then
   PYTHONUNBUFFERED=1 timeout 200 python3 bench/moe/bf16_peer.py $PEER_ARGS > "$OUT/bf16_peer.log" 2>&1

@@ -37,7 +37,7 @@ __device__ __forceinline__ uint32_t Int4Unbias(uint32_t biased) {
   return d;
 }
 
-struct Int4Format {
+struct Int4Format : FourBitLanes {
   using Params = Int4MoeGemmParams;
   // Registers a0..a3 of 16-column block j (0..3) of a 64-column chunk: cw = the lane's code
   // vector, sw = its scale vector: sw.x = (s(g), s(g + 8)) of columns 0..31, sw.y of 32..63.

@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/moe/bf16_moe_gemm.h"
+#include "kernels/moe/fp8_moe.h"
+#include "kernels/moe/fp8_moe_layout.h"
 #include "kernels/moe/int4_moe.h"
 #include "kernels/moe/int4_moe_layout.h"
 #include "kernels/moe/moe_combine.h"
@@ -78,8 +80,16 @@ absl::Status Validate(const MoeExpertsHostWeights& w) {
         absl::StrCat("MoE experts: expected ", E, " gate, up and down projections, got ",
                      w.gate.size(), ", ", w.up.size(), ", ", w.down.size()));
   }
-  if (w.nvfp4 && w.int4) {
-    return absl::InvalidArgumentError("MoE experts: both nvfp4 and int4 set; one format a layer");
+  if (static_cast<int>(w.nvfp4) + static_cast<int>(w.int4) + static_cast<int>(w.fp8) > 1) {
+    return absl::InvalidArgumentError(
+        "MoE experts: more than one of nvfp4, int4 and fp8 set; one format a layer");
+  }
+  if (w.fp8 && (w.fp8_block_rows <= 0 || w.fp8_block_cols <= 0 || w.fp8_block_rows % 8 != 0 ||
+                w.fp8_block_cols % 64 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoE experts: FP8 weight_block_size [", w.fp8_block_rows, ", ", w.fp8_block_cols,
+        "] is not a multiple of [8, 64], which the GPU layout's scales (one per 8 rows x 64 "
+        "columns) need (DeepSeek's is [128, 128])"));
   }
   if (w.int4 && (w.int4_group_size <= 0 || w.int4_group_size % kInt4ScaleSlotCols != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -100,12 +110,15 @@ absl::Status Validate(const MoeExpertsHostWeights& w) {
       const bool ok =
           w.nvfp4  ? pr.packed != nullptr && pr.scale != nullptr && std::isfinite(pr.global_scale)
           : w.int4 ? pr.int4_packed != nullptr && pr.int4_scale != nullptr && pr.int4_src_cols > 0
-                   : pr.bf16 != nullptr;
+          : w.fp8  ? pr.fp8_codes != nullptr && pr.fp8_scale_inv != nullptr &&
+                        pr.fp8_grid_rows > 0 && pr.fp8_grid_cols > 0
+                  : pr.bf16 != nullptr;
       if (!ok) {
         return absl::InvalidArgumentError(
             absl::StrCat("MoE experts: expert ", w.first_expert + i, " ", names[k], ": ",
                          w.nvfp4  ? "NVFP4 needs packed, scale and a finite global_scale"
                          : w.int4 ? "INT4 needs int4_packed, int4_scale and int4_src_cols"
+                         : w.fp8  ? "FP8 needs fp8_codes, fp8_scale_inv and its grid's shape"
                                   : "bf16 weights missing (bf16 == nullptr)"));
       }
     }
@@ -140,6 +153,7 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
   g->num_routed_experts_ = w.num_routed_experts > 0 ? w.num_routed_experts : E;
   g->nvfp4_ = w.nvfp4;
   g->int4_ = w.int4;
+  g->fp8_ = w.fp8;
   if (E == 0) return g;
   const int Hp = RoundUp(H, kPadMultiple), Ip = RoundUp(I, kPadMultiple);
   g->padded_hidden_ = Hp;
@@ -149,7 +163,7 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
       absl::StrCat("upload of experts ", w.first_expert, "..", w.first_expert + E - 1, " (hidden ",
                    H, ", intermediate ", I, ")");
 
-  if (!w.nvfp4 && !w.int4) {
+  if (!w.nvfp4 && !w.int4 && !w.fp8) {
     const size_t gu_elems = static_cast<size_t>(2) * Ip * Hp,
                  dn_elems = static_cast<size_t>(Hp) * Ip;
     g->bf16_gate_up_ = g->Alloc(gu_elems * 2 * E, &err);
@@ -194,9 +208,12 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
     return g;
   }
 
-  // NVFP4 and INT4: rearranged on the host into the kernels' layout (padding included), copied.
-  auto code_bytes = w.int4 ? Int4TiledCodeBytes : Nvfp4TiledCodeBytes;
-  auto scale_bytes = w.int4 ? Int4TiledScaleBytes : Nvfp4TiledScaleBytes;
+  // NVFP4, INT4 and FP8: rearranged on the host into the kernels' layout (padding included),
+  // copied.
+  auto code_bytes = w.fp8 ? Fp8TiledCodeBytes : w.int4 ? Int4TiledCodeBytes : Nvfp4TiledCodeBytes;
+  auto scale_bytes = w.fp8    ? Fp8TiledScaleBytes
+                     : w.int4 ? Int4TiledScaleBytes
+                              : Nvfp4TiledScaleBytes;
   const size_t gu_c = code_bytes(2 * Ip, Hp), gu_s = scale_bytes(2 * Ip, Hp);
   const size_t dn_c = code_bytes(Hp, Ip), dn_s = scale_bytes(Hp, Ip);
   g->gate_up_codes_ = static_cast<uint8_t*>(g->Alloc(gu_c * E, &err));
@@ -247,11 +264,40 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
     const absl::Status dn = RelayoutInt4(down, Hp, Ip, sl.dn_c.data(), sl.dn_s.data());
     if (!dn.ok()) sl.error = absl::StrCat(ew, " down: ", dn.message());
   };
+  // FP8 pads while it rearranges too (fp8_moe_layout.h): each projection is its window of the
+  // checkpoint tensor, with the tensor's scale grid.
+  auto relayout_fp8 = [&](int i, Slot& sl, const std::string& ew) {
+    auto view = [&](const MoeExpertsHostWeights::Projection& p, int rows, int cols) {
+      return Fp8BlockTensor{p.fp8_codes,
+                            p.fp8_scale_inv,
+                            rows,
+                            cols,
+                            w.fp8_block_rows,
+                            w.fp8_block_cols,
+                            p.fp8_origin_row,
+                            p.fp8_origin_col,
+                            p.fp8_grid_rows,
+                            p.fp8_grid_cols};
+    };
+    const absl::Status gu = RelayoutFp8GateUp(view(w.gate[i], I, H), view(w.up[i], I, H), Ip, Hp,
+                                              sl.gu_c.data(), sl.gu_s.data());
+    if (!gu.ok()) {
+      sl.error = absl::StrCat(ew, " gate/up: ", gu.message());
+      return;
+    }
+    const absl::Status dn =
+        RelayoutFp8(view(w.down[i], H, I), Hp, Ip, sl.dn_c.data(), sl.dn_s.data());
+    if (!dn.ok()) sl.error = absl::StrCat(ew, " down: ", dn.message());
+  };
   auto relayout = [&](int i, Slot& sl) {
     const std::string ew = absl::StrCat(what, ": expert ", w.first_expert + i);
     sl.error.clear();
     if (w.int4) {
       relayout_int4(i, sl, ew);
+      return;
+    }
+    if (w.fp8) {
+      relayout_fp8(i, sl, ew);
       return;
     }
     const auto &wg = w.gate[i], &wu = w.up[i], &wd = w.down[i];
@@ -304,7 +350,7 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
     }
     if (err = cudaStreamSynchronize(stream); err != cudaSuccess) return CudaStatus(err, what);
   }
-  if (w.int4) return g;
+  if (!w.nvfp4) return g;  // INT4 and FP8 have no global scales
   err = cudaMemcpyAsync(g->gate_up_global_scale_, gu_global.data(), sizeof(float) * 2 * E,
                         cudaMemcpyHostToDevice, stream);
   if (err == cudaSuccess) {
@@ -480,6 +526,31 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     ip.workspace_bytes = ws.core_bytes;
     if (cudaError_t e = InvokeInt4Moe(ip, stream); e != cudaSuccess) {
       return CudaStatus(e, "INT4 experts");
+    }
+  } else if (g.fp8()) {
+    Fp8MoeParams fp{};
+    fp.weights = Fp8MoeWeights{g.first_expert(),
+                               E,
+                               Hp,
+                               g.padded_intermediate(),
+                               g.gate_up_codes_,
+                               g.gate_up_scales_,
+                               g.down_codes_,
+                               g.down_scales_};
+    fp.tokens = p.tokens;
+    fp.top_k = p.top_k;
+    fp.tile_tokens = tile;
+    fp.plain_launches = false;
+    fp.x = x;
+    fp.topk_ids = p.topk_ids;
+    fp.topk_weights = p.topk_weights;
+    fp.shared_out = shared;
+    fp.out = nullptr;
+    fp.out_bf16 = out;
+    fp.workspace = ws.core;
+    fp.workspace_bytes = ws.core_bytes;
+    if (cudaError_t e = InvokeFp8Moe(fp, stream); e != cudaSuccess) {
+      return CudaStatus(e, "FP8 experts");
     }
   } else {
     // The NVFP4 sequence (nvfp4_moe.cu) with the BF16 GEMMs: dispatch plainly, then gate_up,

@@ -1,7 +1,8 @@
 // One GPU entry point for a layer's routed experts, whatever the checkpoint stores: BF16 experts
-// (bf16_moe_gemm.h), NVFP4 experts (nvfp4_moe.h) or compressed-tensors INT4 experts (int4_moe.h,
-// held as 4 bits + a bf16 scale per 32 weights), at any hidden / intermediate size (padded at
-// load to the kernels' multiples of 128 with zero weights). The same function as MoeExpertsRef
+// (bf16_moe_gemm.h), NVFP4 experts (nvfp4_moe.h), compressed-tensors INT4 experts (int4_moe.h,
+// held as 4 bits + a bf16 scale per 32 weights) or DeepSeek FP8 block-128 experts (fp8_moe.h,
+// held as 1 byte + an fp32 scale per 8 x 64 weights), at any hidden / intermediate size (padded
+// at load to the kernels' multiples of 128 with zero weights). The same function as MoeExpertsRef
 // (moe_ref.h), with the rounding of a BF16 PyTorch MoE: x bf16, fp32 accumulation,
 // h = silu(gate x) * (up x) rounded to bf16, down(h) in fp32 times the routing weight, the experts
 // summed in fp32 in slot order (+ shared_out), the output rounded to bf16 once.
@@ -35,6 +36,10 @@ struct MoeExpertsHostWeights {
   // scale per int4_group_size columns (a multiple of 32).
   bool int4 = false;
   int int4_group_size = 32;
+  // DeepSeek FP8 block (kernels/linear/fp8_block_ref.h): e4m3 codes, one fp32 weight_scale_inv per
+  // fp8_block_rows x fp8_block_cols block (multiples of 8 x 64; DeepSeek's 128 x 128).
+  bool fp8 = false;
+  int fp8_block_rows = 128, fp8_block_cols = 128;
   struct Projection {                 // one expert's gate, up or down
     const uint16_t* bf16 = nullptr;   // bf16 bits [rows, cols] (bf16 checkpoints)
     const uint8_t* packed = nullptr;  // NVFP4: [rows, cols/2], low nibble first
@@ -48,6 +53,13 @@ struct MoeExpertsHostWeights {
     const uint16_t* int4_scale = nullptr;
     int int4_src_cols = 0;
     int int4_col0 = 0;
+    // FP8: the projection's own e4m3 codes [rows, cols], the window of the checkpoint tensor at
+    // (fp8_origin_row, fp8_origin_col) (> 0: a tensor-parallel shard; multiples of 8 and 64),
+    // and the tensor's whole scale grid [fp8_grid_rows, fp8_grid_cols].
+    const uint8_t* fp8_codes = nullptr;
+    const float* fp8_scale_inv = nullptr;
+    int fp8_origin_row = 0, fp8_origin_col = 0;
+    int fp8_grid_rows = 0, fp8_grid_cols = 0;
   };
   // Per local expert: gate [intermediate, hidden], up [intermediate, hidden],
   // down [hidden, intermediate]. NVFP4 needs hidden and intermediate multiples of 16.
@@ -74,6 +86,7 @@ class MoeExpertsGpu {
   int intermediate() const { return intermediate_; }
   bool nvfp4() const { return nvfp4_; }
   bool int4() const { return int4_; }
+  bool fp8() const { return fp8_; }
   int padded_hidden() const { return padded_hidden_; }
   int padded_intermediate() const { return padded_intermediate_; }
   // Bytes of workspace for a call with `tokens` tokens of top_k assignments (0 with no local
@@ -91,13 +104,14 @@ class MoeExpertsGpu {
   int padded_hidden_ = 0, padded_intermediate_ = 0;
   bool nvfp4_ = false;
   bool int4_ = false;
+  bool fp8_ = false;
   size_t device_bytes_ = 0;
   std::vector<void*> allocations_;
   // BF16: gate_up [E][2Ip, Hp] and down [E][Hp, Ip] in the layout of bf16_moe_gemm.h.
   void* bf16_gate_up_ = nullptr;
   void* bf16_down_ = nullptr;
-  // NVFP4: the arrays of Nvfp4MoeWeights (nvfp4_moe.h); INT4: the codes and scales arrays of
-  // Int4MoeWeights (int4_moe.h), no global scales.
+  // NVFP4: the arrays of Nvfp4MoeWeights (nvfp4_moe.h); INT4 / FP8: the codes and scales arrays
+  // of Int4MoeWeights (int4_moe.h) / Fp8MoeWeights (fp8_moe.h), no global scales.
   uint8_t* gate_up_codes_ = nullptr;
   uint8_t* gate_up_scales_ = nullptr;
   float* gate_up_global_scale_ = nullptr;

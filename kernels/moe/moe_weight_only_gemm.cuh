@@ -1,10 +1,13 @@
-// The weight-only grouped GEMM of the routed experts, whatever 4-bit format its weights are in:
-// NVFP4 (nvfp4_moe_gemm.cuh) or compressed-tensors INT4 (int4_moe_gemm.cuh). A format is a
-// policy struct: its Params type (the fields below, plus the format's own), Fragment (a lane's A
-// fragment of one 16-column block as bf16 pairs, from its code and scale vectors) and the
-// epilogue multipliers GateAlpha / UpAlpha / DownAlpha. The format's layout must give every lane
-// one 16-byte code vector and one 8-byte scale vector per 16 x 64 chunk (kBM * kBK / 2 code bytes
-// and kBM * kBK / 16 scale bytes a stage), as nvfp4_moe_layout.h and int4_moe_layout.h do.
+// The weight-only grouped GEMM of the routed experts, whatever format its weights are in: NVFP4
+// (nvfp4_moe_gemm.cuh), compressed-tensors INT4 (int4_moe_gemm.cuh) or DeepSeek's FP8 block-128
+// (fp8_moe_gemm.cuh). A format is a policy struct: its Params type (the fields below, plus the
+// format's own); its layout's bytes per 16 x 64 chunk of weights (kChunkCodeBytes codes,
+// kChunkScaleBytes scales, each tile row's chunks stored back to back along K); its lane vectors
+// Codes / Scales, read from a chunk in shared memory by LoadCodes / LoadScales; Fragment (a lane's
+// A fragment of one 16-column block of the chunk as bf16 pairs, from those vectors); the epilogue
+// multipliers GateAlpha / UpAlpha / DownAlpha; and Tile<kTileTokens>, its tile shapes. The 4-bit
+// formats share FourBitLanes (512 code bytes: one 16-byte vector a lane; 64 scale bytes: 8 a lane)
+// and TileFor; FP8 has 1024 code bytes (two 16-byte vectors a lane) and 8 scale bytes per chunk.
 //
 // Orientation: out^T = W x^T. The weight is the mma A operand (16 weight rows per m-tile), the
 // activation rows are the B operand (8 rows per n-tile), so a decode tile with 1..16 rows wastes
@@ -25,6 +28,7 @@
 namespace mlaserve::moe_gemm {
 
 using ptx::CpAsync16;
+using ptx::CpAsync8;
 using ptx::CpAsyncCommit;
 using ptx::CpAsyncWait;
 using ptx::LdMatrixX4;
@@ -38,7 +42,8 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-template <int kBM_, int kBN_, int kBK_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_>
+template <int kBM_, int kBN_, int kBK_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_,
+          int kChunkCodeBytes_ = 512, int kChunkScaleBytes_ = 64>
 struct TileConfig {
   static constexpr int kMinBlocks = kMinBlocks_;  // blocks per SM the register budget allows
   static constexpr int kBM = kBM_;                // weight rows per block
@@ -53,8 +58,15 @@ struct TileConfig {
   static constexpr int kMT = kWM / 16;
   static constexpr int kNT = kWN / 8;
   static constexpr int kChunksK = kBK / 64;  // 64-column layout chunks per stage
-  static constexpr int kCodeBytes = kBM * kBK / 2;
-  static constexpr int kScaleBytes = kBM * kBK / 16;
+  static constexpr int kChunkCodeBytes = kChunkCodeBytes_;    // of one 16 x 64 chunk
+  static constexpr int kChunkScaleBytes = kChunkScaleBytes_;  // of one 16 x 64 chunk
+  static constexpr int kCodeBytes = kBM / 16 * kChunksK * kChunkCodeBytes;
+  static constexpr int kScaleBytes = kBM / 16 * kChunksK * kChunkScaleBytes;
+  // A 16-row tile's scales of one stage are contiguous: copied in pieces of up to 16 bytes.
+  static constexpr int kScaleCopyBytes =
+      kChunksK * kChunkScaleBytes < 16 ? kChunksK * kChunkScaleBytes : 16;
+  static constexpr int kScaleCopiesPerTile = kChunksK * kChunkScaleBytes / kScaleCopyBytes;
+  static constexpr int kScaleCopies = kBM / 16 * kScaleCopiesPerTile;
   static constexpr int kXBytes = kBN * kBK * 2;
   static constexpr int kStageBytes = kCodeBytes + kScaleBytes + kXBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
@@ -66,14 +78,32 @@ struct TileConfig {
   static_assert(kXIters >= 1 && kBN * kXChunksPerRow % kThreads == 0, "X load");
   static_assert(kThreads % kXChunksPerRow == 0, "X load: fixed column chunk per thread");
   static_assert(kCodeIters >= 1 && (kCodeBytes / 16) % kThreads == 0, "code load");
-  static_assert(kScaleBytes / 16 <= kThreads, "scale load");
+  static_assert(kChunkCodeBytes % 16 == 0, "code vectors");
+  static_assert(kScaleCopyBytes == 16 || kScaleCopyBytes == 8, "scale copies: cp.async 16 or 8");
+  static_assert(kChunksK * kChunkScaleBytes % kScaleCopyBytes == 0, "scale copies");
+  static_assert(kScaleCopies <= kThreads, "scale load");
   // SM120 allows 99 KB of dynamic shared memory per block.
   static_assert(kSmemBytes <= 99 * 1024, "shared memory");
 };
 
-template <class Cfg, bool kGateUp, class Format>
+template <bool kDense, class Params>
+__device__ __forceinline__ int DenseRows(const Params& p) {
+  if constexpr (kDense) {
+    return p.dense_rows;
+  } else {
+    return 0;
+  }
+}
+
+// kDense (a format whose Params has the dense_* fields, FP8's): one weight and no routing, a
+// plain projection out = alpha * a W^T of p.dense_rows contiguous activation rows into
+// p.dense_out, bf16 [dense_rows, dense_n] (dense_n <= n: the weight's rows past it are padding
+// and not stored); expert_offsets, tile_offsets, sorted_assignment and
+// topk_weights are not read. Launched with kGateUp false.
+template <class Cfg, bool kGateUp, class Format, bool kDense = false>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     WeightOnlyMoeGemmKernel(const typename Format::Params p) {
+  static_assert(!(kDense && kGateUp), "the dense mode is a down-like projection");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kBM = Cfg::kBM, kBN = Cfg::kBN, kBK = Cfg::kBK, kStages = Cfg::kStages;
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT;
@@ -89,11 +119,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     moe_launch::WaitForPrerequisiteGrid();
     moe_launch::AllowDependentLaunch();
   }
+  // (Dense: e = 0 and row tile `tile`; the grid has exactly ceil(dense_rows / kBN) of them.)
   const int tile = blockIdx.y;
   const int num_e = p.num_local_experts;
-  if (tile >= __ldcg(p.tile_offsets + num_e)) return;
+  if constexpr (!kDense) {
+    if (tile >= __ldcg(p.tile_offsets + num_e)) return;
+  }
   int lo = 0, hi = num_e - 1;
-  while (lo < hi) {
+  while (!kDense && lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
     if (__ldcg(p.tile_offsets + mid) <= tile) {
       lo = mid;
@@ -101,9 +134,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       hi = mid - 1;
     }
   }
-  const int e = lo;
-  const int row_begin = __ldcg(p.expert_offsets + e) + (tile - __ldcg(p.tile_offsets + e)) * kBN;
-  const int row_end = min(row_begin + kBN, __ldcg(p.expert_offsets + e + 1));
+  const int e = kDense ? 0 : lo;
+  const int row_begin =
+      kDense ? tile * kBN
+             : __ldcg(p.expert_offsets + e) + (tile - __ldcg(p.tile_offsets + e)) * kBN;
+  const int row_end =
+      min(row_begin + kBN, kDense ? DenseRows<kDense>(p) : __ldcg(p.expert_offsets + e + 1));
   const int valid_rows = row_end - row_begin;  // 1..kBN
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -112,11 +148,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int mt_block = blockIdx.x * (kBM / 16);  // first 16-row weight tile of this block
 
   // Global sources.
-  const size_t expert_code_bytes = static_cast<size_t>(p.n) * p.k / 2;
-  const uint8_t* codes_g =
-      p.w_codes + e * expert_code_bytes + static_cast<size_t>(mt_block) * k_chunks_total * 512;
-  const uint8_t* scales_g = p.w_scales + e * (expert_code_bytes / 8) +
-                            static_cast<size_t>(mt_block) * k_chunks_total * 64;
+  constexpr int kChunkCode = Cfg::kChunkCodeBytes, kChunkScale = Cfg::kChunkScaleBytes;
+  const size_t expert_code_bytes = static_cast<size_t>(p.n) * p.k / (1024 / kChunkCode);
+  const uint8_t* codes_g = p.w_codes + e * expert_code_bytes +
+                           static_cast<size_t>(mt_block) * k_chunks_total * kChunkCode;
+  const uint8_t* scales_g = p.w_scales + e * (expert_code_bytes / (kChunkCode / kChunkScale)) +
+                            static_cast<size_t>(mt_block) * k_chunks_total * kChunkScale;
   // Each thread copies the same 16-byte column chunk of kXIters activation rows every stage.
   const int x_chunk = tid % Cfg::kXChunksPerRow;
   int x_row[Cfg::kXIters];  // source row of each copied activation row, -1 past the tile
@@ -129,22 +166,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   auto load_weights = [&](int stage, int kt) {
     uint8_t* s_codes = smem + stage * Cfg::kStageBytes;
     uint8_t* s_scales = s_codes + Cfg::kCodeBytes;
-    // Codes: per 16-row tile a contiguous run of kChunksK * 512 bytes.
+    // Codes: per 16-row tile a contiguous run of kChunksK * kChunkCode bytes.
 #pragma unroll
     for (int i = 0; i < Cfg::kCodeIters; ++i) {
       const int c = tid + i * Cfg::kThreads;
-      const int mt = c / (Cfg::kChunksK * 32), within = c % (Cfg::kChunksK * 32);
-      const uint8_t* src = codes_g +
-                           (static_cast<size_t>(mt) * k_chunks_total + kt * Cfg::kChunksK) * 512 +
-                           within * 16;
+      const int mt = c / (Cfg::kChunksK * (kChunkCode / 16)),
+                within = c % (Cfg::kChunksK * (kChunkCode / 16));
+      const uint8_t* src =
+          codes_g + (static_cast<size_t>(mt) * k_chunks_total + kt * Cfg::kChunksK) * kChunkCode +
+          within * 16;
       CpAsync16(s_codes + c * 16, src, true);
     }
-    if (tid < Cfg::kScaleBytes / 16) {
-      const int mt = tid / (Cfg::kChunksK * 4), within = tid % (Cfg::kChunksK * 4);
-      const uint8_t* src = scales_g +
-                           (static_cast<size_t>(mt) * k_chunks_total + kt * Cfg::kChunksK) * 64 +
-                           within * 16;
-      CpAsync16(s_scales + tid * 16, src, true);
+    if (tid < Cfg::kScaleCopies) {
+      constexpr int kCopy = Cfg::kScaleCopyBytes;
+      const int mt = tid / Cfg::kScaleCopiesPerTile, within = tid % Cfg::kScaleCopiesPerTile;
+      const uint8_t* src =
+          scales_g + (static_cast<size_t>(mt) * k_chunks_total + kt * Cfg::kChunksK) * kChunkScale +
+          within * kCopy;
+      if constexpr (kCopy == 16) {
+        CpAsync16(s_scales + tid * kCopy, src, true);
+      } else {
+        CpAsync8(s_scales + tid * kCopy, src, true);
+      }
     }
   };
   // Activation rows, 16-byte chunks swizzled by (row & 7) against ldmatrix bank conflicts. Rows
@@ -208,15 +251,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const uint8_t* s_x = s_scales + Cfg::kScaleBytes;
 #pragma unroll
     for (int kc = 0; kc < Cfg::kChunksK; ++kc) {
-      uint4 cw[kMT];
-      uint2 sw[kMT];
+      typename Format::Codes cw[kMT];
+      typename Format::Scales sw[kMT];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         const int t16 = warp_m * kMT + mt;
-        cw[mt] =
-            *reinterpret_cast<const uint4*>(s_codes + (t16 * Cfg::kChunksK + kc) * 512 + lane * 16);
-        sw[mt] =
-            *reinterpret_cast<const uint2*>(s_scales + (t16 * Cfg::kChunksK + kc) * 64 + g * 8);
+        cw[mt] = Format::LoadCodes(s_codes + (t16 * Cfg::kChunksK + kc) * kChunkCode, lane);
+        sw[mt] = Format::LoadScales(s_scales + (t16 * Cfg::kChunksK + kc) * kChunkScale, g);
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -253,7 +294,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Epilogue. acc[mt][nt]: c0 (weight row g, activation row 2t), c1 (g, 2t+1), c2 (g+8, 2t),
   // c3 (g+8, 2t+1).
   const int t4 = lane & 3;
-  if constexpr (kGateUp) {
+  if constexpr (kDense) {
+    const float alpha = p.dense_alpha;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = row_begin + warp_n * Cfg::kWN + nt * 8 + 2 * t4 + half;
+        if (r < row_end) {
+          const size_t row = static_cast<size_t>(r) * p.dense_n;
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            const int o = (mt_block + warp_m * kMT + mt) * 16 + g;
+#pragma unroll
+            for (int hi8 = 0; hi8 < 2; ++hi8) {
+              const float v = acc[mt][nt][2 * hi8 + half] * alpha;
+              if (o + 8 * hi8 < p.dense_n) p.dense_out[row + o + 8 * hi8] = __float2bfloat16_rn(v);
+            }
+          }
+        }
+      }
+    }
+  } else if constexpr (kGateUp) {
     const float alpha_gate = Format::GateAlpha(p, e);
     const float alpha_up = Format::UpAlpha(p, e);
     const int inter = p.n / 2;
@@ -296,9 +358,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
-// Tile shapes by tokens per tile, the same for every format (the stage bytes are the same).
-// Shared memory: 53 KB, 50 KB, 82 KB (sm_120 allows 99 KB). The measurements below are of the NVFP4
-// format; INT4 runs the same tiles, not separately tuned.
+// Tile shapes of the 4-bit formats by tokens per tile (their stage bytes are the same). Shared
+// memory: 53 KB, 50 KB, 82 KB (sm_120 allows 99 KB). The measurements below are of the NVFP4
+// format; INT4 runs the same tiles, not separately tuned. FP8's are in fp8_moe_gemm.cuh.
 template <int kTileTokens>
 struct TileFor;
 // Decode: weight-stream bound and, on Hopper, close to instruction-issue bound (dequantization
@@ -347,10 +409,31 @@ struct TileFor<128> {
                  MLASERVE_MOE_PREFILL_STAGES, MLASERVE_MOE_PREFILL_MIN_BLOCKS>;
 };
 
-template <class Format, bool kGateUp, int kTileTokens>
+// The lane vectors of the 4-bit layouts (nvfp4_moe_layout.h, int4_moe_layout.h): per 16 x 64
+// chunk 512 code bytes, one 16-byte vector a lane, and 64 scale bytes, 8 for each group g of
+// lanes (rows g and g + 8).
+struct FourBitLanes {
+  static constexpr int kChunkCodeBytes = 512;
+  static constexpr int kChunkScaleBytes = 64;
+  using Codes = uint4;
+  using Scales = uint2;
+  static __device__ __forceinline__ uint4 LoadCodes(const uint8_t* chunk, int lane) {
+    return *reinterpret_cast<const uint4*>(chunk + lane * 16);
+  }
+  static __device__ __forceinline__ uint2 LoadScales(const uint8_t* chunk, int g) {
+    return *reinterpret_cast<const uint2*>(chunk + g * 8);
+  }
+  template <int kTileTokens>
+  using Tile = TileFor<kTileTokens>;
+};
+
+template <class Format, bool kGateUp, int kTileTokens, bool kDense = false>
 cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
-  using Cfg = typename TileFor<kTileTokens>::Cfg;
-  auto kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format>;
+  using Cfg = typename Format::template Tile<kTileTokens>::Cfg;
+  static_assert(Cfg::kChunkCodeBytes == Format::kChunkCodeBytes &&
+                    Cfg::kChunkScaleBytes == Format::kChunkScaleBytes,
+                "the tiles' chunk bytes are the format's");
+  auto kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;
   if (p.n % Cfg::kBM != 0 || p.k % Cfg::kBK != 0 || p.max_tiles < 0 || p.max_tiles > 65535) {
     return cudaErrorInvalidValue;
   }

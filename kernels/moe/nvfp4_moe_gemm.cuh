@@ -27,7 +27,7 @@ __device__ __forceinline__ void CodesToBf16Tiny(uint32_t q, uint32_t (&a)[4]) {
   a[3] = ((q >> 6) & 0x01800180u) | ((q << 4) & 0x80008000u) | ((q >> 4) & 0x00400040u);
 }
 
-struct Nvfp4Format {
+struct Nvfp4Format : FourBitLanes {
   using Params = Nvfp4MoeGemmParams;
   // Registers a0..a3 of 16-column block j (0..3) of a 64-column chunk: cw = the lane's code
   // vector, sw = its scale-code vector (row g's and row g + 8's codes of the 4 blocks).

@@ -420,16 +420,52 @@ void QuantizeInt4(const std::vector<float>& w, int rows, int cols, int src_cols,
   }
 }
 
-// Routed experts: BF16, NVFP4 and INT4 (kept packed on the GPU, dequantized exactly on the CPU:
-// the GPU's weights bf16(q * s) add ~2e-6 to the NMSE, far under the bound).
+// A DeepSeek FP8 block-128 projection as the loader hands routed experts over
+// (LinearWeight::fp8_*): w placed at rows [row0, row0 + rows) and columns [col0, col0 + cols) of a
+// checkpoint tensor [tensor_rows, tensor_cols] otherwise zero, quantized per 128 x 128 block
+// (scale_inv = amax / 448, code = the nearest e4m3 of w / scale_inv); the window's codes and the
+// tensor's whole scale grid.
+void QuantizeFp8(const std::vector<float>& w, int rows, int cols, int tensor_rows, int tensor_cols,
+                 int row0, int col0, LinearWeight* lw) {
+  const int gr = (tensor_rows + 127) / 128, gc = (tensor_cols + 127) / 128;
+  lw->out_features = rows;
+  lw->in_features = cols;
+  lw->fp8_codes = Tensor::Host(DType::kF8E4M3, {rows, cols});
+  lw->fp8_scale_inv = Tensor::Host(DType::kF32, {gr, gc});
+  lw->fp8_origin_row = row0;
+  lw->fp8_origin_col = col0;
+  lw->fp8_block_rows = lw->fp8_block_cols = 128;
+  float* scale = lw->fp8_scale_inv.data<float>();
+  std::vector<float> amax(static_cast<size_t>(gr) * gc, 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) {
+      float& a = amax[static_cast<size_t>((row0 + r) / 128) * gc + (col0 + c) / 128];
+      a = std::max(a, std::fabs(w[static_cast<size_t>(r) * cols + c]));
+    }
+  }
+  for (size_t i = 0; i < amax.size(); ++i) scale[i] = amax[i] > 0 ? amax[i] / 448.0f : 1.0f;
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) {
+      const float s = scale[static_cast<size_t>((row0 + r) / 128) * gc + (col0 + c) / 128];
+      lw->fp8_codes.data<uint8_t>()[static_cast<size_t>(r) * cols + c] =
+          FloatToE4m3(w[static_cast<size_t>(r) * cols + c] / s);
+    }
+  }
+}
+
+// Routed experts: BF16, NVFP4, INT4 and FP8 (kept packed on the GPU, dequantized exactly on the
+// CPU: the GPU's weights bf16(q * s) or bf16(fp32(e4m3 * s)) add ~2e-6 to the NMSE, far under the
+// bound).
 TEST_F(CudaOpsTest, MoeRouteAndExperts) {
   std::mt19937 rng(5);
-  enum Format { kBf16, kNvfp4, kInt4 };
+  enum Format { kBf16, kNvfp4, kInt4, kFp8 };
   struct Case {
     int tokens, hidden, inter, experts, top_k, n_group, topk_group, first, local;
     Format format;
     bool shared;
-    int down_col0 = 0;  // INT4: down_proj as a tensor-parallel window of a wider tensor
+    // INT4 / FP8: down_proj as a tensor-parallel window of a wider tensor (FP8: gate / up also,
+    // their rows [down_col0, + inter) of taller tensors)
+    int down_col0 = 0;
   };
   for (const Case& c : std::vector<Case>{{1, 64, 24, 16, 4, 4, 2, 0, 16, kBf16, true},
                                          {7, 96, 32, 32, 8, 1, 1, 0, 32, kNvfp4, true},
@@ -437,12 +473,16 @@ TEST_F(CudaOpsTest, MoeRouteAndExperts) {
                                          {33, 2048, 1408, 64, 6, 1, 1, 0, 64, kNvfp4, true},
                                          {1, 64, 24, 16, 4, 4, 2, 0, 16, kInt4, true},
                                          {7, 256, 128, 32, 8, 1, 1, 8, 16, kInt4, true, 128},
-                                         {33, 2048, 1408, 64, 6, 1, 1, 0, 64, kInt4, false}}) {
+                                         {33, 2048, 1408, 64, 6, 1, 1, 0, 64, kInt4, false},
+                                         {1, 64, 24, 16, 4, 4, 2, 0, 16, kFp8, true},
+                                         {7, 256, 128, 32, 8, 1, 1, 8, 16, kFp8, true, 192},
+                                         {33, 2048, 1408, 64, 6, 1, 1, 0, 64, kFp8, false}}) {
     const bool nvfp4 = c.format == kNvfp4;
     const std::string tag = std::to_string(c.tokens) + " tokens " + std::to_string(c.hidden) + "/" +
                             std::to_string(c.inter) +
                             (nvfp4               ? " nvfp4"
                              : c.format == kInt4 ? " int4"
+                             : c.format == kFp8  ? " fp8"
                                                  : " bf16");
     StepLayout L;
     StepTensors gs;
@@ -475,6 +515,11 @@ TEST_F(CudaOpsTest, MoeRouteAndExperts) {
           const bool down = lw == &e.down;
           QuantizeInt4(w, rows, cols, down ? cols + 2 * c.down_col0 : cols, down ? c.down_col0 : 0,
                        lw);
+        } else if (c.format == kFp8) {
+          const int w0 = c.down_col0;
+          const bool down = lw == &e.down;
+          QuantizeFp8(w, rows, cols, down ? rows : rows + 2 * w0, down ? cols + 2 * w0 : cols,
+                      down ? 0 : w0, down ? w0 : 0, lw);
         } else if (nvfp4) {
           lw->weight = Tensor::Host(DType::kU8, {rows, cols / 2});
           lw->block_scale = Tensor::Host(DType::kF8E4M3, {rows, cols / 16});
@@ -502,6 +547,90 @@ TEST_F(CudaOpsTest, MoeRouteAndExperts) {
     gpu_->MoeExperts(gx, gid, gw, *gex, gsh, go);
     ExpectClose(go, co, 1e-4, "MoeExperts " + tag);
   }
+}
+
+// Dense DeepSeek FP8 projections kept in FP8 on the GPU (UploadLinear rearranges them into the
+// expert GEMMs' layout; Linear runs the weight-only kernel up to 256 rows and in the
+// deterministic mode, a dequantized bf16 copy through cuBLASLt above) against the CPU, which
+// dequantizes exactly: the GPU's weights bf16(fp32(e4m3 * s)) add ~3e-6 to the NMSE. Shapes of
+// DeepSeek-R1 at 8 ranks (kv_a [576, 7168], q_b [3072, 1536]), one padded on both sides and a
+// tensor-parallel window; fp32 outputs take the cuBLASLt path. Then: above 256 rows the result
+// is the BF16 weight's bit for bit (the same cuBLASLt call on the same bf16 values), and in the
+// deterministic mode a row's bits do not depend on the batch.
+TEST_F(CudaOpsTest, LinearFp8) {
+  std::mt19937 rng(12);
+  struct Case {
+    int m, n, k;
+    int row0 = 0, col0 = 0;  // the weight as a window of a larger tensor
+    DType out = DType::kBF16;
+  };
+  for (const Case& c : std::vector<Case>{{1, 576, 7168},
+                                         {7, 3072, 1536},
+                                         {64, 100, 64},
+                                         {100, 256, 512, 64, 128},
+                                         {300, 576, 7168},
+                                         {300, 100, 64},
+                                         {3, 384, 512, 0, 0, DType::kF32}}) {
+    const std::string tag = "Linear fp8 " + std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
+                            std::to_string(c.k) + (c.row0 + c.col0 > 0 ? " window" : "") +
+                            (c.out == DType::kF32 ? " ->f32" : "");
+    const auto x = RandomBf16(size_t(c.m) * c.k, rng);
+    const auto w = RandomBf16(size_t(c.n) * c.k, rng, 0.05f);
+    LinearWeight host;
+    QuantizeFp8(w, c.n, c.k, c.n + 2 * c.row0, c.k + 2 * c.col0, c.row0, c.col0, &host);
+    auto cw = cpu_.UploadLinear(host);
+    auto gw = gpu_->UploadLinear(host);
+    ASSERT_TRUE(cw.ok()) << cw.status();
+    ASSERT_TRUE(gw.ok()) << gw.status();
+    EXPECT_TRUE(gw->fp8() && gw->weight.empty()) << tag;
+    StepLayout L;
+    StepTensors st;
+    ASSERT_TRUE(gpu_->BeginStep(L, &st).ok());
+    Tensor cx = cpu_.Activation({c.m, c.k});
+    std::copy(x.begin(), x.end(), cx.data<float>());
+    Tensor gx = GpuAct(x, {c.m, c.k});
+    Tensor co = cpu_.Activation({c.m, c.n}), go = gpu_->Activation({c.m, c.n}, c.out);
+    cpu_.Linear(cx, *cw, co);
+    gpu_->Linear(gx, *gw, go);
+    ExpectClose(go, co, c.out == DType::kF32 ? 2e-5 : 5e-5, tag);
+    if (c.m > 256 && c.out == DType::kBF16) {
+      // The same bf16 values as a BF16 weight (the CPU's fp32 weight rounded: exactly
+      // bf16(fp32(e4m3 * s))).
+      LinearWeight b;
+      b.out_features = c.n;
+      b.in_features = c.k;
+      b.weight = Tensor::Host(DType::kBF16, {c.n, c.k});
+      for (int64_t i = 0; i < b.weight.numel(); ++i) {
+        b.weight.data<uint16_t>()[i] = FloatToBf16(cw->weight.data<float>()[i]);
+      }
+      auto gb = gpu_->UploadLinear(b);
+      ASSERT_TRUE(gb.ok()) << gb.status();
+      Tensor gob = gpu_->Activation({c.m, c.n});
+      gpu_->Linear(gx, *gb, gob);
+      ExpectExact(go, gob, tag + " vs bf16 weight");
+    }
+  }
+  // Deterministic mode: row 0 alone and among 300 rows (the weight-only kernel at every m).
+  ASSERT_TRUE(gpu_->SetBatchInvariant(true).ok());
+  const int n = 576, k = 7168, m = 300;
+  const auto x = RandomBf16(size_t(m) * k, rng);
+  const auto w = RandomBf16(size_t(n) * k, rng, 0.05f);
+  LinearWeight host;
+  QuantizeFp8(w, n, k, n, k, 0, 0, &host);
+  auto gw = gpu_->UploadLinear(host);
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  StepLayout L;
+  StepTensors st;
+  ASSERT_TRUE(gpu_->BeginStep(L, &st).ok());
+  Tensor gx = GpuAct(x, {m, k});
+  Tensor gx1 = GpuAct(std::vector<float>(x.begin(), x.begin() + k), {1, k});
+  Tensor go = gpu_->Activation({m, n}), go1 = gpu_->Activation({1, n});
+  gpu_->Linear(gx, *gw, go);
+  gpu_->Linear(gx1, *gw, go1);
+  const std::vector<float> all = Download(go), one = Download(go1);
+  EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin()))
+      << "deterministic mode: row 0 differs between m = 1 and m = 300";
+  ASSERT_TRUE(gpu_->SetBatchInvariant(false).ok());
 }
 
 TEST_F(CudaOpsTest, SampleMatchesCpu) {

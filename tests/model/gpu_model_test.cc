@@ -1,7 +1,10 @@
 // The whole model on the CUDA backend against the CPU backend (label gpu; skips without a GPU),
-// on every fixture of tests/fixtures/models and on dsv3-tiny with its routed experts in
-// compressed-tensors INT4 (written at test time by quantized_checkpoint_writer.h; the GPU keeps
-// them packed, the CPU dequantizes them exactly), both with a bf16 KV cache: prefill logits at
+// on every fixture of tests/fixtures/models, on dsv3-tiny with its routed experts in
+// compressed-tensors INT4 and on dsv3-tiny in DeepSeek's FP8 block-128 layout (every projection
+// but embed, lm_head and the router; both written at test time by quantized_checkpoint_writer.h;
+// the GPU keeps the routed experts packed, INT4 / FP8, and the other FP8 projections in FP8 but
+// kv_b, which it rounds to bf16; the CPU dequantizes all exactly), both with a bf16 KV cache:
+// prefill logits at
 // every position of the golden prompts, chunked prefill against whole prefill on the GPU, and a
 // 32-token greedy continuation through token-by-token decode.
 //
@@ -82,22 +85,25 @@ double Margin(const float* row, int vocab) {
 }
 
 // A fixture's folder; "dsv3-tiny-int4" is dsv3-tiny with compressed-tensors INT4 routed experts
-// (group 32, symmetric), written once per process into a temporary folder with dsv3-tiny's
-// golden prompts beside it, and removed at exit.
+// (group 32, symmetric) and "dsv3-tiny-fp8" dsv3-tiny in DeepSeek's FP8 block-128 layout, each
+// written once per process into a temporary folder with dsv3-tiny's golden prompts beside it, and
+// removed at exit.
 std::string ModelDir(const std::string& name) {
-  if (name != "dsv3-tiny-int4") return FixtureDir(name);
+  using quantized_fixture::Layout;
+  if (name != "dsv3-tiny-int4" && name != "dsv3-tiny-fp8") return FixtureDir(name);
   struct Written {
     std::filesystem::path dir;
-    Written() {
+    explicit Written(Layout layout) {
       const std::filesystem::path tmp = std::filesystem::temp_directory_path();
-      const std::string tag = std::to_string(::getpid());
-      dir = tmp / ("mlaserve_gpu_model_int4_" + tag);
-      const std::filesystem::path deq = tmp / ("mlaserve_gpu_model_int4_deq_" + tag);
+      const std::string tag =
+          std::string(layout == Layout::kInt4 ? "int4_" : "fp8_") + std::to_string(::getpid());
+      dir = tmp / ("mlaserve_gpu_model_" + tag);
+      const std::filesystem::path deq = tmp / ("mlaserve_gpu_model_deq_" + tag);
       for (const auto& d : {dir, deq}) {
         std::filesystem::remove_all(d);
         std::filesystem::create_directories(d);
       }
-      quantized_fixture::WriteFolders(quantized_fixture::Layout::kInt4, dir, deq);
+      quantized_fixture::WriteFolders(layout, dir, deq);
       std::filesystem::copy_file(
           std::filesystem::path(FixtureDir("dsv3-tiny")) / "golden.safetensors",
           dir / "golden.safetensors");
@@ -105,8 +111,12 @@ std::string ModelDir(const std::string& name) {
     }
     ~Written() { std::filesystem::remove_all(dir); }
   };
-  static const Written written;
-  return written.dir.string();
+  if (name == "dsv3-tiny-int4") {
+    static const Written int4(Layout::kInt4);
+    return int4.dir.string();
+  }
+  static const Written fp8(Layout::kFp8);
+  return fp8.dir.string();
 }
 
 class GpuModelTest : public ::testing::TestWithParam<const char*> {
@@ -347,10 +357,35 @@ TEST(GpuModelInt4Test, ExpertsStayPackedOnTheGpu) {
               (*m)->expert_bytes(), weights * 2);
 }
 
+// The FP8 folder's routed experts are held in FP8 on the GPU (not dequantized to bf16): 1 byte + an
+// fp32 scale per 8 x 64 weights of the kernels' padded shapes (multiples of 128), nothing else.
+TEST(GpuModelFp8Test, ExpertsStayFp8OnTheGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  const std::string dir = ModelDir("dsv3-tiny-fp8");
+  ASSERT_FALSE(HasFatalFailure());
+  auto g = CudaOps::Create();
+  ASSERT_TRUE(g.ok()) << g.status();
+  SingleRankCommunicator comm;
+  ModelOptions o;
+  o.num_kv_blocks = 4;
+  auto m = DeepseekV3Model::Load(dir, o, **g, comm);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = (*m)->config();
+  ASSERT_EQ(c.quant.method, QuantConfig::Method::kFp8Block);
+  auto pad = [](int x) { return (x + 127) / 128 * 128; };
+  int moe_layers = 0;
+  for (int i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.IsMoeLayer(i);
+  const size_t weights = static_cast<size_t>(moe_layers) * c.n_routed_experts * 3 *
+                         pad(c.hidden_size) * pad(c.moe_intermediate_size);
+  EXPECT_EQ((*m)->expert_bytes(), weights + weights / 128);
+  std::printf("[gpu_model] dsv3-tiny-fp8: routed experts hold %zu bytes on the GPU (bf16: %zu)\n",
+              (*m)->expert_bytes(), weights * 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelTest,
                          ::testing::Values("dsv3-tiny", "kimi-tiny", "kimi-tiny-nvfp4",
-                                           "noqlora-tiny", "dsv3-tiny-int4", "models/tiny-en",
-                                           "models/tiny-en-nvfp4"),
+                                           "noqlora-tiny", "dsv3-tiny-int4", "dsv3-tiny-fp8",
+                                           "models/tiny-en", "models/tiny-en-nvfp4"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) {

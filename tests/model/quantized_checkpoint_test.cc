@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
+#include <utility>
 
 #include "common/model_config.h"
 #include "common/safetensors.h"
@@ -89,6 +91,90 @@ TEST(QuantizedCheckpointTest, Int4ExpertsLoadAndMatchTheirDequantizedWeights) {
 
 TEST(QuantizedCheckpointTest, Fp8BlockLoadsAndMatchesItsDequantizedWeights) {
   ExpectSameLogitsAsDequantized(Layout::kFp8, "fp8", 0.85);
+}
+
+// CpuOps that records how the loader hands routed experts over.
+class RecordingCpuOps : public CpuOps {
+ public:
+  using CpuOps::CpuOps;
+  absl::StatusOr<RoutedExperts> UploadExperts(int first_expert, int num_routed_experts,
+                                              const std::vector<ExpertWeights>& host) override {
+    for (const ExpertWeights& e : host) {
+      for (const LinearWeight* w : {&e.gate, &e.up, &e.down}) {
+        fp8 += w->fp8();
+        dense += !w->fp8();
+        if (w->fp8()) origins.insert({w->fp8_origin_row, w->fp8_origin_col});
+      }
+    }
+    in_experts_ = true;
+    auto r = CpuOps::UploadExperts(first_expert, num_routed_experts, host);
+    in_experts_ = false;
+    return r;
+  }
+  absl::StatusOr<LinearWeight> UploadLinear(const LinearWeight& host) override {
+    if (!in_experts_) {
+      (host.fp8() ? linear_fp8 : linear_dense) += 1;
+    }
+    return CpuOps::UploadLinear(host);
+  }
+  int fp8 = 0, dense = 0;                // routed expert projections
+  int linear_fp8 = 0, linear_dense = 0;  // other modules through UploadLinear
+  std::set<std::pair<int64_t, int64_t>> origins;
+
+ private:
+  bool in_experts_ = false;
+};
+
+absl::StatusOr<std::vector<float>> ShardLogits(const std::string& dir, RecordingCpuOps& ops,
+                                               MoeParallelism moe) {
+  SingleRankCommunicator comm;
+  ModelOptions options;
+  options.num_kv_blocks = 4;
+  options.shard_rank = 1;
+  options.shard_world = 2;
+  options.moe = moe;
+  auto model = DeepseekV3Model::Load(dir, options, ops, comm);
+  if (!model.ok()) return model.status();
+  LocalSession s(**model);
+  Golden golden(FixtureDir("dsv3-tiny"));
+  return s.Feed(golden.Get<int32_t>("p1.ids"), true);
+}
+
+// The FP8 folder's routed experts reach the backend in FP8 (LinearWeight::fp8_*, which the CUDA
+// backend's FP8 expert GEMM reads), and so do its other projections but kv_b (dense, through
+// UploadLinear: the CUDA backend keeps them FP8 for Linear); rank 1 of 2 of a tensor-parallel split
+// (gate / up rows 12..23 and down columns 12..23 of each expert's 24: windows off the 128-block
+// grid, which the CPU takes) and of an expert-parallel one computes the dequantized folder's bits.
+TEST(QuantizedCheckpointTest, Fp8ExpertsStayFp8AndShardsAreExact) {
+  const fs::path q = TempDir("fp8_shard_q"), d = TempDir("fp8_shard_d");
+  WriteFolders(Layout::kFp8, q, d);
+  for (MoeParallelism moe : {MoeParallelism::kTensor, MoeParallelism::kExpert}) {
+    RecordingCpuOps qops(2), dops(2);
+    auto ql = ShardLogits(q.string(), qops, moe);
+    ASSERT_TRUE(ql.ok()) << ql.status();
+    auto dl = ShardLogits(d.string(), dops, moe);
+    ASSERT_TRUE(dl.ok()) << dl.status();
+    ASSERT_EQ(ql->size(), dl->size());
+    EXPECT_EQ(0, std::memcmp(ql->data(), dl->data(), ql->size() * sizeof(float)));
+    // 2 MoE layers of dsv3-tiny: 16 experts x 3 projections each (tensor-parallel) or 8 experts.
+    const int per_layer = moe == MoeParallelism::kTensor ? 48 : 24;
+    EXPECT_EQ(qops.fp8, 2 * per_layer);
+    EXPECT_EQ(qops.dense, 0);
+    EXPECT_EQ(dops.fp8, 0);
+    // Per layer q_a, q_b, kv_a, o_proj, and the dense MLP (layer 0) or the shared expert's gate,
+    // up, down: 7 x 3 layers FP8; dense: kv_b x 3, the routers x 2 and lm_head.
+    EXPECT_EQ(qops.linear_fp8, 21);
+    EXPECT_EQ(qops.linear_dense, 6);
+    EXPECT_EQ(dops.linear_fp8, 0);
+    if (moe == MoeParallelism::kTensor) {
+      // gate / up: rows from 12, all columns; down: all rows, columns from 12.
+      EXPECT_EQ(qops.origins, (std::set<std::pair<int64_t, int64_t>>{{12, 0}, {0, 12}}));
+    } else {
+      EXPECT_EQ(qops.origins, (std::set<std::pair<int64_t, int64_t>>{{0, 0}}));
+    }
+  }
+  fs::remove_all(q);
+  fs::remove_all(d);
 }
 
 // Loads a quantized folder edited by `edit`; expects an error containing every `parts`.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/activation/silu_mul_ref.h"
+#include "kernels/linear/fp8_block_ref.h"
 #include "kernels/linear/int4_group_ref.h"
 #include "kernels/linear/linear_ref.h"
 #include "kernels/mla/mla_decode_ref.h"
@@ -100,6 +101,24 @@ absl::StatusOr<LinearWeight> CpuOps::UploadLinear(const LinearWeight& host) {
                          host.int4_in, host.int4_group},
                         0, host.out_features, host.int4_col0, host.in_features,
                         w.weight.data<float>());
+    return w;
+  }
+  if (host.fp8()) {
+    // Packed FP8 (routed experts): fp32(e4m3 * s) of the window, as the loader's dequantization of
+    // other FP8 modules (fp8_block_ref.h).
+    w.fp8_codes = w.fp8_scale_inv = Tensor();
+    w.weight = Tensor::Host(DType::kF32, {host.out_features, host.in_features});
+    const Fp8BlockTensor t{host.fp8_codes.data<uint8_t>(),
+                           host.fp8_scale_inv.data<float>(),
+                           host.out_features,
+                           host.in_features,
+                           host.fp8_block_rows,
+                           host.fp8_block_cols,
+                           host.fp8_origin_row,
+                           host.fp8_origin_col,
+                           host.fp8_scale_inv.dim(0),
+                           host.fp8_scale_inv.dim(1)};
+    DequantizeFp8Block(t, 0, host.out_features, 0, host.in_features, w.weight.data<float>());
     return w;
   }
   auto weight = Upload(host.weight);

@@ -1,6 +1,5 @@
 #include "worker/backend/cuda_ops.h"
 
-
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -12,10 +11,13 @@
 #include "common/dtype.h"
 #include "kernels/activation/silu_mul.h"
 #include "kernels/embedding/embedding.h"
+#include "kernels/linear/fp8_block_ref.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_ref.h"
 #include "kernels/mla/mla_decode.h"
 #include "kernels/mla/mla_prefill.h"
+#include "kernels/moe/fp8_dense_linear.h"
+#include "kernels/moe/fp8_moe_layout.h"
 #include "kernels/moe/moe_experts.h"
 #include "kernels/moe/moe_router.h"
 #include "kernels/norm/rms_norm.h"
@@ -446,6 +448,43 @@ absl::StatusOr<LinearWeight> CudaOps::UploadLinear(const LinearWeight& host) {
         "a packed INT4 weight outside the routed experts: the CUDA backend has no dense INT4 GEMM "
         "(the loader dequantizes such modules to bf16)");
   }
+  if (host.fp8()) {
+    // DeepSeek FP8 block weights stay FP8: the expert GEMMs' layout (fp8_moe_layout.h), padded to
+    // multiples of 128, read by Linear (kernels/moe/fp8_dense_linear.h).
+    const int rows_p = (host.out_features + 127) / 128 * 128;
+    const int cols_p = (host.in_features + 127) / 128 * 128;
+    Tensor codes = Tensor::Host(DType::kU8, {rows_p, cols_p});
+    Tensor scales = Tensor::Host(DType::kF32, {rows_p / 16, cols_p / 64, 2});
+    if (host.fp8_codes.dtype() != DType::kF8E4M3 || host.fp8_scale_inv.dtype() != DType::kF32 ||
+        host.fp8_scale_inv.shape().size() != 2) {
+      return absl::InvalidArgumentError(
+          "an FP8 projection without F8_E4M3 codes and a 2-D F32 scale grid");
+    }
+    const Fp8BlockTensor t{host.fp8_codes.data<uint8_t>(),
+                           host.fp8_scale_inv.data<float>(),
+                           host.out_features,
+                           host.in_features,
+                           host.fp8_block_rows,
+                           host.fp8_block_cols,
+                           host.fp8_origin_row,
+                           host.fp8_origin_col,
+                           host.fp8_scale_inv.dim(0),
+                           host.fp8_scale_inv.dim(1)};
+    if (absl::Status st =
+            RelayoutFp8(t, rows_p, cols_p, codes.data<uint8_t>(), scales.data<uint8_t>());
+        !st.ok()) {
+      return st;
+    }
+    LinearWeight w = host;
+    w.weight = w.block_scale = Tensor();
+    auto dc = Upload(codes);
+    if (!dc.ok()) return dc.status();
+    auto ds = Upload(scales);
+    if (!ds.ok()) return ds.status();
+    w.fp8_codes = *std::move(dc);
+    w.fp8_scale_inv = *std::move(ds);
+    return w;
+  }
   LinearWeight w = host;
   w.block_scale = Tensor();
   if (host.nvfp4()) {
@@ -483,14 +522,36 @@ absl::StatusOr<RoutedExperts> CudaOps::UploadExperts(int first_expert, int num_r
   w.nvfp4 = host[0].gate.nvfp4();
   w.int4 = host[0].gate.int4();
   w.int4_group_size = host[0].gate.int4_group;
+  w.fp8 = host[0].gate.fp8();
+  w.fp8_block_rows = host[0].gate.fp8_block_rows;
+  w.fp8_block_cols = host[0].gate.fp8_block_cols;
   std::vector<Tensor> keep;  // bf16 copies of fp32/fp16 experts (or of non-bf16 INT4 scales)
   auto proj = [&](const LinearWeight& lw) -> absl::StatusOr<MoeExpertsHostWeights::Projection> {
     MoeExpertsHostWeights::Projection p;
-    if (lw.nvfp4() != w.nvfp4 || lw.int4() != w.int4 ||
-        (w.int4 && lw.int4_group != w.int4_group_size)) {
+    if (lw.nvfp4() != w.nvfp4 || lw.int4() != w.int4 || lw.fp8() != w.fp8 ||
+        (w.int4 && lw.int4_group != w.int4_group_size) ||
+        (w.fp8 &&
+         (lw.fp8_block_rows != w.fp8_block_rows || lw.fp8_block_cols != w.fp8_block_cols))) {
       return absl::InvalidArgumentError(
-          "routed experts mix NVFP4, INT4 (or INT4 group sizes) and dense projections in one "
-          "layer; the GPU grouped GEMM takes one format per layer");
+          "routed experts mix NVFP4, INT4, FP8 (or INT4 group sizes, FP8 block sizes) and dense "
+          "projections in one layer; the GPU grouped GEMM takes one format per layer");
+    }
+    if (w.fp8) {
+      if (lw.fp8_codes.dtype() != DType::kF8E4M3 || lw.fp8_scale_inv.dtype() != DType::kF32 ||
+          lw.fp8_codes.shape() != std::vector<int64_t>{lw.out_features, lw.in_features} ||
+          lw.fp8_scale_inv.shape().size() != 2 || lw.fp8_origin_row > (1 << 30) ||
+          lw.fp8_origin_col > (1 << 30) || lw.fp8_scale_inv.dim(0) > (1 << 30) ||
+          lw.fp8_scale_inv.dim(1) > (1 << 30)) {
+        return absl::InvalidArgumentError(
+            "an FP8 expert projection without F8_E4M3 [out, in] codes and a 2-D F32 scale grid");
+      }
+      p.fp8_codes = lw.fp8_codes.data<uint8_t>();
+      p.fp8_scale_inv = lw.fp8_scale_inv.data<float>();
+      p.fp8_origin_row = static_cast<int>(lw.fp8_origin_row);
+      p.fp8_origin_col = static_cast<int>(lw.fp8_origin_col);
+      p.fp8_grid_rows = static_cast<int>(lw.fp8_scale_inv.dim(0));
+      p.fp8_grid_cols = static_cast<int>(lw.fp8_scale_inv.dim(1));
+      return p;
     }
     if (w.int4) {
       if (lw.int4_packed.dtype() != DType::kI32 || lw.int4_packed.shape().size() != 2 ||
@@ -610,8 +671,20 @@ void CudaOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& we
                [&] { return absl::StrCat("AddRmsNorm ", Shape(residual)); });
 }
 
+// Above this many rows (default mode) a dense FP8 projection runs as bf16: its weight dequantized
+// into the step arena (n x k x 2 bytes, at most 33 MB for DeepSeek-R1 at 8 ranks; the values
+// the weight-only kernel uses) and cuBLASLt's GEMM, as bf16 checkpoints run. Below, and at any
+// row count in the deterministic mode (its row results do not depend on m), the weight-only
+// kernel reads the FP8 weight itself, once per 16 / 64 / 128-row tile. Not yet measured: the
+// crossing point is a guess from the expert GEMMs' measurements (weight-bound to ~128 rows).
+constexpr int64_t kFp8DenseMaxRows = 256;
+
 void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   MLASERVE_SKIP_IF_FAILED();
+  if (w.fp8()) {
+    Fp8Linear(x, w, out);
+    return;
+  }
   LinearGemm::Args a;
   a.k = w.in_features;
   a.n = w.out_features;
@@ -626,6 +699,68 @@ void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   impl_->Check(impl_->gemm->Run(a, impl_->stream), [&] {
     return absl::StrCat("Linear ", Shape(x), " x ", Shape(w.weight), "^T -> ", Shape(out));
   });
+}
+
+void CudaOps::Fp8Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  const int64_t k = w.in_features, n = w.out_features, m = x.numel() / k;
+  const int n_p = static_cast<int>(w.fp8_codes.dim(0)), k_p = static_cast<int>(w.fp8_codes.dim(1));
+  auto what = [&] {
+    return absl::StrCat("Linear (FP8) ", Shape(x), " x [", n, ", ", k, "]^T -> ", Shape(out));
+  };
+  if (m == 0) return;
+  const auto* codes = w.fp8_codes.data<uint8_t>();
+  const auto* scales = w.fp8_scale_inv.data<uint8_t>();
+  // The padded x or the bf16 copy is dead once the GEMM is enqueued (later scratch reuses it in
+  // stream order): released here, not at the layer's end (a dense MLP layer's three copies would
+  // take ~100 MB on DeepSeek-R1 at 8 ranks).
+  const uint64_t mark = ScratchMark();
+  if (out.dtype() == DType::kBF16 && (impl_->gemm->batch_invariant() || m <= kFp8DenseMaxRows)) {
+    const void* xp = x.data<void>();
+    if (k != k_p) {
+      // The layout's K is padded to 128: x with zero columns to k_p.
+      void* pad = impl_->ArenaAlloc(static_cast<size_t>(m) * k_p * 2);
+      if (pad == nullptr) return;
+      const size_t row = static_cast<size_t>(k) * 2, row_p = static_cast<size_t>(k_p) * 2;
+      impl_->Check(
+          cudaMemset2DAsync(static_cast<char*>(pad) + row, row_p, 0, row_p - row, m, impl_->stream),
+          what);
+      impl_->Check(
+          cudaMemcpy2DAsync(pad, row_p, xp, row, row, m, cudaMemcpyDeviceToDevice, impl_->stream),
+          what);
+      xp = pad;
+    }
+    Fp8DenseLinearParams p;
+    p.m = static_cast<int>(m);
+    p.n = static_cast<int>(n);
+    p.n_p = n_p;
+    p.k_p = k_p;
+    p.x = xp;
+    p.codes = codes;
+    p.scales = scales;
+    p.alpha = w.alpha;
+    p.out = out.data<void>();
+    impl_->Check(InvokeFp8DenseLinear(p, impl_->stream), what);
+    ScratchRelease(mark);
+    return;
+  }
+  void* wb = impl_->ArenaAlloc(static_cast<size_t>(n) * k * 2);
+  if (wb == nullptr) return;
+  impl_->Check(InvokeFp8DenseToBf16(codes, scales, n_p, k_p, static_cast<int>(n),
+                                    static_cast<int>(k), wb, impl_->stream),
+               what);
+  LinearGemm::Args a;
+  a.k = k;
+  a.n = n;
+  a.m = m;
+  a.x = x.data<void>();
+  a.x_stride = k;
+  a.w = wb;
+  a.alpha = w.alpha;
+  a.out = out.data<void>();
+  a.out_dtype = out.dtype();
+  a.out_stride = n;
+  impl_->Check(impl_->gemm->Run(a, impl_->stream), what);
+  ScratchRelease(mark);
 }
 
 void CudaOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {

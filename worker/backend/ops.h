@@ -31,6 +31,16 @@ namespace mlaserve {
 // checkpoint tensor (int4_in columns); the weight is its columns [int4_col0, int4_col0 + in).
 // `weight` is then empty. The CPU backend dequantizes it (exact in fp32); the CUDA backend keeps it
 // packed for its INT4 expert GEMM.
+// DeepSeek FP8 block (kernels/linear/fp8_block_ref.h), likewise for routed experts: fp8_codes
+// F8_E4M3 [out, in], the shard's window of the checkpoint tensor at (fp8_origin_row,
+// fp8_origin_col), and fp8_scale_inv F32, the tensor's whole grid of weight_scale_inv (one per
+// fp8_block_rows x fp8_block_cols block); `weight` empty. The CPU backend dequantizes it
+// (fp32(e4m3 * s), exact as DequantizeFp8Block defines it); the CUDA backend keeps it in FP8 for
+// its FP8 expert GEMM. The loader hands DeepSeek's other FP8 projections over the same way (but
+// kv_b, which MLA reads as a dense weight): UploadLinear on the CUDA backend rearranges them into
+// the expert GEMMs' layout (kernels/moe/fp8_moe_layout.h, padded to multiples of 128) and keeps
+// that in fp8_codes ([rows_p, cols_p] U8) and fp8_scale_inv ([rows_p / 16, cols_p / 64, 2] F32)
+// on the device, which its Linear reads (kernels/moe/fp8_dense_linear.h).
 struct LinearWeight {
   int out_features = 0;
   int in_features = 0;
@@ -42,8 +52,12 @@ struct LinearWeight {
   Tensor int4_packed, int4_scale;
   int64_t int4_in = 0, int4_col0 = 0;
   int int4_group = 0;
+  Tensor fp8_codes, fp8_scale_inv;
+  int64_t fp8_origin_row = 0, fp8_origin_col = 0;
+  int fp8_block_rows = 0, fp8_block_cols = 0;
   bool nvfp4() const { return !block_scale.empty(); }
   bool int4() const { return !int4_packed.empty(); }
+  bool fp8() const { return !fp8_codes.empty(); }
 };
 
 struct ExpertWeights {

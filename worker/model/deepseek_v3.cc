@@ -110,43 +110,53 @@ class WeightReader {
   }
 
   // Rows [rows.begin, +count) and columns [cols.begin, +count) of module.weight on the backend.
+  // keep_fp8: a DeepSeek FP8 block module is handed over in FP8 (LinearWeight::fp8_*), for
+  // modules the backend reads only through Ops::Linear.
   absl::StatusOr<LinearWeight> Linear(const std::string& module, int64_t out, int64_t in,
-                                      ShardRange rows, ShardRange cols) {
-    auto host = HostLinear(module, out, in, rows, cols);
+                                      ShardRange rows, ShardRange cols, bool keep_fp8 = false) {
+    auto host =
+        HostLinear(module, out, in, rows, cols, keep_fp8 && Has(module + ".weight_scale_inv"));
     if (!host.ok()) return host.status();
     auto w = ops_.UploadLinear(*host);
     if (!w.ok()) {
       return absl::Status(w.status().code(), absl::StrCat("tensor ", Name(module + ".weight"), ": ",
                                                           w.status().message()));
     }
-    bytes_ += w->weight.nbytes() + w->block_scale.nbytes();
+    bytes_ += w->weight.nbytes() + w->block_scale.nbytes() + w->fp8_codes.nbytes() +
+              w->fp8_scale_inv.nbytes();
     return w;
   }
 
   // The same in host memory: dense in the checkpoint's dtype, or NVFP4 when the checkpoint has
-  // module.weight_scale (ModelOpt layout). INT4 (compressed-tensors module.weight_packed) routed
-  // experts (keep_int4) stay packed, their rows of the checkpoint's words and scales
-  // (LinearWeight::int4_packed): the CPU backend dequantizes them exactly, the CUDA backend's INT4
-  // expert GEMM reads 4 bits + a bf16 scale per 32 weights (kernels/moe/int4_moe_layout.h; its
-  // weight is bf16(q * s)). Other INT4 modules (none in Kimi's releases, whose ignore list keeps
-  // attention, shared experts and dense MLPs in bf16) and FP8 block (DeepSeek
-  // module.weight_scale_inv) modules are dequantized here into a dense fp32 weight of the shard,
-  // which both backends take as they take an fp32 checkpoint: the CPU backend as is (exact), the
-  // CUDA backend rounded once to bf16 in UploadLinear. That rounding: INT4 q * bf16 scale has up
-  // to 11 significant bits, so bf16 (8) keeps it to a relative 2^-9, and the result is the bf16
-  // product compressed-tensors' decompress_weight itself returns (dequantize() outputs the
-  // scale's dtype); FP8 e4m3 * fp32 scale_inv is rounded to fp32 then to bf16, as DeepSeek's
-  // weight_dequant stores it (relative <= 2^-9 + 2^-24). Memory: the GPU holds 2 bytes a weight
-  // for those (4x an INT4 checkpoint, 2x an FP8 one) until dense INT4 / FP8 block GEMMs exist.
+  // module.weight_scale (ModelOpt layout). With keep_packed, INT4 (compressed-tensors
+  // module.weight_packed) and FP8 block (DeepSeek module.weight_scale_inv) modules stay
+  // quantized: INT4 as their rows of the checkpoint's words and scales (LinearWeight::int4_*), FP8
+  // as the shard's window of e4m3 codes and the tensor's scale grid (LinearWeight::fp8_*). The
+  // loader keeps routed experts of both, and every FP8 module but kv_b (Linear's keep_fp8). The
+  // CPU backend dequantizes them exactly; the CUDA backend reads 4 bits + a bf16 scale per 32
+  // weights (kernels/moe/int4_moe_layout.h; weight bf16(q * s)) or 1 byte + an fp32 scale per 8 x
+  // 64 weights (kernels/moe/fp8_moe_layout.h; weight bf16(fp32(e4m3 * s)), in the expert GEMMs
+  // and in Linear). Other INT4 modules (none in Kimi's releases, whose ignore list keeps
+  // attention, shared experts and dense MLPs in bf16) and FP8 kv_b are dequantized here into a
+  // dense fp32 weight of the shard, which both backends take as they take an fp32 checkpoint: the
+  // CPU backend as is (exact), the CUDA backend rounded once to bf16 in UploadLinear. That
+  // rounding: INT4 q * bf16 scale has up to 11 significant bits, so bf16 (8) keeps it to a
+  // relative 2^-9, and the result is the bf16 product compressed-tensors' decompress_weight
+  // itself returns (dequantize() outputs the scale's dtype); FP8 e4m3 * fp32 scale_inv is rounded
+  // to fp32 then to bf16, as DeepSeek's weight_dequant stores it (relative <= 2^-9 + 2^-24; the
+  // same bits as the GPU's FP8 weights). Memory: the GPU holds 2 bytes a weight for those (4x an
+  // INT4 checkpoint, 2x an FP8 one).
   absl::StatusOr<LinearWeight> HostLinear(const std::string& module, int64_t out, int64_t in,
                                           ShardRange rows, ShardRange cols,
-                                          bool keep_int4 = false) {
+                                          bool keep_packed = false) {
     LinearWeight w;
     w.out_features = rows.count;
     w.in_features = cols.count;
     const std::string wn = module + ".weight";
-    if (Has(module + ".weight_packed")) return Int4Linear(module, out, in, rows, cols, keep_int4);
-    if (Has(module + ".weight_scale_inv")) return Fp8BlockLinear(module, out, in, rows, cols);
+    if (Has(module + ".weight_packed")) return Int4Linear(module, out, in, rows, cols, keep_packed);
+    if (Has(module + ".weight_scale_inv")) {
+      return Fp8BlockLinear(module, out, in, rows, cols, keep_packed);
+    }
     if (Has(module + ".weight_scale")) {
       if (quant_ != nullptr && quant_->IsExcluded(module)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -266,9 +276,10 @@ class WeightReader {
     return w;
   }
 
-  // A DeepSeek FP8 block-quantized module (format: kernels/linear/fp8_block_ref.h), dequantized.
+  // A DeepSeek FP8 block-quantized module (format: kernels/linear/fp8_block_ref.h): the shard's
+  // codes and the scale grid (keep_packed), or dequantized to fp32.
   absl::StatusOr<LinearWeight> Fp8BlockLinear(const std::string& module, int64_t out, int64_t in,
-                                              ShardRange rows, ShardRange cols) {
+                                              ShardRange rows, ShardRange cols, bool keep_packed) {
     const std::string sn = Name(module + ".weight_scale_inv");
     if (quant_ == nullptr || quant_->method != QuantConfig::Method::kFp8Block ||
         quant_->weight_block_size.size() != 2) {
@@ -287,6 +298,16 @@ class WeightReader {
     LinearWeight w;
     w.out_features = rows.count;
     w.in_features = cols.count;
+    if (keep_packed) {
+      w.fp8_codes = ReadSlice(*weight, rows.begin, rows.count, cols.begin, cols.count);
+      w.fp8_scale_inv = Tensor::Host(DType::kF32, scale->info->shape);
+      std::copy(s.begin(), s.end(), w.fp8_scale_inv.data<float>());
+      w.fp8_origin_row = rows.begin;
+      w.fp8_origin_col = cols.begin;
+      w.fp8_block_rows = br;
+      w.fp8_block_cols = bc;
+      return w;
+    }
     w.weight = Tensor::Host(DType::kF32, {rows.count, cols.count});
     DequantizeFp8Block({weight->bytes.data(), s.data(), out, in, br, bc}, rows.begin, rows.count,
                        cols.begin, cols.count, w.weight.data<float>());
@@ -457,9 +478,12 @@ absl::Status DeepseekV3Model::LoadWeights(const TensorSource& ckpt) {
       dst = *v;
       return absl::OkStatus();
     };
+    // FP8 modules stay FP8 (the loader's comment on HostLinear), but kv_b: MLA reads it as a
+    // dense weight (Ops::MlaPrefill), and its absorbed halves are built here in fp32.
     auto set_lin = [&](LinearWeight& dst, const std::string& n, int64_t out, int64_t in,
                        ShardRange rows, ShardRange cols) -> absl::Status {
-      auto w = r.Linear(n, out, in, rows, cols);
+      const bool kv_b = n.size() >= 9 && n.compare(n.size() - 9, 9, "kv_b_proj") == 0;
+      auto w = r.Linear(n, out, in, rows, cols, /*keep_fp8=*/!kv_b);
       if (!w.ok()) return w.status();
       dst = *w;
       return absl::OkStatus();
@@ -536,7 +560,7 @@ absl::Status DeepseekV3Model::LoadWeights(const TensorSource& ckpt) {
       std::vector<ExpertWeights> host;  // the layer's local experts, read from the checkpoint
       auto host_lin = [&](LinearWeight& dst, const std::string& n, int64_t out, int64_t in,
                           ShardRange rows, ShardRange cols) -> absl::Status {
-        auto w = r.HostLinear(n, out, in, rows, cols, /*keep_int4=*/true);
+        auto w = r.HostLinear(n, out, in, rows, cols, /*keep_packed=*/true);
         if (!w.ok()) return w.status();
         dst = *std::move(w);
         return absl::OkStatus();

@@ -35,6 +35,9 @@ constexpr float kIrwinHallStd = 37837.9f;
 constexpr float kNvfp4GlobalScale = kWeightStd / (2.9262f * 0.9887f);
 // rms of q uniform over [-8, 7]: sqrt(344 / 16) = 4.637.
 constexpr float kInt4Scale = kWeightStd / 4.637f;
+// FP8 codes: sign and mantissa uniform, exponent field uniform over 4..11 (|v| in 2^-3 .. 30):
+// rms sqrt(mean(4^(e - 7)) * mean((1 + m / 8)^2)) = sqrt(42.67 * 2.148) = 9.574.
+constexpr float kFp8Scale = kWeightStd / 9.574f;
 constexpr float kInputScale = 1.0f / 448.0f;
 
 }  // namespace
@@ -114,6 +117,16 @@ void SyntheticCheckpoint::AddLinear(const std::string& module, int64_t out, int6
   if (!modelopt && !routed_expert) nvfp4 = false;
   const bool router = module.size() >= 9 && module.compare(module.size() - 9, 9, ".mlp.gate") == 0;
   const int group = config_.quant.group_size;
+  // DeepSeek's FP8 release quantizes every linear layer but the router and lm_head (embed_tokens is
+  // not a linear module here).
+  if (config_.quant.method == QuantConfig::Method::kFp8Block && !router && module != "lm_head" &&
+      config_.quant.weight_block_size.size() == 2 && !config_.quant.IsExcluded(module)) {
+    const int64_t br = config_.quant.weight_block_size[0], bc = config_.quant.weight_block_size[1];
+    Add(module + ".weight", DType::kF8E4M3, {out, in}, Kind::kFp8Code);
+    Add(module + ".weight_scale_inv", DType::kF32, {(out + br - 1) / br, (in + bc - 1) / bc},
+        Kind::kFp8Scale);
+    return;
+  }
   if (config_.quant.method == QuantConfig::Method::kInt4Group && !router && group > 0 &&
       !config_.quant.IsExcluded(module)) {
     Add(module + ".weight_packed", DType::kI32, {out, (in + 7) / 8}, Kind::kPacked);
@@ -208,10 +221,13 @@ void SyntheticCheckpoint::Generate(const Entry& e, uint8_t* out) const {
     std::memcpy(out, v, 8);
     return;
   }
-  // One 64-bit word per bf16 value (weights, biases, INT4 scales), or per 8 bytes (codes, scales).
+  // One 64-bit word per bf16 value (weights, biases, INT4 scales) or fp32 value (FP8 scales), or
+  // per 8 bytes (codes, scales).
   const bool per_value = kind == Kind::kWeight || kind == Kind::kOnes || kind == Kind::kBias ||
                          kind == Kind::kInt4Scale;
-  const uint64_t words = per_value ? bytes / 2 : (bytes + 7) / 8;
+  const uint64_t words = kind == Kind::kFp8Scale ? bytes / 4
+                         : per_value             ? bytes / 2
+                                                 : (bytes + 7) / 8;
   auto run = [&](uint64_t w0, uint64_t w1) {
     for (uint64_t w = w0; w < w1; ++w) {
       const uint64_t r = Mix(seed + (w + 1) * kGamma);
@@ -241,6 +257,18 @@ void SyntheticCheckpoint::Generate(const Entry& e, uint8_t* out) const {
           const uint16_t b =
               FloatToBf16(kInt4Scale * (0.875f + 0.0625f * static_cast<float>(r & 3)));
           std::memcpy(out + 2 * w, &b, 2);
+          break;
+        }
+        case Kind::kFp8Code: {
+          // Per byte b: the sign and mantissa of b, exponent field 4 + (b >> 3 & 7); (b & 0xbf) +
+          // 0x20 <= 0xdf carries into no other byte.
+          const uint64_t v = (r & 0xbfbfbfbfbfbfbfbfull) + 0x2020202020202020ull;
+          std::memcpy(out + 8 * w, &v, 8);
+          break;
+        }
+        case Kind::kFp8Scale: {
+          const float v = kFp8Scale * (0.875f + 0.0625f * static_cast<float>(r & 3));
+          std::memcpy(out + 4 * w, &v, 4);
           break;
         }
         case Kind::kBlockScale: {

@@ -9,14 +9,18 @@
 // when the config's quantization is NVFP4 and its exclude list does not name the module, and
 // compressed-tensors INT4 (.weight_packed I32 [out, in/8], .weight_scale BF16 [out, in/group],
 // .weight_shape I32 [2]) when it is pack-quantized INT4 and its ignore list does not name the
-// module (the router, not a Linear for compressed-tensors, stays BF16).
+// module (the router, not a Linear for compressed-tensors, stays BF16), and DeepSeek FP8 block
+// (.weight F8_E4M3 [out, in], .weight_scale_inv F32 [ceil(out / 128), ceil(in / 128)]) for every
+// linear module but the router and lm_head when it is FP8 block (DeepSeek-V3 / R1's release).
 //
 // Values (plausible, not trained): bf16 weights ~ N(0, 0.02) (Irwin-Hall of four 16-bit
 // uniforms), norm weights 1.0, e_score_correction_bias uniform [0, 0.02); NVFP4 codes uniform
 // over the 16 e2m1 codes (rms 2.93), block scales e4m3 uniform over {0.875, 0.9375, 1.0, 1.125},
 // weight_scale_2 = 0.02 / 2.93 so that a dequantized weight has std ~0.02, input_scale 1/448;
 // INT4 nibbles uniform (q uniform over [-8, 7], rms 4.64), group scales bf16 uniform over
-// {0.875, 0.9375, 1.0, 1.0625} x 0.02 / 4.64.
+// {0.875, 0.9375, 1.0, 1.0625} x 0.02 / 4.64; FP8 codes with a uniform sign, mantissa and exponent
+// field in 4..11 (|v| in 2^-3 .. 30, rms 9.57; no NaN codes), block scales fp32 uniform over
+// {0.875, 0.9375, 1.0, 1.0625} x 0.02 / 9.57.
 // Every 8 bytes come from SplitMix64 of (tensor seed, word index): the bytes depend on the seed
 // and the tensor name only, not on the order of Get calls or the thread count.
 //
@@ -79,7 +83,9 @@ class SyntheticCheckpoint : public TensorSource {
     kGlobalScale,
     kInputScale,
     kInt4Scale,
-    kInt4Shape
+    kInt4Shape,
+    kFp8Code,
+    kFp8Scale
   };
   struct Entry {
     TensorInfo info;

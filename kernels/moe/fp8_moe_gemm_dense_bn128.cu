@@ -1,0 +1,7 @@
+// Explicit instantiation: a dense projection (one weight, no routing), 128 activation rows per
+// tile.
+#include "kernels/moe/fp8_moe_gemm.cuh"
+
+namespace mlaserve::moe_gemm {
+template cudaError_t LaunchDense<128>(const Fp8MoeGemmParams&, cudaStream_t);
+}  // namespace mlaserve::moe_gemm
