@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
 #include "kernels/linear/fp8_block_gemm.h"
 #include "kernels/linear/linear.h"
 #include "kernels/moe/fp8_dense_linear.h"
@@ -57,30 +58,17 @@ double MedianMs(F&& f, int reps) {
   return t[t.size() / 2];
 }
 
-std::vector<int> Ints(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
 }  // namespace
+
+ABSL_FLAG(mlaserve::IntList, rows, (mlaserve::IntList{{1, 8, 64, 256, 2048}}),
+          "Row counts (tokens) to time, comma-separated.");
+ABSL_FLAG(int32_t, reps, 50, "Timed repetitions per figure (the median is printed).");
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  std::vector<int> rows = {1, 8, 64, 256, 2048};
-  int reps = 50;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--rows")) rows = Ints(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: fp8_block_bench [--rows 1,8,64] [--reps 50]\n");
-      return 2;
-    }
-  }
+  mlaserve::ParseFlags(argc, argv, "fp8_block_bench [--rows 1,8,64,256,2048] [--reps 50]");
+  const std::vector<int> rows = mlaserve::FlagIntsInRange(FLAGS_rows, 1, 1 << 16);
+  const int reps = mlaserve::FlagInRange(FLAGS_reps, 1, 100000);
   const bool block_fp8 = mlaserve::Fp8BlockGemm::Supported(0);
   if (!block_fp8) {
     std::fprintf(stderr,
