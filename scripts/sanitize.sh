@@ -11,9 +11,12 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${MLASERVE_SANITIZE_BUILD_DIR:-$root/build-asan}"
 # gpu: nothing to run without CUDA. fuzz: its own stage (scripts/fuzz.sh, ASan + UBSan too).
-# idle: it asserts idle ranks' CPU time and wake-up latency, not memory safety, and its code (a
-# served model waiting) runs in every e2e test here; instrumented timing would only add noise.
-skip="${MLASERVE_SANITIZE_SKIP_LABELS:-gpu|fuzz|idle}"
+# idle and soak assert timing and throughput (idle ranks' CPU time and wake-up latency; at least
+# one finished request a second), not memory safety, and the 5-10x slower instrumented build
+# misses those bounds when the machine is busy (soak: 44 finals in 60 s against 60, beside other
+# jobs; it passed twice, in 72-80 s, on a quieter box). Their code paths (idle waits; aborts,
+# vanishing clients and preemption under load) run in the e2e tests here.
+skip="${MLASERVE_SANITIZE_SKIP_LABELS:-gpu|fuzz|idle|soak}"
 # Clang, as the fuzz stage: its ASan + UBSan build of this tree takes 5.7 min on 2 cores from a
 # cold cache, GCC 12's 13 min.
 cmake -S "$root" -B "$build" -G Ninja -DMLASERVE_SANITIZE=ON -DMLASERVE_CUDA=OFF \

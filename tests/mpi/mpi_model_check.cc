@@ -54,12 +54,8 @@ int Finish(int code) {
 int main(int argc, char** argv) {
   using namespace mlaserve;
   MPI_Init(&argc, &argv);
-  // A usage error: every rank exits 2, rank 0 says why, MPI finalized on the way out.
-  std::atexit([] {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  });
+  // A usage error: every rank exits 2, rank 0 says why.
+  FinalizeMpiAtExit();
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   ParseFlags(argc, argv, "mpirun -np N mpi_model_check --model DIR [flags]", world_rank != 0);

@@ -21,8 +21,11 @@ struct RunResult {
   std::string output;
 };
 
+// `timeout` guards against a hung job only (a run ends as soon as it is done): 300 s, as a 4-rank
+// DCP run of the sanitizer build took over 120 s on a 2-core box loaded by other jobs.
 RunResult RunMpi(int ranks, const std::string& args) {
-  std::string cmd = std::string("timeout 120 ") + MLASERVE_MPIEXEC + " -np " + std::to_string(ranks) +
+  std::string cmd = std::string("timeout 300 ") + MLASERVE_MPIEXEC + " -np " +
+                    std::to_string(ranks) +
                     " --oversubscribe --mca btl_vader_single_copy_mechanism none";
   if (geteuid() == 0) cmd += " --allow-run-as-root";
   cmd += std::string(" ") + MLASERVE_MPI_CHECK + " " + args + " 2>&1";

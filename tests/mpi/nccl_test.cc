@@ -22,6 +22,7 @@
 #include "common/command_line.h"
 #include "common/dtype.h"
 #include "gtest/gtest.h"
+#include "worker/comm/mpi_communicator.h"
 #include "worker/comm/nccl_communicator.h"
 
 namespace mlaserve {
@@ -373,11 +374,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   // GoogleTest took its --gtest_* flags; anything left is a mistake (this test has no flags of
   // its own). A usage error exits every rank with 2, rank 0 saying why.
-  std::atexit([] {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  });
+  mlaserve::FinalizeMpiAtExit();
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   mlaserve::ParseFlags(argc, argv, "mpirun -np N nccl_test [--gtest_* flags]", world_rank != 0);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,14 @@ absl::Status MpiCommunicator::AgreeOnStatus(const absl::Status& mine) {
   MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm_);
   return absl::Status(first == rank_ ? mine.code() : absl::StatusCode::kAborted,
                       absl::StrCat("rank ", first, ": ", msg));
+}
+
+void FinalizeMpiAtExit() {
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
 }
 
 }  // namespace mlaserve

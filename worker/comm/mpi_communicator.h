@@ -32,4 +32,9 @@ class MpiCommunicator : public Communicator {
   int size_ = 1;
 };
 
+// Registers an exit handler that calls MPI_Finalize unless it has been called: an MPI program
+// that exits on a usage error (common/command_line.h exits 2 on every rank) then ends as a
+// program that finalized, and mpirun reports only the exit status.
+void FinalizeMpiAtExit();
+
 }  // namespace mlaserve

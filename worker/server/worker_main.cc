@@ -149,13 +149,8 @@ int main(int argc, char** argv) {
   MpiCommunicator mpi;
   TimedCommunicator comm(mpi);
   const int rank = comm.rank();
-  // A usage error exits every rank with status 2 (all parse the same arguments); only rank 0
-  // prints it, and MPI is finalized on the way out so that mpirun reports just the status.
-  std::atexit([] {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  });
+  // A usage error exits every rank with status 2 (all parse the same arguments); rank 0 says why.
+  FinalizeMpiAtExit();
   ParseFlags(argc, argv, kUsage, /*quiet=*/rank != 0);
   Args a;
   a.model = RequiredFlag(FLAGS_model, "DIR");
