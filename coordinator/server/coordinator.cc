@@ -110,7 +110,21 @@ Coordinator::Coordinator(CoordinatorOptions options)
   }
 }
 
-Coordinator::~Coordinator() = default;
+Coordinator::~Coordinator() {
+  // The worker socket's monitor is stopped before either socket closes, and the events it
+  // already queued are read and freed. Closed the other way round (members die in reverse
+  // order: the monitor's reader first), libzmq's internal monitor socket keeps sending into a
+  // pipe nobody reads, and those event frames are never freed (LeakSanitizer found 77 bytes a
+  // connection in every test that starts a coordinator).
+  if (worker_ && worker_monitor_) {
+    (void)zmq_socket_monitor(worker_->handle(), nullptr, 0);
+    zmq::message_t frame;
+    while (worker_monitor_->recv(frame, zmq::recv_flags::dontwait)) {
+    }
+  }
+  worker_monitor_.reset();
+  worker_.reset();
+}
 
 absl::Status Coordinator::BindSockets() {
   ctx_ = std::make_unique<zmq::context_t>(1);
