@@ -114,8 +114,10 @@ class CudaOpsTest : public ::testing::Test {
     std::printf("[cuda_ops] %-60s nmse %.3g (bound %.1g)\n", what.c_str(), e, bound);
     EXPECT_LE(e, bound) << what;
   }
+  // `c`: a CPU tensor, or a second GPU tensor (two GPU paths that must agree bit for bit).
   void ExpectExact(const Tensor& g, const Tensor& c, const std::string& what) {
-    const std::vector<float> gv = Download(g), cv = Values(c);
+    const std::vector<float> gv = Download(g),
+                             cv = c.device() == Device::kCuda ? Download(c) : Values(c);
     ASSERT_EQ(gv.size(), cv.size()) << what;
     size_t bad = 0;
     for (size_t i = 0; i < cv.size(); ++i) bad += !(gv[i] == cv[i]);

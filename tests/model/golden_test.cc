@@ -144,7 +144,8 @@ TEST_P(GoldenTest, AbsorbedAndChunkedPrefillMatch) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                          ::testing::Values("dsv3-tiny", "kimi-tiny", "noqlora-tiny",
                                            "kimi-tiny-nvfp4", "models/tiny-en",
-                                           "models/tiny-en-nvfp4"),
+                                           "models/tiny-en-nvfp4", "tiny-en-fp8",
+                                           "tiny-en-int4"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) {

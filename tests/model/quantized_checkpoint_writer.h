@@ -4,7 +4,8 @@
 // format descriptions (kernels/linear/int4_group_ref.h, fp8_block_ref.h), independent of the
 // loader's unpacking; and the same weights, dequantized here by their bit fields, as F32 into a
 // plain folder. Used by quantized_checkpoint_test (CPU) and gpu_model_test (the INT4 folder on
-// the GPU).
+// the GPU). WriteBf16Twin: any INT4 or FP8 folder as the BF16 checkpoint holding the values the
+// CUDA backend computes with (gpu_model_test's CPU side).
 #pragma once
 
 #include <algorithm>
@@ -17,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/safetensors.h"
+#include "kernels/linear/fp8_block_ref.h"
+#include "kernels/linear/int4_group_ref.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/golden_fixture.h"
@@ -212,6 +216,79 @@ inline void WriteFolders(Layout layout, const fs::path& quant_dir, const fs::pat
   deq.Write(deq_dir, config);
   config["quantization_config"] = layout == Layout::kInt4 ? Int4Config() : Fp8Config();
   quant.Write(quant_dir, config);
+}
+
+// `quant_dir` (compressed-tensors INT4 or DeepSeek FP8) as a plain BF16 checkpoint in `twin_dir`
+// holding the weights the CUDA backend computes with: every quantized module dequantized in fp32
+// (the loader's references, kernels/linear/*_ref.h) and rounded once to bf16 (round to nearest
+// even), which is what the GPU holds or forms in registers: bf16(q * s) for INT4, bf16(fp32(e4m3
+// * s)) for FP8, kv_b included (worker/model/deepseek_v3.cc, HostLinear's comment). The CPU
+// backend on this twin is the GPU's model with exact arithmetic, so a GPU-vs-CPU comparison on it
+// measures the GPU's kernels, not the weight rounding that the GPU design adds (the CPU on the
+// quantized folder itself is exact against transformers: golden_test).
+inline void WriteBf16Twin(const fs::path& quant_dir, const fs::path& twin_dir) {
+  auto ckpt = Checkpoint::Open(quant_dir.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  std::ifstream in(quant_dir / "config.json");
+  json config = json::parse(in);
+  ASSERT_TRUE(config.contains("quantization_config")) << quant_dir;
+  const json q = config["quantization_config"];
+  config.erase("quantization_config");
+  const bool fp8 = q.value("quant_method", "") == "fp8";
+  const int block_rows = fp8 ? q["weight_block_size"][0].get<int>() : 0;
+  const int block_cols = fp8 ? q["weight_block_size"][1].get<int>() : 0;
+  const int group =
+      fp8 ? 0 : q["config_groups"].begin().value()["weights"]["group_size"].get<int>();
+  Folder twin;
+  auto add_bf16 = [&](const std::string& name, int64_t rows, int64_t cols,
+                      const std::vector<float>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
+    twin.Add(name, DType::kBF16, {rows, cols}, b);
+  };
+  for (const std::string& n : ckpt->Names()) {
+    auto t = ckpt->Get(n);
+    ASSERT_TRUE(t.ok()) << t.status();
+    const TensorInfo& info = *t->info;
+    if (EndsWith(n, ".weight_scale_inv") || EndsWith(n, ".weight_shape")) continue;
+    if (!fp8 && EndsWith(n, ".weight_scale")) continue;
+    if (!fp8 && EndsWith(n, ".weight_packed")) {
+      const std::string module = n.substr(0, n.size() - std::string(".weight_packed").size());
+      auto scale = ckpt->Get(module + ".weight_scale");
+      auto shape = ckpt->Get(module + ".weight_shape");
+      ASSERT_TRUE(scale.ok() && shape.ok()) << module;
+      int32_t dims[2];
+      std::memcpy(dims, shape->bytes.data(), sizeof(dims));
+      std::vector<float> s(scale->info->NumElements());
+      ASSERT_TRUE(DecodeFloats(scale->info->dtype, scale->bytes.data(), s.size(), s.data()));
+      std::vector<float> w(static_cast<size_t>(dims[0]) * dims[1]);
+      DequantizeInt4Group({reinterpret_cast<const int32_t*>(t->bytes.data()), s.data(), dims[0],
+                           dims[1], group},
+                          0, dims[0], 0, dims[1], w.data());
+      add_bf16(module + ".weight", dims[0], dims[1], w);
+      continue;
+    }
+    if (fp8 && info.dtype == DType::kF8E4M3 && EndsWith(n, ".weight") && info.shape.size() == 2) {
+      const std::string module = n.substr(0, n.size() - std::string(".weight").size());
+      auto scale = ckpt->Get(module + ".weight_scale_inv");
+      ASSERT_TRUE(scale.ok()) << module;
+      const int64_t rows = info.shape[0], cols = info.shape[1];
+      std::vector<float> w(static_cast<size_t>(rows * cols));
+      Fp8BlockTensor ft;
+      ft.weight = t->bytes.data();
+      ft.scale_inv = reinterpret_cast<const float*>(scale->bytes.data());
+      ft.rows = rows;
+      ft.cols = cols;
+      ft.block_rows = block_rows;
+      ft.block_cols = block_cols;
+      DequantizeFp8Block(ft, 0, rows, 0, cols, w.data());
+      add_bf16(n, rows, cols, w);
+      continue;
+    }
+    twin.tensors.push_back({n, info.dtype, info.shape, t->bytes});
+  }
+  fs::create_directories(twin_dir);
+  twin.Write(twin_dir, config);
 }
 
 }  // namespace mlaserve::quantized_fixture
