@@ -1,8 +1,15 @@
 // Dense projections held in the FP8 layout of the expert GEMMs (fp8_moe_layout.h: DeepSeek's
-// e4m3 codes with an fp32 scale per 8 x 64 weights, padded to multiples of 128), for the CUDA
-// backend's Linear: decode-sized row counts through the weight-only kernel's dense mode
-// (fp8_moe_gemm.h InvokeFp8DenseGemm: reads 1 byte a weight), large ones as bf16 through a
-// dequantized copy (the same bf16(fp32(e4m3 * s)) weights) and a bf16 GEMM by the caller.
+// e4m3 codes with an fp32 scale per 8 x 64 weights, padded to multiples of 128): the weight-only
+// kernel's dense mode (fp8_moe_gemm.h InvokeFp8DenseGemm: reads 1 byte a weight), and a
+// dequantized bf16 copy of such a weight (the same bf16(fp32(e4m3 * s)) values).
+//
+// Not used by the model: measured on the H200 (fp8_block_bench, bench/RESULTS.md "FP8
+// projections") the dense mode is 0.13-1.01x the bf16 GEMM's speed at 1-512 rows on DeepSeek-R1's
+// projections but kv_b's 1-8 rows (1.19-1.25x) (one weight gives the grid ceil(n / BN) x row
+// tiles blocks and no split-K, so a [576, 7168] projection leaves most of 132 SMs idle), so the
+// CUDA backend holds FP8 projections
+// in bf16 (CudaOps::UploadLinear). Kept, with its test and that bench, as the measured
+// alternative: a split-K variant reading 1 byte a weight is what could beat bf16 at decode.
 //
 // This header is included by C++20 host code: no cuda_bf16.h, bf16 tensors are void pointers.
 #pragma once

@@ -442,12 +442,13 @@ TEST(SyntheticWeightsTest, FullSizeMemoryPlans) {
         EXPECT_LE(plan->weights, 80e9);
         EXPECT_GT(plan->kv_blocks, free_gb > 100 ? 10000 : 1000);
       }
-      // FP8 weights stay FP8 on the GPU, 1 byte + an fp32 scale per 8 x 64 weights: the routed
-      // experts, 653.9 G weights x (1 + 1/128) / 8 ranks = 82.4 GB, and the attention, dense and
-      // shared MLP projections but kv_b; the rest (kv_b dequantized to bf16 and held twice,
-      // embed, lm_head, routers bf16) brings a rank to 86.2 GB (82,197 MiB; 84,607 with the dense
-      // FP8 modules as bf16). Dequantized to bf16 (before issue 21's FP8 GEMMs) a rank needed
-      // ~170 GB. It fits the H200; on the 96 GB card only with a larger memory fraction (below).
+      // FP8 routed experts stay FP8 on the GPU, 1 byte + an fp32 scale per 8 x 64 weights:
+      // 653.9 G weights x (1 + 1/128) / 8 ranks = 82.4 GB; the attention, dense and shared MLP
+      // projections are held in bf16 (measured faster than the FP8 kernels there:
+      // CudaOps::UploadLinear), kv_b twice; with embed, lm_head and routers (bf16) a rank needs
+      // 88.7 GB (84,607 MiB; 82,197 with those projections in FP8). Dequantized to bf16 entirely
+      // (before issue 21's FP8 GEMMs) a rank needed ~170 GB. It fits the H200; on the 96 GB card
+      // only with a larger memory fraction (below).
       if (std::string(model) == "deepseek-r1-fp8") {
         if (free_gb > 100) {
           ASSERT_TRUE(plan.ok()) << plan.status();
@@ -462,7 +463,8 @@ TEST(SyntheticWeightsTest, FullSizeMemoryPlans) {
     EXPECT_EQ(source.generated_bytes(), 0u);
   }
   // DeepSeek-R1 FP8 on an RTX PRO 6000 (97,887 MiB as nvidia-smi reports it) with
-  // --gpu-memory-fraction 0.97: 94,950 MiB - 82,197 - 2,450 = 10,303 MiB of KV, 4,218 blocks.
+  // --gpu-memory-fraction 0.97: 94,950 MiB - 84,607 - 2,450 = 7,893 MiB of KV, 3,231 blocks
+  // (the attention, dense and shared projections held in bf16: CudaOps::UploadLinear).
   auto r1 = LoadModelConfig(dir + "deepseek-r1-fp8");
   ASSERT_TRUE(r1.ok()) << r1.status();
   SyntheticCheckpoint source(*r1);
@@ -477,7 +479,7 @@ TEST(SyntheticWeightsTest, FullSizeMemoryPlans) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::printf("[plan] deepseek-r1-fp8 rank 0 of 8, 97887 MiB free, fraction 0.97: %s\n",
               plan->Describe().c_str());
-  EXPECT_GT(plan->kv_blocks, 4000);
+  EXPECT_GT(plan->kv_blocks, 3000);
 }
 
 }  // namespace

@@ -16,7 +16,6 @@
 #include "kernels/linear/linear_ref.h"
 #include "kernels/mla/mla_decode.h"
 #include "kernels/mla/mla_prefill.h"
-#include "kernels/moe/fp8_dense_linear.h"
 #include "kernels/moe/fp8_moe_layout.h"
 #include "kernels/moe/moe_experts.h"
 #include "kernels/moe/moe_router.h"
@@ -449,12 +448,16 @@ absl::StatusOr<LinearWeight> CudaOps::UploadLinear(const LinearWeight& host) {
         "(the loader dequantizes such modules to bf16)");
   }
   if (host.fp8()) {
-    // DeepSeek FP8 block weights stay FP8: the expert GEMMs' layout (fp8_moe_layout.h), padded to
-    // multiples of 128, read by Linear (kernels/moe/fp8_dense_linear.h).
-    const int rows_p = (host.out_features + 127) / 128 * 128;
-    const int cols_p = (host.in_features + 127) / 128 * 128;
-    Tensor codes = Tensor::Host(DType::kU8, {rows_p, cols_p});
-    Tensor scales = Tensor::Host(DType::kF32, {rows_p / 16, cols_p / 64, 2});
+    // DeepSeek FP8 projections (attention, dense and shared MLPs; routed experts go through
+    // UploadExperts and stay FP8) are held in bf16: bf16(fp32(e4m3 * s)), the values DeepSeek's
+    // own weight_dequant gives, read by the bf16 GEMM. Measured on the H200 (bench/RESULTS.md,
+    // "FP8 projections", fp8_block_bench on DeepSeek-R1's shapes at 8-way TP, 1-2048 rows):
+    // cuBLASLt's block-scaled FP8 with activations quantized per 1 x 128 (SM90 only) runs at
+    // 0.46-0.98x bf16's speed at 1-512 rows (the dense MLP's gate_up: 1.02-1.09x at 8-64 rows),
+    // 0.87-1.20x at 2048; the FP8 expert kernel's weight-only dense mode at 0.13-1.01x (one
+    // weight leaves most SMs idle, no split-K), better only for kv_b at 1-8 rows (1.19-1.25x),
+    // which runs through Linear in prefill alone. The price is 1 byte a weight more: 2,410 MiB a
+    // DeepSeek-R1 rank of 8 (worker/model/memory_plan.cc).
     if (host.fp8_codes.dtype() != DType::kF8E4M3 || host.fp8_scale_inv.dtype() != DType::kF32 ||
         host.fp8_scale_inv.shape().size() != 2) {
       return absl::InvalidArgumentError(
@@ -470,19 +473,16 @@ absl::StatusOr<LinearWeight> CudaOps::UploadLinear(const LinearWeight& host) {
                            host.fp8_origin_col,
                            host.fp8_scale_inv.dim(0),
                            host.fp8_scale_inv.dim(1)};
-    if (absl::Status st =
-            RelayoutFp8(t, rows_p, cols_p, codes.data<uint8_t>(), scales.data<uint8_t>());
-        !st.ok()) {
-      return st;
-    }
+    std::vector<float> f32(static_cast<size_t>(host.out_features) * host.in_features);
+    DequantizeFp8Block(t, 0, host.out_features, 0, host.in_features, f32.data());
+    Tensor b = Tensor::Host(DType::kBF16, {host.out_features, host.in_features});
+    uint16_t* bits = b.data<uint16_t>();
+    for (size_t i = 0; i < f32.size(); ++i) bits[i] = FloatToBf16(f32[i]);
     LinearWeight w = host;
-    w.weight = w.block_scale = Tensor();
-    auto dc = Upload(codes);
-    if (!dc.ok()) return dc.status();
-    auto ds = Upload(scales);
-    if (!ds.ok()) return ds.status();
-    w.fp8_codes = *std::move(dc);
-    w.fp8_scale_inv = *std::move(ds);
+    w.fp8_codes = w.fp8_scale_inv = w.block_scale = Tensor();
+    auto dev = Upload(b);
+    if (!dev.ok()) return dev.status();
+    w.weight = *std::move(dev);
     return w;
   }
   LinearWeight w = host;
@@ -671,20 +671,8 @@ void CudaOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& we
                [&] { return absl::StrCat("AddRmsNorm ", Shape(residual)); });
 }
 
-// Above this many rows (default mode) a dense FP8 projection runs as bf16: its weight dequantized
-// into the step arena (n x k x 2 bytes, at most 33 MB for DeepSeek-R1 at 8 ranks; the values
-// the weight-only kernel uses) and cuBLASLt's GEMM, as bf16 checkpoints run. Below, and at any
-// row count in the deterministic mode (its row results do not depend on m), the weight-only
-// kernel reads the FP8 weight itself, once per 16 / 64 / 128-row tile. Not yet measured: the
-// crossing point is a guess from the expert GEMMs' measurements (weight-bound to ~128 rows).
-constexpr int64_t kFp8DenseMaxRows = 256;
-
 void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   MLASERVE_SKIP_IF_FAILED();
-  if (w.fp8()) {
-    Fp8Linear(x, w, out);
-    return;
-  }
   LinearGemm::Args a;
   a.k = w.in_features;
   a.n = w.out_features;
@@ -701,67 +689,6 @@ void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   });
 }
 
-void CudaOps::Fp8Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
-  const int64_t k = w.in_features, n = w.out_features, m = x.numel() / k;
-  const int n_p = static_cast<int>(w.fp8_codes.dim(0)), k_p = static_cast<int>(w.fp8_codes.dim(1));
-  auto what = [&] {
-    return absl::StrCat("Linear (FP8) ", Shape(x), " x [", n, ", ", k, "]^T -> ", Shape(out));
-  };
-  if (m == 0) return;
-  const auto* codes = w.fp8_codes.data<uint8_t>();
-  const auto* scales = w.fp8_scale_inv.data<uint8_t>();
-  // The padded x or the bf16 copy is dead once the GEMM is enqueued (later scratch reuses it in
-  // stream order): released here, not at the layer's end (a dense MLP layer's three copies would
-  // take ~100 MB on DeepSeek-R1 at 8 ranks).
-  const uint64_t mark = ScratchMark();
-  if (out.dtype() == DType::kBF16 && (impl_->gemm->batch_invariant() || m <= kFp8DenseMaxRows)) {
-    const void* xp = x.data<void>();
-    if (k != k_p) {
-      // The layout's K is padded to 128: x with zero columns to k_p.
-      void* pad = impl_->ArenaAlloc(static_cast<size_t>(m) * k_p * 2);
-      if (pad == nullptr) return;
-      const size_t row = static_cast<size_t>(k) * 2, row_p = static_cast<size_t>(k_p) * 2;
-      impl_->Check(
-          cudaMemset2DAsync(static_cast<char*>(pad) + row, row_p, 0, row_p - row, m, impl_->stream),
-          what);
-      impl_->Check(
-          cudaMemcpy2DAsync(pad, row_p, xp, row, row, m, cudaMemcpyDeviceToDevice, impl_->stream),
-          what);
-      xp = pad;
-    }
-    Fp8DenseLinearParams p;
-    p.m = static_cast<int>(m);
-    p.n = static_cast<int>(n);
-    p.n_p = n_p;
-    p.k_p = k_p;
-    p.x = xp;
-    p.codes = codes;
-    p.scales = scales;
-    p.alpha = w.alpha;
-    p.out = out.data<void>();
-    impl_->Check(InvokeFp8DenseLinear(p, impl_->stream), what);
-    ScratchRelease(mark);
-    return;
-  }
-  void* wb = impl_->ArenaAlloc(static_cast<size_t>(n) * k * 2);
-  if (wb == nullptr) return;
-  impl_->Check(InvokeFp8DenseToBf16(codes, scales, n_p, k_p, static_cast<int>(n),
-                                    static_cast<int>(k), wb, impl_->stream),
-               what);
-  LinearGemm::Args a;
-  a.k = k;
-  a.n = n;
-  a.m = m;
-  a.x = x.data<void>();
-  a.x_stride = k;
-  a.w = wb;
-  a.alpha = w.alpha;
-  a.out = out.data<void>();
-  a.out_dtype = out.dtype();
-  a.out_stride = n;
-  impl_->Check(impl_->gemm->Run(a, impl_->stream), what);
-  ScratchRelease(mark);
-}
 
 void CudaOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {
   MLASERVE_SKIP_IF_FAILED();

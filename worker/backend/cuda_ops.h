@@ -109,8 +109,6 @@ class CudaOps : public Ops {
  private:
   struct Impl;
   explicit CudaOps(std::unique_ptr<Impl> impl);
-  // Linear for a weight held in FP8 (UploadLinear of a LinearWeight::fp8() weight).
-  void Fp8Linear(const Tensor& x, const LinearWeight& w, Tensor& out);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -60,14 +60,12 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const TensorSource& ckpt, const Mode
     const bool expert = Contains(name, ".experts.");
     // INT4 (compressed-tensors) routed experts stay packed (kernels/moe/int4_moe_layout.h): 4 bits
     // a weight + one bf16 scale per 32 weights (whatever the checkpoint's group size), of the
-    // kernels' shapes padded to multiples of 128. FP8 block weights stay FP8, routed experts and
-    // dense projections alike (kernels/moe/fp8_moe_layout.h): 1 byte a weight + one fp32 scale
-    // per 8 x 64 weights, of the padded shapes; but kv_b (dequantized: MLA reads it as bf16).
-    // Other INT4 modules and FP8 kv_b are dequantized at load, to bf16 on the GPU (8 values per
-    // I32 word -> 16 bytes; 1-byte e4m3 -> 2 bytes). Their checkpoint scales are counted in those
-    // figures. (A dense FP8 projection of more than 256 rows dequantizes its weight into the step
-    // arena for the call: at most 33 MB for DeepSeek-R1 at 8 ranks, within the workspace's
-    // margin below.)
+    // kernels' shapes padded to multiples of 128. FP8 block routed experts stay FP8
+    // (kernels/moe/fp8_moe_layout.h): 1 byte a weight + one fp32 scale per 8 x 64 weights, of the
+    // padded shapes. The other FP8 projections (attention, dense and shared MLPs, kv_b) are held
+    // in bf16 on the GPU (CudaOps::UploadLinear says why), as are other INT4 modules: 8 values
+    // per I32 word -> 16 bytes; 1-byte e4m3 -> 2 bytes. Their checkpoint scales are counted in
+    // those figures.
     if (t.dtype == DType::kI32 && EndsWith(name, ".weight_packed")) {
       if (expert && t.shape.size() == 2) {
         const size_t rows = RoundUp128(static_cast<size_t>(t.shape[0]));
@@ -78,7 +76,7 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const TensorSource& ckpt, const Mode
       }
     }
     if (t.dtype == DType::kF8E4M3 && EndsWith(name, ".weight")) {
-      if (t.shape.size() == 2 && !Contains(name, "kv_b_proj")) {
+      if (expert && t.shape.size() == 2) {
         const size_t rows = RoundUp128(static_cast<size_t>(t.shape[0]));
         const size_t cols = RoundUp128(static_cast<size_t>(t.shape[1]));
         bytes = rows * cols + rows * cols / 128;
