@@ -41,12 +41,22 @@ struct DeviceBuffer {
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  // Upload and Poison return when the bytes are on the device. cudaMemcpy and cudaMemset run on
+  // the legacy default stream, which a cudaStreamNonBlocking stream does not wait for, and
+  // cudaMemset (like a pageable cudaMemcpy's last DMA) may still be running when they return: a
+  // kernel launched next on such a stream could run before them. (It did: moe_experts_gpu_test's
+  // INT4 case at 1 token saw its output poisoned after the kernels had written it, 64 of 64
+  // elements NaN, on the H200 2026-12-01; the same binary passed an hour before.)
   cudaError_t Upload(const std::vector<T>& v) {
     if (ptr == nullptr || v.size() > count) return cudaErrorInvalidValue;
-    return cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    const cudaError_t e = cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return e != cudaSuccess ? e : cudaDeviceSynchronize();
   }
   // 0xFF bytes everywhere (NaN for floats): an element a kernel fails to write shows.
-  cudaError_t Poison() { return cudaMemset(ptr, 0xff, std::max<size_t>(count, 1) * sizeof(T)); }
+  cudaError_t Poison() {
+    const cudaError_t e = cudaMemset(ptr, 0xff, std::max<size_t>(count, 1) * sizeof(T));
+    return e != cudaSuccess ? e : cudaDeviceSynchronize();
+  }
   // The contents; on a failed copy, as many default values (which the comparisons then reject).
   std::vector<T> Download() const {
     std::vector<T> v(count);
