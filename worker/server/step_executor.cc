@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -25,9 +26,17 @@ absl::StatusOr<ExecutedStep> StepExecutor::Run(wire::StepPlan::Reader plan) {
     const wire::StepSequence::Reader s = seqs[i];
     const auto tokens = s.getTokens();
     const uint64_t start = s.getStartPosition();
-    const uint64_t end = start + tokens.size();
     if (tokens.size() == 0)
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": no tokens"));
+    // Positions are int32 in the step (and start + size must not wrap the uint64 sum, which
+    // would pass the block-table check below and index the table with a negative position).
+    if (start > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) - tokens.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.getSeqId(), ": positions ",
+                                                     start, " + ", tokens.size(),
+                                                     " past the largest position ",
+                                                     std::numeric_limits<int32_t>::max()));
+    }
+    const uint64_t end = start + tokens.size();
     // The block table: the entries kept from earlier steps up to blockTableFrom, then this
     // step's (a preempted sequence comes back with a new table from 0).
     std::vector<int32_t>& table = tables_[s.getSeqId()];
