@@ -15,7 +15,8 @@ dir=$(mktemp -d)
 coord=$!
 "$build/bench/coordinator/mlaserve-null-worker" --coordinator "ipc://$dir/worker" --vocab 512 --kv-blocks 8192 &
 worker=$!
-trap 'kill -TERM $coord 2>/dev/null; wait $coord 2>/dev/null; kill $worker 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill -TERM $coord 2>/dev/null || true; wait $coord 2>/dev/null || true
+  kill $worker 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do
   "$build/coordinator/client/mlaserve-cli" --endpoint "tcp://127.0.0.1:$port" health >/dev/null 2>&1 && break
   sleep 0.1

@@ -23,7 +23,7 @@ output_len=${OUTPUT_LEN:-256}
 dir=$(mktemp -d)
 "$build/coordinator/server/mlaserve-coordinator" --model "$model" \
   --listen "tcp://127.0.0.1:$port" --worker-listen "ipc://$dir/worker" --metrics "$metrics" \
-  --max-running 1024 --max-step-tokens 1100000 --max-waiting 8192 --prefill-chunk 0 \
+  --max-running 1024 --max-step-tokens 1048576 --max-waiting 8192 --prefill-chunk 0 \
   >"$dir/coordinator.log" 2>&1 &
 coord=$!
 "$build/bench/coordinator/mlaserve-null-worker" --coordinator "ipc://$dir/worker" --vocab $vocab \
@@ -32,7 +32,10 @@ worker=$!
 "${OPENAI_BIN:-$build/coordinator/http/mlaserve-openai}" --coordinator "tcp://127.0.0.1:$port" \
   --listen "127.0.0.1:$http_port" --threads 1088 >"$dir/openai.log" 2>&1 &
 front=$!
-trap 'kill -TERM $front $coord 2>/dev/null; wait $front $coord 2>/dev/null; kill $worker 2>/dev/null; rm -rf "$dir"' EXIT
+# (Each step may fail -- the null worker exits with its coordinator -- without ending the trap
+# under set -e before the folder is removed, or turning a good run's status into 1.)
+trap 'kill -TERM $front $coord 2>/dev/null || true; wait $front $coord 2>/dev/null || true
+  kill $worker 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do
   "$build/coordinator/client/mlaserve-cli" --endpoint "tcp://127.0.0.1:$port" health >/dev/null 2>&1 && break
   sleep 0.1
@@ -40,6 +43,13 @@ done
 for _ in $(seq 100); do
   grep -q "listening on port" "$dir/openai.log" && break
   sleep 0.1
+done
+for p in $coord $worker $front; do
+  if ! kill -0 $p 2>/dev/null; then
+    echo "run_http_overhead: a server process exited at start:" >&2
+    cat "$dir/coordinator.log" "$dir/null-worker.log" "$dir/openai.log" >&2
+    exit 1
+  fi
 done
 
 cpu() { awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat"; }
