@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/linear/skinny_gemm.h"
 
 namespace mlaserve {
 namespace {
@@ -83,6 +84,7 @@ struct LinearGemm::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool invariant = false;
+  int sm_count = 132;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   // Batch-invariant algorithms by their key at m = kInvariantPlanRows.
   std::map<PlanKey, cublasLtMatmulAlgo_t> invariant_algos;
@@ -266,6 +268,12 @@ absl::StatusOr<std::unique_ptr<LinearGemm>> LinearGemm::Create(size_t workspace_
     }
   }
   impl->workspace_bytes = workspace_bytes;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+      sms > 0) {
+    impl->sm_count = sms;
+  }
   return std::unique_ptr<LinearGemm>(new LinearGemm(std::move(impl)));
 }
 
@@ -273,6 +281,41 @@ size_t LinearGemm::CachedPlans() const { return impl_->plans.size(); }
 
 void LinearGemm::SetBatchInvariant(bool on) { impl_->invariant = on; }
 bool LinearGemm::batch_invariant() const { return impl_->invariant; }
+
+absl::Status LinearGemm::RunShared(const Args* list, int count, cudaStream_t stream) {
+  bool shared = !impl_->invariant && count >= 1 && count <= kSkinnyMaxSegments &&
+                list[0].m >= 1 && list[0].m <= kSkinnyMaxRows;
+  SkinnyGemmArgs s;
+  if (shared) {
+    const Args& a0 = list[0];
+    s.m = static_cast<int>(a0.m);
+    s.k = a0.k;
+    s.x = a0.x;
+    s.x_stride = a0.x_stride;
+    s.num_segments = count;
+    s.sm_count = impl_->sm_count;
+    for (int i = 0; i < count && shared; ++i) {
+      const Args& a = list[i];
+      shared = a.m == a0.m && a.k == a0.k && a.x == a0.x && a.x_stride == a0.x_stride &&
+               a.batch == 1 && !a.w_kn && a.n > 0 && a.out_stride >= a.n &&
+               (a.out_dtype == DType::kBF16 || a.out_dtype == DType::kF32);
+      s.seg[i] = {a.w, a.n, a.alpha, a.out, a.out_dtype, a.out_stride};
+    }
+    shared = shared && SkinnyGemmSupports(s);
+  }
+  if (!shared) {
+    for (int i = 0; i < count; ++i) {
+      if (absl::Status st = Run(list[i], stream); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  if (cudaError_t e = InvokeSkinnyGemm(s, stream); e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("LinearGemm::RunShared: skinny kernel for m ", s.m,
+                                            ", k ", s.k, ", ", count, " weights: ",
+                                            cudaGetErrorString(e)));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
   if (a.m < 0 || a.n <= 0 || a.k <= 0) {
@@ -297,6 +340,30 @@ absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
                                        a.out_batch_stride < 0))) {
     return absl::InvalidArgumentError(
         absl::StrCat("LinearGemm::Run: batch ", a.batch, " needs batch >= 1 and strides >= 0"));
+  }
+  // A few rows (decode at small batches): the skinny kernels, outside the invariant mode.
+  if (!impl_->invariant && a.m <= kSkinnyMaxRows) {
+    SkinnyGemmArgs s;
+    s.m = static_cast<int>(a.m);
+    s.k = a.k;
+    s.x = a.x;
+    s.x_stride = a.x_stride;
+    s.w_kn = a.w_kn;
+    s.num_segments = 1;
+    s.seg[0] = {a.w, a.n, a.alpha, a.out, a.out_dtype, a.out_stride};
+    s.batch = a.batch;
+    s.x_batch_stride = a.x_batch_stride;
+    s.w_batch_stride = a.w_batch_stride;
+    s.out_batch_stride = a.out_batch_stride;
+    s.sm_count = impl_->sm_count;
+    if (SkinnyGemmSupports(s)) {
+      if (cudaError_t e = InvokeSkinnyGemm(s, stream); e != cudaSuccess) {
+        return absl::InternalError(absl::StrCat("LinearGemm::Run: skinny kernel for m ", a.m,
+                                                " n ", a.n, " k ", a.k, ": ",
+                                                cudaGetErrorString(e)));
+      }
+      return absl::OkStatus();
+    }
   }
   const int64_t out_bytes = a.out_dtype == DType::kF32 ? 4 : 2;
   uint32_t align_x = RowAlignment(a.x, a.x_stride * 2);

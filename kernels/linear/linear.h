@@ -61,6 +61,12 @@ class LinearGemm {
   // heuristic query does not touch the stream).
   absl::Status Run(const Args& a, cudaStream_t stream);
 
+  // Several products of the same x (the same x, x_stride, m and k; batch 1): one skinny launch
+  // where they qualify (m <= kSkinnyMaxRows, at most kSkinnyMaxSegments of them, outside the
+  // invariant mode), else one Run each. The shared launch splits K by the weights' combined
+  // rows, so its bits can differ from Run's of one weight alone by fp32 summation order.
+  absl::Status RunShared(const Args* list, int count, cudaStream_t stream);
+
   // Batch-invariant plans from now on (see the file comment); off by default.
   void SetBatchInvariant(bool on);
   bool batch_invariant() const;

@@ -53,6 +53,7 @@ class CudaOps : public Ops {
   void AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& weight, float eps,
                   Tensor& out) override;
   void Linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
+  void Linears(const Tensor& x, std::initializer_list<LinearOut> outs) override;
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void Columns(const Tensor& x, int64_t begin, Tensor& out) override;
   void CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,

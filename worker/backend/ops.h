@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -178,6 +179,16 @@ class Ops {
                           Tensor& out) = 0;
   // out = x W^T (out's dtype: activation or F32, e.g. router logits, lm_head).
   virtual void Linear(const Tensor& x, const LinearWeight& w, Tensor& out) = 0;
+  // Several projections of one x (q_a and kv_a; a layer's gate, up and router): *outs[i] =
+  // x W_i^T, as Linear on each (the default). The CUDA backend runs up to 4 of them as one kernel
+  // at decode batches of up to 4 rows.
+  struct LinearOut {
+    const LinearWeight* w;
+    Tensor* out;
+  };
+  virtual void Linears(const Tensor& x, std::initializer_list<LinearOut> outs) {
+    for (const LinearOut& o : outs) Linear(x, *o.w, *o.out);
+  }
   // out = silu(gate) * up, elementwise.
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // out[:, :] = x[:, begin : begin + out.dim(1)].

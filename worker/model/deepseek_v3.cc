@@ -649,16 +649,15 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
   const int qk = c.qk_head_dim();
   ops_.Phase("attn.proj");
   Tensor q = ops_.Activation({T, static_cast<int64_t>(heads_.count) * qk});
+  Tensor kv = ops_.Activation({T, c.kv_lora_rank + c.qk_rope_head_dim});
   if (c.q_lora_rank > 0) {
     Tensor qa = ops_.Activation({T, c.q_lora_rank});
-    ops_.Linear(h, L.q_a, qa);
+    ops_.Linears(h, {{&L.q_a, &qa}, {&L.kv_a, &kv}});
     ops_.RmsNorm(qa, L.q_a_norm, c.rms_norm_eps, qa);
     ops_.Linear(qa, L.q_b, q);
   } else {
-    ops_.Linear(h, L.q_proj, q);
+    ops_.Linears(h, {{&L.q_proj, &q}, {&L.kv_a, &kv}});
   }
-  Tensor kv = ops_.Activation({T, c.kv_lora_rank + c.qk_rope_head_dim});
-  ops_.Linear(h, L.kv_a, kv);
   Tensor latent = ops_.Activation({T, c.kv_lora_rank});
   ops_.Columns(kv, 0, latent);
   ops_.RmsNorm(latent, L.kv_a_norm, c.rms_norm_eps, latent);
@@ -716,14 +715,20 @@ absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
   const ModelConfig& c = config_;
   const int64_t T = h.dim(0);
   // Dense MLP, or the shared experts (into `shared`, added to the routed experts' sum).
-  Tensor shared;
+  // The router's logits come from the same h as gate and up: one Linears call (the shared
+  // MLP's phase times the three products).
+  Tensor shared, logits;
+  if (L.moe) logits = ops_.Activation({T, c.n_routed_experts}, DType::kF32);
   ops_.Phase(L.moe ? "mlp.shared" : "mlp.dense");
   if (L.has_mlp) {
     const int64_t I = L.gate.out_features;
     Tensor g = ops_.Activation({T, I});
     Tensor u = ops_.Activation({T, I});
-    ops_.Linear(h, L.gate, g);
-    ops_.Linear(h, L.up, u);
+    if (L.moe) {
+      ops_.Linears(h, {{&L.gate, &g}, {&L.up, &u}, {&L.router, &logits}});
+    } else {
+      ops_.Linears(h, {{&L.gate, &g}, {&L.up, &u}});
+    }
     ops_.SiluMul(g, u, g);
     if (L.moe) {
       shared = ops_.Activation({T, c.hidden_size});
@@ -731,11 +736,11 @@ absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
     } else {
       ops_.Linear(g, L.down, out);
     }
+  } else if (L.moe) {
+    ops_.Linear(h, L.router, logits);
   }
   if (L.moe) {
     ops_.Phase("moe.router");
-    Tensor logits = ops_.Activation({T, c.n_routed_experts}, DType::kF32);
-    ops_.Linear(h, L.router, logits);
     Tensor ids = ops_.Activation({T, c.num_experts_per_tok}, DType::kI32);
     Tensor weights = ops_.Activation({T, c.num_experts_per_tok}, DType::kF32);
     ops_.MoeRoute(routing_, logits, L.router_bias, ids, weights);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -220,8 +221,10 @@ TEST(ElementwiseGpuTest, GatherRows) {
 
 // ---------------------------------------------------------------------------------------------
 // RmsNorm. The GPU's fp32 value differs from RmsNormRef's only in the sum of squares: each GPU
-// thread adds up to ceil(7168 / 256) = 28 terms, then a tree over 256 threads adds 8 levels, so a
-// term passes through at most 36 fp32 additions of positive values (relative error <= 36 * 2^-24
+// thread adds up to ceil(7168 / 256) = 28 terms (the loop kernel) or 4 x 8 = 32 (the
+// register-held rows of up to 8192, for dims that are multiples of 4 with aligned rows; 9000 is
+// the loop kernel's again), then a tree over at most 256 threads adds 8 levels, so a
+// term passes through at most 40 fp32 additions of positive values (relative error <= 36 * 2^-24
 // < 2^-18.8 on the sum; the reference sums in double) and half that through the sqrt; the other
 // operations (1 / sqrt, * x, * weight) are the same IEEE operations on both sides, each adding at
 // most a relative 2^-24 where its input differs. Then the bf16 rounding (2^-8 |y|):
@@ -236,9 +239,10 @@ TEST(ElementwiseGpuTest, RmsNorm) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   std::vector<NormCase> cases;
   for (const int64_t rows : {1, 7, 257}) {
-    for (const int dim : {16, 64, 96, 512, 1536, 7168}) {
+    for (const int dim : {16, 64, 96, 512, 1536, 2048, 7168, 8192, 9000}) {
       cases.push_back({rows, dim, 0, 0, DType::kF32});
       cases.push_back({rows, dim, dim % 3 == 0 ? 5 : 8, 3, DType::kBF16});
+      cases.push_back({rows, dim, 8, 4, DType::kBF16});  // aligned bf16 rows
       cases.push_back({rows, dim, 7, 0, DType::kF32});
     }
   }
@@ -300,6 +304,23 @@ TEST(ElementwiseGpuTest, RmsNorm) {
     }
     bad.Expect();
     ExpectPaddingUntouched(out, c.rows, c.dim, out_stride, bad.what);
+    // In place (the model normalizes q_a's output so): the same values.
+    if (c.x_dtype == DType::kBF16 && x_stride == out_stride) {
+      CUDA_OK(d_xb.Upload(x_bf16));
+      p.x = d_xb.ptr;
+      p.out = d_xb.ptr;
+      STATUS_OK(InvokeRmsNorm(p, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> in_place = d_xb.Download();
+      Mismatches bad_ip(bad.what + " in place");
+      for (int64_t r = 0; r < c.rows; ++r) {
+        for (int i = 0; i < c.dim; ++i) {
+          bad_ip.Check(r, i, Bf16ToFloat(in_place[r * x_stride + i]),
+                       Bf16ToFloat(out[r * out_stride + i]), 0.0);
+        }
+      }
+      bad_ip.Expect();
+    }
   }
 }
 
@@ -311,7 +332,7 @@ TEST(ElementwiseGpuTest, AddRmsNorm) {
   std::mt19937 gen(6);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   for (const int64_t rows : {1, 7, 257}) {
-    for (const int dim : {16, 64, 96, 512, 7168}) {
+    for (const int dim : {16, 64, 96, 512, 2048, 7168, 8192, 9000, 7170}) {
       std::vector<float> residual(rows * dim);
       for (auto& v : residual) v = normal(gen);
       const std::vector<uint16_t> delta = RandomBf16(rng, rows * dim, 3.0f);
@@ -536,6 +557,14 @@ TEST(ElementwiseGpuTest, LinearGemm) {
       {1, 7168, 7168, 0, 0, DType::kBF16, 0.37f}, {100, 24, 7168, 1, 0, DType::kBF16, 1.0f},
       {1, 163840, 512, 0, 0, DType::kBF16, 1.0f},  // lm_head-like n, one token
       {3, 163840, 96, 0, 8, DType::kF32, 1.0f},
+      // The skinny kernels (m <= 4, 16-byte rows): Kimi-K2.5's rank-0-of-8 decode projections
+      // (q_a + kv_a rows, q_b, o_proj, shared gate, router, shared down, lm_head slice), K split
+      // 1, 2 and 4 ways; then rows that are not 16-byte aligned (cuBLASLt's path).
+      {2, 2112, 7168, 0, 0, DType::kBF16, 1.0f},  {3, 1536, 1536, 8, 0, DType::kF32, 0.37f},
+      {4, 7168, 1024, 0, 5, DType::kBF16, 1.0f},  {1, 256, 7168, 0, 0, DType::kBF16, 2.5f},
+      {4, 384, 7168, 16, 0, DType::kF32, 1.0f},   {2, 7168, 256, 0, 0, DType::kBF16, 1.0f},
+      {1, 20480, 7168, 0, 0, DType::kF32, 1.0f},  {3, 7, 40, 0, 0, DType::kBF16, 1.0f},
+      {4, 24, 24, 3, 1, DType::kBF16, 1.0f},      {2, 96, 100, 0, 0, DType::kF32, 1.0f},
   };
   FastRandom rng(10);
   const int threads = std::max(1u, std::thread::hardware_concurrency());
@@ -654,7 +683,10 @@ TEST(ElementwiseGpuTest, LinearGemmStridedBatch) {
   };
   // m rows x heads; x rows hold heads * k (stride), out rows heads * n.
   const Case cases[] = {{1, 512, 128, 16, true}, {37, 512, 128, 8, true}, {5, 128, 512, 16, false},
-                        {64, 128, 512, 3, false}, {2, 512, 16, 4, true},  {9, 16, 512, 4, false}};
+                        {64, 128, 512, 3, false}, {2, 512, 16, 4, true},  {9, 16, 512, 4, false},
+                        // skinny: absorb and expand at m 1..4, a partial 256-column block
+                        {4, 512, 128, 8, true},   {3, 128, 512, 8, false}, {1, 128, 512, 64, false},
+                        {3, 264, 40, 2, true},    {2, 16, 512, 4, false}};
   FastRandom rng(11);
   for (const Case& c : cases) {
     const int64_t x_row = c.heads * c.k + 64, out_row = c.heads * c.n;  // x rows padded (q_rope)
@@ -719,6 +751,114 @@ TEST(ElementwiseGpuTest, LinearGemmStridedBatch) {
       }
     }
     bad.Expect();
+  }
+}
+
+// RunShared: several weights over one x (q_a + kv_a; gate + up + router) in one skinny launch
+// for m <= 4, and one Run each past that (m = 5) or for 5 weights; each output against LinearRef
+// with the LinearGemm test's tolerance, its padding untouched.
+TEST(ElementwiseGpuTest, LinearGemmRunShared) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<LinearGemm>> gemm = LinearGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  struct Out {
+    int64_t n;
+    DType dtype;
+    float alpha;
+  };
+  struct Case {
+    int64_t m, k;
+    std::vector<Out> outs;
+  };
+  const Case cases[] = {
+      {1, 7168, {{1536, DType::kBF16, 1.0f}, {576, DType::kBF16, 0.5f}}},
+      {4, 7168, {{1536, DType::kBF16, 1.0f}, {576, DType::kBF16, 1.0f}}},
+      {2, 7168, {{256, DType::kBF16, 1.0f}, {256, DType::kBF16, 1.0f}, {384, DType::kF32, 1.0f}}},
+      {3, 512, {{8, DType::kF32, 2.0f}, {24, DType::kBF16, 1.0f}, {40, DType::kBF16, 1.0f},
+                {16, DType::kF32, 1.0f}}},
+      {5, 7168, {{256, DType::kBF16, 1.0f}, {384, DType::kF32, 1.0f}}},  // Run each
+      {2, 96, {{8, DType::kBF16, 1.0f}, {8, DType::kBF16, 1.0f}, {8, DType::kBF16, 1.0f},
+               {8, DType::kBF16, 1.0f}, {8, DType::kF32, 1.0f}}},  // 5 weights: Run each
+  };
+  FastRandom rng(12);
+  for (const Case& c : cases) {
+    const std::vector<uint16_t> x = RandomBf16(rng, c.m * c.k, 1.0f);
+    std::vector<float> xin(x.size()), xabs(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      xin[i] = Bf16ToFloat(x[i]);
+      xabs[i] = std::fabs(xin[i]);
+    }
+    DeviceBuffer<uint16_t> d_x(x.size());
+    CUDA_OK(d_x.Upload(x));
+    std::vector<std::vector<uint16_t>> ws;
+    std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> d_ws;
+    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> d_outs;
+    std::vector<LinearGemm::Args> list;
+    for (const Out& o : c.outs) {
+      ws.push_back(RandomBf16(rng, o.n * c.k, 1.0f / std::sqrt(c.k)));
+      d_ws.push_back(std::make_unique<DeviceBuffer<uint16_t>>(ws.back().size()));
+      CUDA_OK(d_ws.back()->Upload(ws.back()));
+      const int64_t stride = o.n + 3;  // padding that must stay untouched
+      d_outs.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
+          c.m * stride * (o.dtype == DType::kF32 ? 4 : 2)));
+      CUDA_OK(d_outs.back()->Poison());
+      LinearGemm::Args a;
+      a.m = c.m;
+      a.n = o.n;
+      a.k = c.k;
+      a.x = d_x.ptr;
+      a.x_stride = c.k;
+      a.w = d_ws.back()->ptr;
+      a.alpha = o.alpha;
+      a.out = d_outs.back()->ptr;
+      a.out_dtype = o.dtype;
+      a.out_stride = stride;
+      list.push_back(a);
+    }
+    STATUS_OK((*gemm)->RunShared(list.data(), static_cast<int>(list.size()), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (size_t i = 0; i < c.outs.size(); ++i) {
+      const Out& o = c.outs[i];
+      std::vector<uint16_t> wabs(ws[i]);
+      for (auto& b : wabs) b &= 0x7fff;
+      LinearRefWeight rw;
+      rw.out_features = static_cast<int>(o.n);
+      rw.in_features = static_cast<int>(c.k);
+      rw.bf16 = ws[i].data();
+      std::vector<float> want(c.m * o.n), sabs(c.m * o.n);
+      LinearRef(xin.data(), c.m, rw, want.data(), 1);
+      rw.bf16 = wabs.data();
+      LinearRef(xabs.data(), c.m, rw, sabs.data(), 1);
+      const std::vector<uint8_t> raw = d_outs[i]->Download();
+      const int64_t stride = list[i].out_stride;
+      Mismatches bad("RunShared m " + std::to_string(c.m) + " k " + std::to_string(c.k) +
+                     " weight " + std::to_string(i) + " of " + std::to_string(c.outs.size()));
+      int64_t touched = 0;
+      for (int64_t r = 0; r < c.m; ++r) {
+        for (int64_t j = 0; j < stride; ++j) {
+          const size_t e = static_cast<size_t>(r * stride + j);
+          if (j >= o.n) {
+            const size_t bytes = o.dtype == DType::kF32 ? 4 : 2;
+            for (size_t b = e * bytes; b < (e + 1) * bytes; ++b) touched += raw[b] != 0xff;
+            continue;
+          }
+          const double y = static_cast<double>(o.alpha) * want[r * o.n + j];
+          const double err = 2.0 * c.k * std::ldexp(1.0, -24) * o.alpha * sabs[r * o.n + j] +
+                             std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
+          if (o.dtype == DType::kF32) {
+            float f;
+            std::memcpy(&f, &raw[e * 4], 4);
+            bad.Check(r, j, f, y, err);
+          } else {
+            uint16_t b;
+            std::memcpy(&b, &raw[e * 2], 2);
+            bad.Check(r, j, Bf16ToFloat(b), y, kBf16HalfUlp * (std::fabs(y) + err) + err);
+          }
+        }
+      }
+      bad.Expect();
+      EXPECT_EQ(touched, 0) << bad.what << ": padding bytes written";
+    }
   }
 }
 

@@ -266,6 +266,10 @@ TEST(MoeGpuTest, RouterIdsAndWeightsIdenticalToCpu) {
       {"kimi_k2", {384, 8, 1, 1, false, true, 2.827f}, true},
       {"deepseek_v2", {160, 6, 8, 3, true, false, 16.0f}, false},
       {"v2_lite_greedy", {64, 6, 1, 1, true, false, 1.0f}, false},
+      // The register widths of the route kernel: 8 (above), 16 (Kimi), 32 experts a lane.
+      {"tiny_en", {16, 4, 4, 2, false, true, 2.5f}, true},
+      {"wide_1024", {1024, 8, 32, 4, false, true, 1.0f}, true},
+      {"wide_1024_softmax", {1024, 32, 1, 1, true, true, 1.0f}, false},
   };
   std::mt19937 rng(1);
   for (const RouterCase& c : cases) {

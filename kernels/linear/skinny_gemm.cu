@@ -1,0 +1,346 @@
+// Skinny projections (skinny_gemm.h): one warp streams a few weight rows with 16-byte loads, the
+// activation rows (at most kSkinnyMaxRows, L1-resident) are read beside them.
+#include "kernels/linear/skinny_gemm.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace mlaserve {
+namespace {
+
+constexpr int kTnWarps = 4;       // W [n, k]: warps per block
+constexpr int kTnRowsPerWarp = 2;  // weight rows a warp streams side by side
+constexpr int kTnUnroll = 4;       // 16-byte chunks per row in flight per lane
+constexpr int kNnWarps = 8;        // W [k, n]: warps per block, two row slots each
+constexpr int kNnCols = 128;       // columns per block: 8 per lane of a half-warp
+
+// A read-once weight vector: not kept in L1.
+__device__ __forceinline__ uint4 LdgStream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float Lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float Hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+// acc + the 8 products of a weight chunk and an activation chunk, in element order.
+__device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8], float acc) {
+  acc = fmaf(Lo(w.x), x[0], acc);
+  acc = fmaf(Hi(w.x), x[1], acc);
+  acc = fmaf(Lo(w.y), x[2], acc);
+  acc = fmaf(Hi(w.y), x[3], acc);
+  acc = fmaf(Lo(w.z), x[4], acc);
+  acc = fmaf(Hi(w.z), x[5], acc);
+  acc = fmaf(Lo(w.w), x[6], acc);
+  acc = fmaf(Hi(w.w), x[7], acc);
+  return acc;
+}
+
+__device__ __forceinline__ void Store(const SkinnyGemmSegment& s, int64_t offset, float v) {
+  if (s.out_dtype == DType::kF32) {
+    static_cast<float*>(s.out)[offset] = v;
+  } else {
+    static_cast<__nv_bfloat16*>(s.out)[offset] = __float2bfloat16_rn(v);
+  }
+}
+
+// W [n, k]. Block: kTnWarps warps = (kTnWarps / S) row groups x S K slices; a row group is
+// kTnRowsPerWarp consecutive rows of one segment. blockIdx.x walks the segments' row groups
+// (block_begin: each segment's first block), blockIdx.y the batch.
+template <int M, int S>
+__device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int4 block_begin,
+                                              const int bx) {
+  constexpr int kGroups = kTnWarps / S;
+  constexpr int kRowsPerBlock = kGroups * kTnRowsPerWarp;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int group = warp / S, slice = warp % S;
+  int seg = 0;
+  const int begins[4] = {block_begin.x, block_begin.y, block_begin.z, block_begin.w};
+#pragma unroll
+  for (int s = 1; s < kSkinnyMaxSegments; ++s) {
+    if (s < a.num_segments && bx >= begins[s]) seg = s;
+  }
+  const SkinnyGemmSegment& sg = a.seg[seg];
+  const int n = static_cast<int>(sg.n);
+  const int row0 = (bx - begins[seg]) * kRowsPerBlock + group * kTnRowsPerWarp;
+  const int64_t b = blockIdx.y;
+  const int chunks = static_cast<int>(a.k / 8);
+  const int c_begin = chunks * slice / S, c_end = chunks * (slice + 1) / S;
+
+  const uint4* w_rows[kTnRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kTnRowsPerWarp; ++r) {
+    const int row = min(row0 + r, n - 1);  // rows past n read a valid row and are not stored
+    w_rows[r] = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(sg.w) +
+                                               b * a.w_batch_stride +
+                                               static_cast<int64_t>(row) * a.k);
+  }
+  const uint4* x_rows[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    x_rows[m] = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.x) +
+                                               b * a.x_batch_stride + m * a.x_stride);
+  }
+
+  float acc[kTnRowsPerWarp][M];
+#pragma unroll
+  for (int r = 0; r < kTnRowsPerWarp; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+
+  for (int c0 = c_begin + lane; c0 < c_end; c0 += 32 * kTnUnroll) {
+    uint4 wv[kTnUnroll][kTnRowsPerWarp];
+#pragma unroll
+    for (int u = 0; u < kTnUnroll; ++u) {
+      const int c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < kTnRowsPerWarp; ++r) {
+        wv[u][r] = c < c_end ? LdgStream(w_rows[r] + c) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kTnUnroll; ++u) {
+      const int c = c0 + 32 * u;
+      if (c < c_end) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4 xv = __ldg(x_rows[m] + c);
+          const float xf[8] = {Lo(xv.x), Hi(xv.x), Lo(xv.y), Hi(xv.y),
+                               Lo(xv.z), Hi(xv.z), Lo(xv.w), Hi(xv.w)};
+#pragma unroll
+          for (int r = 0; r < kTnRowsPerWarp; ++r) acc[r][m] = Dot8(wv[u][r], xf, acc[r][m]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kTnRowsPerWarp; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+
+  const int64_t out_base = b * a.out_batch_stride;
+  if constexpr (S == 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kTnRowsPerWarp; ++r) {
+        if (row0 + r < n) {
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            Store(sg, out_base + m * sg.out_stride + row0 + r, sg.alpha * acc[r][m]);
+          }
+        }
+      }
+    }
+  } else {
+    __shared__ float partial[kTnWarps][kTnRowsPerWarp][M];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kTnRowsPerWarp; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) partial[warp][r][m] = acc[r][m];
+    }
+    __syncthreads();
+    // Lane (r, m) of each group's first warp adds the group's slices in slice order.
+    if (slice == 0 && lane < kTnRowsPerWarp * M) {
+      const int r = lane / M, m = lane % M;
+      float sum = partial[warp][r][m];
+#pragma unroll
+      for (int j = 1; j < S; ++j) sum += partial[warp + j][r][m];
+      if (row0 + r < n) Store(sg, out_base + m * sg.out_stride + row0 + r, sg.alpha * sum);
+    }
+  }
+}
+
+// The grid is at most what fits on the device at once; each block walks work blocks bx =
+// blockIdx.x, + gridDim.x, ... (no tail wave of small blocks, no block launch per 2 rows).
+template <int M, int S>
+__global__ void __launch_bounds__(32 * kTnWarps)
+    SkinnyTnKernel(const SkinnyGemmArgs a, const int4 block_begin, const int total_blocks) {
+  for (int bx = blockIdx.x; bx < total_blocks; bx += gridDim.x) {
+    SkinnyTnBlock<M, S>(a, block_begin, bx);
+    if constexpr (S > 1) __syncthreads();  // the next block's partials reuse shared memory
+  }
+}
+
+// W [k, n]: block = kNnCols columns x 2 kNnWarps row slots (a half-warp each: 16 lanes x 8
+// columns); slot j sums k rows j, j + kNnSlots, ... in order, the block adds the slots in order.
+// blockIdx.y is the batch. One segment.
+template <int M>
+__global__ void __launch_bounds__(32 * kNnWarps) SkinnyNnKernel(const SkinnyGemmArgs a) {
+  constexpr int kSlots = 2 * kNnWarps, kLoads = 8;
+  __shared__ float partial[kSlots][M][kNnCols];
+  const int slot = threadIdx.x >> 4, lane16 = threadIdx.x & 15;
+  const SkinnyGemmSegment& sg = a.seg[0];
+  const int n = static_cast<int>(sg.n), k = static_cast<int>(a.k);
+  const int col0 = blockIdx.x * kNnCols;
+  const int col = col0 + lane16 * 8;
+  const bool valid = col < n;
+  const int64_t b = blockIdx.y;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(sg.w) + b * a.w_batch_stride;
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(a.x) + b * a.x_batch_stride;
+  float acc[M][8];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[m][j] = 0.0f;
+  for (int k0 = slot; k0 < k; k0 += kSlots * kLoads) {
+    uint4 wv[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int kk = k0 + u * kSlots;
+      wv[u] = valid && kk < k ? LdgStream(reinterpret_cast<const uint4*>(
+                                    w + static_cast<int64_t>(kk) * n + col))
+                              : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int kk = k0 + u * kSlots;
+      if (kk < k) {
+        const float wf[8] = {Lo(wv[u].x), Hi(wv[u].x), Lo(wv[u].y), Hi(wv[u].y),
+                             Lo(wv[u].z), Hi(wv[u].z), Lo(wv[u].w), Hi(wv[u].w)};
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const float xs = __bfloat162float(x[m * a.x_stride + kk]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(xs, wf[j], acc[m][j]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float4* dst = reinterpret_cast<float4*>(&partial[slot][m][lane16 * 8]);
+    dst[0] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    dst[1] = make_float4(acc[m][4], acc[m][5], acc[m][6], acc[m][7]);
+  }
+  __syncthreads();
+  const int64_t out_base = b * a.out_batch_stride;
+  for (int i = threadIdx.x; i < M * kNnCols; i += 32 * kNnWarps) {
+    const int m = i / kNnCols, c = i % kNnCols;
+    if (col0 + c >= n) continue;
+    float sum = partial[0][m][c];
+#pragma unroll
+    for (int j = 1; j < kSlots; ++j) sum += partial[j][m][c];
+    Store(sg, out_base + m * sg.out_stride + col0 + c, sg.alpha * sum);
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Blocks of SkinnyTnKernel<M, S> one SM holds at once (queried once per instantiation).
+template <int M, int S>
+int ResidentTnBlocks() {
+  static const int blocks = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, SkinnyTnKernel<M, S>, 32 * kTnWarps, 0) !=
+            cudaSuccess ||
+        b < 1) {
+      b = 1;
+    }
+    return b;
+  }();
+  return blocks;
+}
+
+template <int M, int S>
+cudaError_t LaunchTnWith(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  const int rows_per_block = (kTnWarps / S) * kTnRowsPerWarp;
+  int b[4] = {0, 0, 0, 0};
+  int total = 0;
+  for (int i = 0; i < a.num_segments; ++i) {
+    b[i] = total;
+    total += static_cast<int>((a.seg[i].n + rows_per_block - 1) / rows_per_block);
+  }
+  for (int i = a.num_segments; i < 4; ++i) b[i] = total;
+  const int grid_x = std::min(total, a.sm_count * ResidentTnBlocks<M, S>());
+  SkinnyTnKernel<M, S><<<dim3(grid_x, a.batch), 32 * kTnWarps, 0, stream>>>(
+      a, make_int4(b[0], b[1], b[2], b[3]), total);
+  return cudaGetLastError();
+}
+
+template <int M>
+cudaError_t LaunchTn(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  // K slices per row pair: the fewest that give every warp the device holds at once a share
+  // (row pairs x S >= resident warps), each slice keeping >= 64 chunks (2 lane strides) where K
+  // allows. Kimi-K2.5 rank 0 of 8: q_a + kv_a (7168 -> 2112) 4, q_b (1536 -> 1536) 2, o_proj
+  // (1024 -> 7168) 1, gate + up + router (7168 -> 896) 4, lm_head 1.
+  const int chunks = static_cast<int>(a.k / 8);
+  int64_t pairs = 0;
+  for (int i = 0; i < a.num_segments; ++i) pairs += (a.seg[i].n + 1) / 2;
+  pairs *= a.batch;
+  const int64_t resident_warps = static_cast<int64_t>(a.sm_count) * ResidentTnBlocks<M, 1>() *
+                                 kTnWarps;
+  int s = 1;
+  for (int cand : {2, 4}) {
+    if (pairs * s >= resident_warps || chunks / cand < 64) break;
+    s = cand;
+  }
+  switch (s) {
+    case 1: return LaunchTnWith<M, 1>(a, stream);
+    case 2: return LaunchTnWith<M, 2>(a, stream);
+    default: return LaunchTnWith<M, 4>(a, stream);
+  }
+}
+
+template <int M>
+cudaError_t LaunchNn(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((a.seg[0].n + kNnCols - 1) / kNnCols), a.batch);
+  SkinnyNnKernel<M><<<grid, 32 * kNnWarps, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool SkinnyGemmSupports(const SkinnyGemmArgs& a) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (a.m < 1 || a.m > kSkinnyMaxRows || a.k < 8 || a.k > kMax || a.x == nullptr) return false;
+  if (a.num_segments < 1 || a.num_segments > kSkinnyMaxSegments) return false;
+  if (a.batch < 1 || a.batch > 65535) return false;
+  if (a.batch > 1 && (a.num_segments != 1 || a.x_batch_stride < 0 || a.w_batch_stride < 0 ||
+                      a.out_batch_stride < 0 || a.w_batch_stride % 8 != 0)) {
+    return false;
+  }
+  if (a.w_kn) {
+    if (a.num_segments != 1) return false;
+  } else if (a.k % 8 != 0 || !Aligned16(a.x) || a.x_stride % 8 != 0 ||
+             (a.batch > 1 && a.x_batch_stride % 8 != 0)) {
+    return false;
+  }
+  if (a.x_stride < a.k) return false;
+  for (int i = 0; i < a.num_segments; ++i) {
+    const SkinnyGemmSegment& s = a.seg[i];
+    if (s.w == nullptr || s.out == nullptr || s.n < 1 || s.n > kMax || s.out_stride < s.n) {
+      return false;
+    }
+    if (s.out_dtype != DType::kBF16 && s.out_dtype != DType::kF32) return false;
+    if (!Aligned16(s.w) || (a.w_kn && s.n % 8 != 0)) return false;
+  }
+  return true;
+}
+
+cudaError_t InvokeSkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  if (!SkinnyGemmSupports(a)) return cudaErrorInvalidValue;
+  if (a.w_kn) {
+    switch (a.m) {
+      case 1: return LaunchNn<1>(a, stream);
+      case 2: return LaunchNn<2>(a, stream);
+      case 3: return LaunchNn<3>(a, stream);
+      default: return LaunchNn<4>(a, stream);
+    }
+  }
+  switch (a.m) {
+    case 1: return LaunchTn<1>(a, stream);
+    case 2: return LaunchTn<2>(a, stream);
+    case 3: return LaunchTn<3>(a, stream);
+    default: return LaunchTn<4>(a, stream);
+  }
+}
+
+}  // namespace mlaserve

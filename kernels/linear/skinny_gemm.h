@@ -1,0 +1,63 @@
+// Projections of 1..kSkinnyMaxRows activation rows: out = alpha * x W^T (W [n, k]) or x W
+// (W [k, n]), bf16 x and W, fp32 accumulation, bf16 or fp32 out -- the decode steps of small
+// batches, where every weight byte is read for a handful of rows and the step is a chain of
+// weight streams. cuBLASLt's kernels for these shapes reached 0.65-1.9 TB/s on the H200 (ncu,
+// Kimi-K2.5 rank-0 shard at batch 1, bench/RESULTS.md) and most came with a split-K reduction
+// kernel; these read each weight row once with 16-byte loads, several in flight per lane, and
+// reduce inside the block: one kernel per call, no workspace.
+//
+// Up to kSkinnyMaxSegments weights that share x run as one launch (q_a and kv_a; the shared
+// expert's gate and up and the router), each with its own n, alpha and output.
+//
+// Summation order: W [n, k]: lane l of a warp sums its 8-element chunks c = l, l + 32, ... of
+// the warp's K slice in order (two products per fp32 fma chain step), the warp adds its lanes by
+// a butterfly, and the block adds its K slices in slice order; W [k, n]: warp w sums its k rows
+// in order, the block adds the warps in order. The order depends on (n, k, batch, segments) and
+// never on m or on a row's position, so results are batch-invariant among m <= kSkinnyMaxRows
+// (they differ from cuBLASLt's: LinearGemm does not use this path in its invariant mode).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace mlaserve {
+
+inline constexpr int kSkinnyMaxRows = 4;
+inline constexpr int kSkinnyMaxSegments = 4;
+
+struct SkinnyGemmSegment {
+  const void* w = nullptr;  // bf16 [n, k] (or [k, n] with w_kn)
+  int64_t n = 0;
+  float alpha = 1.0f;
+  void* out = nullptr;  // out_dtype [m, n], row stride out_stride elements
+  DType out_dtype = DType::kBF16;
+  int64_t out_stride = 0;
+};
+
+struct SkinnyGemmArgs {
+  int m = 0;  // 1..kSkinnyMaxRows
+  int64_t k = 0;
+  const void* x = nullptr;  // bf16 [m, k], row stride x_stride elements
+  int64_t x_stride = 0;
+  bool w_kn = false;  // every segment's W is [k, n] row-major (out = x W)
+  int num_segments = 1;
+  SkinnyGemmSegment seg[kSkinnyMaxSegments];
+  // Strided batch (one segment only): `batch` products, the i-th at x + i * x_batch_stride,
+  // w + i * w_batch_stride, out + i * out_batch_stride (elements).
+  int batch = 1;
+  int64_t x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
+  int sm_count = 132;  // the device's multiprocessors: sizes the K split
+};
+
+// Whether the kernels take these arguments: m in [1, kSkinnyMaxRows], 16-byte aligned x and W
+// rows (pointers, strides and batch strides), k (W [n, k]) or every n (W [k, n]) a multiple of 8,
+// sizes within int32, out_dtype bf16 or fp32. Outputs need no alignment.
+bool SkinnyGemmSupports(const SkinnyGemmArgs& a);
+
+// Enqueues the product; cudaErrorInvalidValue where SkinnyGemmSupports is false.
+cudaError_t InvokeSkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream);
+
+}  // namespace mlaserve
