@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/moe/moe_split_k.h"
+
 namespace mlaserve {
 
 // A rank's local experts on the device, in the layout of fp8_moe_layout.h / fp8_moe_gemm.h.
@@ -41,6 +43,9 @@ struct Fp8MoeParams {
   __nv_bfloat16* out_bf16;          // [tokens, hidden], or nullptr
   void* workspace;                  // Nvfp4MoeWorkspaceBytes, 256-byte aligned
   size_t workspace_bytes;
+  // Split-K of the decode GEMMs (moe_split_k.h; splits 1: none). The caller owns the partials
+  // (MoeSplitKPartialBytes) and the zeroed counters, one array per GEMM.
+  MoeSplitK gate_up_split, down_split;
 };
 
 // Each stage alone, launched plainly; InvokeFp8Moe runs all four.

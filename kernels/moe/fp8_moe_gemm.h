@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/moe/moe_split_k.h"
+
 #include "kernels/moe/nvfp4_moe_gemm.h"  // kMoeTileTokens*, ChooseMoeTileTokens
 
 namespace mlaserve {
@@ -52,6 +54,7 @@ struct Fp8MoeGemmParams {
   int dense_n;
   float dense_alpha;
   __nv_bfloat16* __restrict__ dense_out;
+  MoeSplitK split_k;  // decode tiles only (moe_split_k.h)
 };
 
 // Fused gate+up projection with SiLU(gate) * up in the epilogue.

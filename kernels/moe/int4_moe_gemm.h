@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/moe/moe_split_k.h"
+
 #include "kernels/moe/nvfp4_moe_gemm.h"  // kMoeTileTokens*, ChooseMoeTileTokens
 
 namespace mlaserve {
@@ -43,6 +45,7 @@ struct Int4MoeGemmParams {
   // down output: y[r][o] = routing weight * down(h[r])[o], fp32 [rows, n].
   const float* __restrict__ topk_weights;  // [tokens * top_k]
   float* __restrict__ y;
+  MoeSplitK split_k;  // decode tiles only (moe_split_k.h)
 };
 
 // Fused gate+up projection with SiLU(gate) * up in the epilogue.

@@ -89,9 +89,11 @@ class MoeExpertsGpu {
   bool fp8() const { return fp8_; }
   int padded_hidden() const { return padded_hidden_; }
   int padded_intermediate() const { return padded_intermediate_; }
+  int num_routed_experts() const { return num_routed_experts_; }
+  int sm_count() const { return sm_count_; }
   // Bytes of workspace for a call with `tokens` tokens of top_k assignments (0 with no local
-  // experts).
-  size_t WorkspaceBytes(int tokens, int top_k) const;
+  // experts); split_k: with MoeExpertsRunParams::split_k (its partials).
+  size_t WorkspaceBytes(int tokens, int top_k, bool split_k = false) const;
 
  private:
   friend absl::Status InvokeMoeExperts(const MoeExpertsGpu&, const MoeExpertsRunParams&,
@@ -118,6 +120,10 @@ class MoeExpertsGpu {
   uint8_t* down_codes_ = nullptr;
   uint8_t* down_scales_ = nullptr;
   float* down_global_scale_ = nullptr;
+  // Split-K counters of the 4-bit and FP8 formats' decode GEMMs (zeroed at upload; each launch
+  // leaves them zero): gate_up's, then down's, kSplitKMaxTiles x (rows / 128) each.
+  int* split_counters_ = nullptr;
+  int sm_count_ = 132;
 };
 
 struct MoeExpertsRunParams {
@@ -129,8 +135,14 @@ struct MoeExpertsRunParams {
   // bf16 [tokens, hidden]: sum over local experts of weight * down(silu(gate x) * up x)
   // (+ shared_out). Must not alias x or shared_out.
   void* out = nullptr;
-  void* workspace = nullptr;  // WorkspaceBytes(tokens, top_k), 256-byte aligned
+  void* workspace = nullptr;  // WorkspaceBytes(tokens, top_k, split_k), 256-byte aligned
   size_t workspace_bytes = 0;
+  // Split-K of the NVFP4, INT4 and FP8 decode GEMMs (moe_split_k.h) where few experts are
+  // active. Off: one K loop per tile, so a row's bits do not depend on the batch (the
+  // deterministic mode needs that; split-K is chosen by the expected number of active experts).
+  // Written and compiled 2026-12-01 (session 5), not yet run on a GPU: CudaOps leaves it off
+  // until moe_experts_gpu_test, which runs it, has passed there.
+  bool split_k = false;
 };
 
 // No host syncs, no allocations (graph-capturable). tokens == 0 is a no-op; a rank with no local

@@ -20,9 +20,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/moe/moe_programmatic_launch.cuh"
+#include "kernels/moe/moe_split_k.h"
 #include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::moe_gemm {
@@ -213,13 +215,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-  const int k_tiles = p.k / kBK;
+  // Split-K (moe_split_k.h; decode tiles only): this block's K steps [kt0, kt0 + k_tiles).
+  const int splits = kBN <= 16 ? max(p.split_k.splits, 1) : 1;
+  const int split = kBN <= 16 ? static_cast<int>(blockIdx.z) : 0;
+  const int kt0 = p.k / kBK * split / splits;
+  const int k_tiles = p.k / kBK * (split + 1) / splits - kt0;
   // Weights of the first kStages - 1 stages go into the first commit group (before down's wait),
   // so stage s is complete once group s is: the wait_group counts below stay as in a plain
   // pipeline.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_weights(s, s);
+    if (s < k_tiles) load_weights(s, kt0 + s);
   }
   if constexpr (!kGateUp) {
     moe_launch::WaitForPrerequisiteGrid();
@@ -227,7 +233,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_x(s, s);
+    if (s < k_tiles) load_x(s, kt0 + s);
     CpAsyncCommit();
   }
 
@@ -241,8 +247,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     {
       const int next = kt + kStages - 1;
       if (next < k_tiles) {
-        load_weights(next % kStages, next);
-        load_x(next % kStages, next);
+        load_weights(next % kStages, kt0 + next);
+        load_x(next % kStages, kt0 + next);
       }
       CpAsyncCommit();
     }
@@ -290,6 +296,50 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
   }
   CpAsyncWait<0>();
+
+  if constexpr (kBN <= 16) {
+    if (splits > 1) {
+      // This block's accumulators to its partial slot, then the tile's last block to arrive adds
+      // every split's in split order (reading its own back too, so the order is the same
+      // whichever block is last) and runs the epilogue.
+      constexpr int kAcc = kMT * kNT * 4;
+      static_assert(kAcc * Cfg::kThreads <= kMoeSplitKPartialFloatsPerBlock, "split partials");
+      const int tile_id = blockIdx.y * gridDim.x + blockIdx.x;
+      float* part = p.split_k.partial +
+                    static_cast<size_t>(tile_id) * splits * kMoeSplitKPartialFloatsPerBlock;
+#pragma unroll
+      for (int i = 0; i < kMT; ++i)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            __stcg(part + split * kMoeSplitKPartialFloatsPerBlock +
+                       ((i * kNT + j) * 4 + q) * Cfg::kThreads + tid,
+                   acc[i][j][q]);
+          }
+      __threadfence();
+      __syncthreads();
+      __shared__ int s_last;
+      if (tid == 0) {
+        s_last = atomicAdd(p.split_k.counters + tile_id, 1) == splits - 1;
+      }
+      __syncthreads();
+      if (!s_last) return;
+      __threadfence();
+#pragma unroll
+      for (int i = 0; i < kMT; ++i)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float* src = part + ((i * kNT + j) * 4 + q) * Cfg::kThreads + tid;
+            float sum = __ldcg(src);
+            for (int z = 1; z < splits; ++z) sum += __ldcg(src + z * kMoeSplitKPartialFloatsPerBlock);
+            acc[i][j][q] = sum;
+          }
+      if (tid == 0) p.split_k.counters[tile_id] = 0;  // ready for the next launch
+    }
+  }
 
   // Epilogue. acc[mt][nt]: c0 (weight row g, activation row 2t), c1 (g, 2t+1), c2 (g+8, 2t),
   // c3 (g+8, 2t+1).
@@ -441,7 +491,12 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid(p.n / Cfg::kBM, p.max_tiles);
+  const int splits = kTileTokens <= 16 ? std::max(p.split_k.splits, 1) : 1;
+  if (splits > 1 && (p.split_k.partial == nullptr || p.split_k.counters == nullptr ||
+                     splits > p.k / Cfg::kBK || splits > 64)) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(p.n / Cfg::kBM, p.max_tiles, splits);
   return moe_launch::LaunchMoeKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
                                      p.programmatic, p);
 }

@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/moe/moe_split_k.h"
+
 namespace mlaserve {
 
 // A rank's local experts on the device, in the layout of nvfp4_moe_layout.h / nvfp4_moe_gemm.h.
@@ -43,6 +45,9 @@ struct Nvfp4MoeParams {
   __nv_bfloat16* out_bf16;          // [tokens, hidden], or nullptr
   void* workspace;                  // Nvfp4MoeWorkspaceBytes, 256-byte aligned
   size_t workspace_bytes;
+  // Split-K of the decode GEMMs (moe_split_k.h; splits 1: none). The caller owns the partials
+  // (MoeSplitKPartialBytes) and the zeroed counters, one array per GEMM.
+  MoeSplitK gate_up_split, down_split;
 };
 
 // Programmatic launches (moe_programmatic_launch.cuh) for batches of tokens * top_k <= this with

@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/moe/moe_split_k.h"
+
 namespace mlaserve {
 
 // Tokens per tile the launchers support. Small tiles waste no weight bandwidth in decode (the
@@ -55,6 +57,7 @@ struct Nvfp4MoeGemmParams {
   // down output: y[r][o] = routing weight * down(h[r])[o], fp32 [rows, n].
   const float* __restrict__ topk_weights;  // [tokens * top_k]
   float* __restrict__ y;
+  MoeSplitK split_k;  // decode tiles only (moe_split_k.h)
 };
 
 // Fused gate+up projection with SiLU(gate) * up in the epilogue.

@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -391,14 +392,18 @@ void RunCase(const Case& c, uint64_t seed) {
     DeviceBuffer<uint16_t> d_x(n_out), d_shared(n_out), d_out(n_out);
     DeviceBuffer<int32_t> d_ids(ids.size());
     DeviceBuffer<float> d_w(w.size());
-    const size_t ws_bytes = experts.WorkspaceBytes(tokens, c.top_k);
+    const size_t ws_bytes = experts.WorkspaceBytes(tokens, c.top_k, /*split_k=*/true);
     DeviceBuffer<uint8_t> d_ws(ws_bytes);
     ASSERT_TRUE(d_x.ptr && d_shared.ptr && d_out.ptr && d_ids.ptr && d_w.ptr && d_ws.ptr);
     CUDA_OK(d_x.Upload(x));
     CUDA_OK(d_shared.Upload(shared));
     CUDA_OK(d_ids.Upload(ids));
     CUDA_OK(d_w.Upload(w));
-    for (bool with_shared : {false, true}) {
+    // Split-K (MoeExpertsRunParams::split_k) taken where few experts are active (1 and 3 tokens
+    // at hidden 2048 here); each run twice, so a counter left non-zero by the first would show.
+    const std::pair<bool, bool> runs[] = {
+        {false, false}, {true, false}, {false, true}, {true, true}, {false, true}};
+    for (const auto& [with_shared, split_k] : runs) {
       CUDA_OK(d_out.Poison());  // 0xffff: bf16 NaN, so unwritten elements fail
       CUDA_OK(d_ws.Poison());   // nothing may rely on a zeroed workspace
       MoeExpertsRunParams p;
@@ -411,6 +416,7 @@ void RunCase(const Case& c, uint64_t seed) {
       p.out = d_out.ptr;
       p.workspace = d_ws.ptr;
       p.workspace_bytes = ws_bytes;
+      p.split_k = split_k;
       const absl::Status st = InvokeMoeExperts(experts, p, stream);
       ASSERT_TRUE(st.ok()) << st;
       CUDA_OK(cudaStreamSynchronize(stream));
@@ -446,18 +452,19 @@ void RunCase(const Case& c, uint64_t seed) {
       }
       const double rel_l2 = std::sqrt(d2 / std::max(r2, 1e-30));
       std::printf(
-          "[moe_experts] %s tokens=%d shared=%d: max_abs_err=%.3g max_err/tol=%.3f rel_l2=%.3g "
-          "non_finite=%d bad=%d\n",
-          Name(c).c_str(), tokens, with_shared, max_err, max_ratio, rel_l2, non_finite, bad);
-      EXPECT_EQ(non_finite, 0) << "tokens " << tokens << " shared " << with_shared
-                               << ": unwritten or NaN outputs";
-      EXPECT_EQ(bad, 0) << "tokens " << tokens << " shared " << with_shared
-                        << ": worst element t=" << worst / H << " o=" << worst % H << " got "
+          "[moe_experts] %s tokens=%d shared=%d split_k=%d: max_abs_err=%.3g max_err/tol=%.3f "
+          "rel_l2=%.3g non_finite=%d bad=%d\n",
+          Name(c).c_str(), tokens, with_shared, split_k, max_err, max_ratio, rel_l2, non_finite, bad);
+      EXPECT_EQ(non_finite, 0) << "tokens " << tokens << " shared " << with_shared << " split_k "
+                               << split_k << ": unwritten or NaN outputs";
+      EXPECT_EQ(bad, 0) << "tokens " << tokens << " shared " << with_shared << " split_k "
+                        << split_k << ": worst element t=" << worst / H << " o=" << worst % H << " got "
                         << Bf16ToFloat(got[worst]) << " ref " << ref[worst] << " (+shared "
                         << (with_shared ? Bf16ToFloat(shared[worst]) : 0.0f) << ") bound "
                         << bound[worst];
       // Rounding errors of h and of the output are each ~2^-9 relative in rms.
-      EXPECT_LT(rel_l2, std::ldexp(1.0, -7)) << "tokens " << tokens << " shared " << with_shared;
+      EXPECT_LT(rel_l2, std::ldexp(1.0, -7))
+          << "tokens " << tokens << " shared " << with_shared << " split_k " << split_k;
     }
   }
   CUDA_OK(cudaStreamDestroy(stream));
@@ -572,6 +579,8 @@ void ExpectBf16PathBitForBit(const Case& c, uint64_t seed) {
     p.shared_out = d_shared.ptr;
     p.workspace = d_ws.ptr;
     p.workspace_bytes = ws_bytes;
+    // No split-K (MoeExpertsRunParams::split_k, off by default): it changes the fp32 sum order;
+    // both paths then run the one K loop they share.
     p.out = d_out_q.ptr;
     absl::Status st = InvokeMoeExperts(**gq, p, stream);
     ASSERT_TRUE(st.ok()) << st;
