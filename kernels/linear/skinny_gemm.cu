@@ -13,8 +13,6 @@ namespace {
 constexpr int kTnWarps = 4;       // W [n, k]: warps per block
 constexpr int kTnRowsPerWarp = 2;  // weight rows a warp streams side by side
 constexpr int kTnUnroll = 4;       // 16-byte chunks per row in flight per lane
-constexpr int kNnWarps = 8;        // W [k, n]: warps per block, two row slots each
-constexpr int kNnCols = 128;       // columns per block: 8 per lane of a half-warp
 
 // A read-once weight vector: not kept in L1.
 __device__ __forceinline__ uint4 LdgStream(const uint4* p) {
@@ -169,69 +167,6 @@ __global__ void __launch_bounds__(32 * kTnWarps)
   }
 }
 
-// W [k, n]: block = kNnCols columns x 2 kNnWarps row slots (a half-warp each: 16 lanes x 8
-// columns); slot j sums k rows j, j + kNnSlots, ... in order, the block adds the slots in order.
-// blockIdx.y is the batch. One segment.
-template <int M>
-__global__ void __launch_bounds__(32 * kNnWarps) SkinnyNnKernel(const SkinnyGemmArgs a) {
-  constexpr int kSlots = 2 * kNnWarps, kLoads = 8;
-  __shared__ float partial[kSlots][M][kNnCols];
-  const int slot = threadIdx.x >> 4, lane16 = threadIdx.x & 15;
-  const SkinnyGemmSegment& sg = a.seg[0];
-  const int n = static_cast<int>(sg.n), k = static_cast<int>(a.k);
-  const int col0 = blockIdx.x * kNnCols;
-  const int col = col0 + lane16 * 8;
-  const bool valid = col < n;
-  const int64_t b = blockIdx.y;
-  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(sg.w) + b * a.w_batch_stride;
-  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(a.x) + b * a.x_batch_stride;
-  float acc[M][8];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[m][j] = 0.0f;
-  for (int k0 = slot; k0 < k; k0 += kSlots * kLoads) {
-    uint4 wv[kLoads];
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int kk = k0 + u * kSlots;
-      wv[u] = valid && kk < k ? LdgStream(reinterpret_cast<const uint4*>(
-                                    w + static_cast<int64_t>(kk) * n + col))
-                              : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int kk = k0 + u * kSlots;
-      if (kk < k) {
-        const float wf[8] = {Lo(wv[u].x), Hi(wv[u].x), Lo(wv[u].y), Hi(wv[u].y),
-                             Lo(wv[u].z), Hi(wv[u].z), Lo(wv[u].w), Hi(wv[u].w)};
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          const float xs = __bfloat162float(x[m * a.x_stride + kk]);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(xs, wf[j], acc[m][j]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float4* dst = reinterpret_cast<float4*>(&partial[slot][m][lane16 * 8]);
-    dst[0] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
-    dst[1] = make_float4(acc[m][4], acc[m][5], acc[m][6], acc[m][7]);
-  }
-  __syncthreads();
-  const int64_t out_base = b * a.out_batch_stride;
-  for (int i = threadIdx.x; i < M * kNnCols; i += 32 * kNnWarps) {
-    const int m = i / kNnCols, c = i % kNnCols;
-    if (col0 + c >= n) continue;
-    float sum = partial[0][m][c];
-#pragma unroll
-    for (int j = 1; j < kSlots; ++j) sum += partial[j][m][c];
-    Store(sg, out_base + m * sg.out_stride + col0 + c, sg.alpha * sum);
-  }
-}
-
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Blocks of SkinnyTnKernel<M, S> one SM holds at once (queried once per instantiation).
@@ -289,13 +224,6 @@ cudaError_t LaunchTn(const SkinnyGemmArgs& a, cudaStream_t stream) {
   }
 }
 
-template <int M>
-cudaError_t LaunchNn(const SkinnyGemmArgs& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((a.seg[0].n + kNnCols - 1) / kNnCols), a.batch);
-  SkinnyNnKernel<M><<<grid, 32 * kNnWarps, 0, stream>>>(a);
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 bool SkinnyGemmSupports(const SkinnyGemmArgs& a) {
@@ -307,10 +235,8 @@ bool SkinnyGemmSupports(const SkinnyGemmArgs& a) {
                       a.out_batch_stride < 0 || a.w_batch_stride % 8 != 0)) {
     return false;
   }
-  if (a.w_kn) {
-    if (a.num_segments != 1) return false;
-  } else if (a.k % 8 != 0 || !Aligned16(a.x) || a.x_stride % 8 != 0 ||
-             (a.batch > 1 && a.x_batch_stride % 8 != 0)) {
+  if (a.w_kn || a.k % 8 != 0 || !Aligned16(a.x) || a.x_stride % 8 != 0 ||
+      (a.batch > 1 && a.x_batch_stride % 8 != 0)) {
     return false;
   }
   if (a.x_stride < a.k) return false;
@@ -320,21 +246,13 @@ bool SkinnyGemmSupports(const SkinnyGemmArgs& a) {
       return false;
     }
     if (s.out_dtype != DType::kBF16 && s.out_dtype != DType::kF32) return false;
-    if (!Aligned16(s.w) || (a.w_kn && s.n % 8 != 0)) return false;
+    if (!Aligned16(s.w)) return false;
   }
   return true;
 }
 
 cudaError_t InvokeSkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
   if (!SkinnyGemmSupports(a)) return cudaErrorInvalidValue;
-  if (a.w_kn) {
-    switch (a.m) {
-      case 1: return LaunchNn<1>(a, stream);
-      case 2: return LaunchNn<2>(a, stream);
-      case 3: return LaunchNn<3>(a, stream);
-      default: return LaunchNn<4>(a, stream);
-    }
-  }
   switch (a.m) {
     case 1: return LaunchTn<1>(a, stream);
     case 2: return LaunchTn<2>(a, stream);

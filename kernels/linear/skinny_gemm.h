@@ -1,5 +1,5 @@
-// Projections of 1..kSkinnyMaxRows activation rows: out = alpha * x W^T (W [n, k]) or x W
-// (W [k, n]), bf16 x and W, fp32 accumulation, bf16 or fp32 out -- the decode steps of small
+// Projections of 1..kSkinnyMaxRows activation rows: out = alpha * x W^T (W [n, k] row-major),
+// bf16 x and W, fp32 accumulation, bf16 or fp32 out -- the decode steps of small
 // batches, where every weight byte is read for a handful of rows and the step is a chain of
 // weight streams. cuBLASLt's kernels for these shapes reached 0.65-1.9 TB/s on the H200 (ncu,
 // Kimi-K2.5 rank-0 shard at batch 1, bench/RESULTS.md) and most came with a split-K reduction
@@ -9,10 +9,13 @@
 // Up to kSkinnyMaxSegments weights that share x run as one launch (q_a and kv_a; the shared
 // expert's gate and up and the router), each with its own n, alpha and output.
 //
-// Summation order: W [n, k]: lane l of a warp sums its 8-element chunks c = l, l + 32, ... of
-// the warp's K slice in order (two products per fp32 fma chain step), the warp adds its lanes by
-// a butterfly, and the block adds its K slices in slice order; W [k, n]: warp w sums its k rows
-// in order, the block adds the warps in order. The order depends on (n, k, batch, segments) and
+// W [k, n] (MLA's q absorb) stays on cuBLASLt: a kernel of this kind for it (16 row slots x 128
+// columns a block) measured 5.3 us against cuBLASLt's 3.7 us at Kimi-K2.5's 8 heads x [128, 512]
+// (ncu, H200, 2026-12-01) and was dropped.
+//
+// Summation order: lane l of a warp sums its 8-element chunks c = l, l + 32, ... of the warp's K
+// slice in order (one fp32 fma per product), the warp adds its lanes by a butterfly, and the
+// block adds its K slices in slice order. The order depends on (n, k, batch, segments) and
 // never on m or on a row's position, so results are batch-invariant among m <= kSkinnyMaxRows
 // (they differ from cuBLASLt's: LinearGemm does not use this path in its invariant mode).
 #pragma once
@@ -29,7 +32,7 @@ inline constexpr int kSkinnyMaxRows = 4;
 inline constexpr int kSkinnyMaxSegments = 4;
 
 struct SkinnyGemmSegment {
-  const void* w = nullptr;  // bf16 [n, k] (or [k, n] with w_kn)
+  const void* w = nullptr;  // bf16 [n, k]
   int64_t n = 0;
   float alpha = 1.0f;
   void* out = nullptr;  // out_dtype [m, n], row stride out_stride elements
@@ -42,7 +45,7 @@ struct SkinnyGemmArgs {
   int64_t k = 0;
   const void* x = nullptr;  // bf16 [m, k], row stride x_stride elements
   int64_t x_stride = 0;
-  bool w_kn = false;  // every segment's W is [k, n] row-major (out = x W)
+  bool w_kn = false;  // W [k, n]: not supported (SkinnyGemmSupports is false)
   int num_segments = 1;
   SkinnyGemmSegment seg[kSkinnyMaxSegments];
   // Strided batch (one segment only): `batch` products, the i-th at x + i * x_batch_stride,
@@ -52,9 +55,9 @@ struct SkinnyGemmArgs {
   int sm_count = 132;  // the device's multiprocessors: sizes the K split
 };
 
-// Whether the kernels take these arguments: m in [1, kSkinnyMaxRows], 16-byte aligned x and W
-// rows (pointers, strides and batch strides), k (W [n, k]) or every n (W [k, n]) a multiple of 8,
-// sizes within int32, out_dtype bf16 or fp32. Outputs need no alignment.
+// Whether the kernels take these arguments: W [n, k], m in [1, kSkinnyMaxRows], 16-byte aligned
+// x and W rows (pointers, strides and batch strides), k a multiple of 8, sizes within int32,
+// out_dtype bf16 or fp32. Outputs need no alignment.
 bool SkinnyGemmSupports(const SkinnyGemmArgs& a);
 
 // Enqueues the product; cudaErrorInvalidValue where SkinnyGemmSupports is false.

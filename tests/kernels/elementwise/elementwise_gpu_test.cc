@@ -684,7 +684,7 @@ TEST(ElementwiseGpuTest, LinearGemmStridedBatch) {
   // m rows x heads; x rows hold heads * k (stride), out rows heads * n.
   const Case cases[] = {{1, 512, 128, 16, true}, {37, 512, 128, 8, true}, {5, 128, 512, 16, false},
                         {64, 128, 512, 3, false}, {2, 512, 16, 4, true},  {9, 16, 512, 4, false},
-                        // skinny: absorb and expand at m 1..4, a partial 256-column block
+                        // m 1..4: expand on the skinny kernels, absorb (W [k, n]) on cuBLASLt
                         {4, 512, 128, 8, true},   {3, 128, 512, 8, false}, {1, 128, 512, 64, false},
                         {3, 264, 40, 2, true},    {2, 16, 512, 4, false}};
   FastRandom rng(11);
