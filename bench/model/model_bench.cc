@@ -4,7 +4,7 @@
 //
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
-//       [--deterministic off,on] [--phases on]
+//       [--deterministic off,on] [--phases on] [--programmatic on]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -31,6 +31,10 @@
 // at the model's phase boundaries (Ops::Phase: attention projections, MLA cache write + attention,
 // o_proj, dense/shared MLP, router, routed experts, norms, lm_head, sampling) and the device time
 // of each phase is printed (the mean of the 3 steps; eager, so launch gaps are inside them).
+// Phase timing also brackets a profiler range: `ncu --profile-from-start off` sees those steps.
+//
+// --programmatic on: the skinny projections of batches of up to 4 rows are launched
+// programmatically dependent on the previous kernel (CudaOps::SetProgrammaticLaunch).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -73,6 +77,9 @@ ABSL_FLAG(std::vector<std::string>, deterministic, std::vector<std::string>({"of
           "Deterministic modes to run: off, on or both.");
 ABSL_FLAG(mlaserve::OnOff, phases, mlaserve::OnOff{false},
           "Also time the model's phases with CUDA events.");
+ABSL_FLAG(mlaserve::OnOff, programmatic, mlaserve::OnOff{false},
+          "Launch the decode steps' skinny projections programmatically dependent on the previous "
+          "kernel (CudaOps::SetProgrammaticLaunch).");
 ABSL_FLAG(int32_t, rank, 0, "Load this rank's shard of a --ranks N deployment, in [0, N).");
 ABSL_FLAG(int32_t, ranks, 0, "The deployment's rank count, in [0, 65536] (0: the whole model).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic weights.");
@@ -241,6 +248,7 @@ int Run(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", std::string(ops.status().message()).c_str());
       return 1;
     }
+    (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
     SingleRankCommunicator comm;
     ModelOptions o;
     o.kv_format = *fmt;

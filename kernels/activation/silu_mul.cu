@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/silu_mul.h"
+#include "kernels/programmatic_launch.cuh"
 
 namespace mlaserve {
 namespace {
@@ -14,6 +15,7 @@ constexpr int kMaxRowBlocks = 65535;  // gridDim.y limit; more rows loop
 __global__ void __launch_bounds__(kThreads)
     SiluMulKernel(int64_t rows, int cols, const __nv_bfloat16* gate, const __nv_bfloat16* up,
                   int64_t in_stride, __nv_bfloat16* out, int64_t out_stride) {
+  pdl::AllowDependentLaunch();  // a programmatic successor (the down projection) may set up
   const int c = blockIdx.x * kThreads + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/embedding/embedding.h"
+#include "kernels/programmatic_launch.cuh"
 
 namespace mlaserve {
 namespace {
@@ -39,6 +40,7 @@ template <typename Src, typename Dst>
 __global__ void GatherRowsKernel(const Src* __restrict__ src, int64_t src_rows, int64_t src_stride,
                                  int cols, const int32_t* __restrict__ ids, int64_t id_offset,
                                  Dst* __restrict__ out, int64_t out_stride) {
+  pdl::AllowDependentLaunch();  // a programmatic successor (lm_head) may set up
   const int64_t i = blockIdx.x;
   const int64_t row = static_cast<int64_t>(ids[i]) - id_offset;
   const bool valid = row >= 0 && row < src_rows;

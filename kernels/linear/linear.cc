@@ -84,6 +84,7 @@ struct LinearGemm::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool invariant = false;
+  bool programmatic = false;
   int sm_count = 132;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   // Batch-invariant algorithms by their key at m = kInvariantPlanRows.
@@ -280,6 +281,7 @@ absl::StatusOr<std::unique_ptr<LinearGemm>> LinearGemm::Create(size_t workspace_
 size_t LinearGemm::CachedPlans() const { return impl_->plans.size(); }
 
 void LinearGemm::SetBatchInvariant(bool on) { impl_->invariant = on; }
+void LinearGemm::SetProgrammaticLaunch(bool on) { impl_->programmatic = on; }
 bool LinearGemm::batch_invariant() const { return impl_->invariant; }
 
 absl::Status LinearGemm::RunShared(const Args* list, int count, cudaStream_t stream) {
@@ -294,6 +296,7 @@ absl::Status LinearGemm::RunShared(const Args* list, int count, cudaStream_t str
     s.x_stride = a0.x_stride;
     s.num_segments = count;
     s.sm_count = impl_->sm_count;
+    s.programmatic = impl_->programmatic;
     for (int i = 0; i < count && shared; ++i) {
       const Args& a = list[i];
       shared = a.m == a0.m && a.k == a0.k && a.x == a0.x && a.x_stride == a0.x_stride &&
@@ -356,6 +359,7 @@ absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
     s.w_batch_stride = a.w_batch_stride;
     s.out_batch_stride = a.out_batch_stride;
     s.sm_count = impl_->sm_count;
+    s.programmatic = impl_->programmatic;
     if (SkinnyGemmSupports(s)) {
       if (cudaError_t e = InvokeSkinnyGemm(s, stream); e != cudaSuccess) {
         return absl::InternalError(absl::StrCat("LinearGemm::Run: skinny kernel for m ", a.m,

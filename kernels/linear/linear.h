@@ -67,6 +67,11 @@ class LinearGemm {
   // rows, so its bits can differ from Run's of one weight alone by fp32 summation order.
   absl::Status RunShared(const Args* list, int count, cudaStream_t stream);
 
+  // Skinny launches (m <= kSkinnyMaxRows) programmatically dependent on the stream's previous
+  // kernel from now on (SkinnyGemmArgs::programmatic); off by default. Written 2026-12-01
+  // (session 5) and compiled, not yet run on a GPU.
+  void SetProgrammaticLaunch(bool on);
+
   // Batch-invariant plans from now on (see the file comment); off by default.
   void SetBatchInvariant(bool on);
   bool batch_invariant() const;

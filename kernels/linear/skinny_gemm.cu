@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "kernels/programmatic_launch.cuh"
+
 namespace mlaserve {
 namespace {
 
@@ -50,9 +52,19 @@ __device__ __forceinline__ void Store(const SkinnyGemmSegment& s, int64_t offset
 // W [n, k]. Block: kTnWarps warps = (kTnWarps / S) row groups x S K slices; a row group is
 // kTnRowsPerWarp consecutive rows of one segment. blockIdx.x walks the segments' row groups
 // (block_begin: each segment's first block), blockIdx.y the batch.
+// Programmatic launches: the first weight loads go out before WaitForPrerequisiteGrid (weights
+// are constant), x is read and out written only after it (`waited`, per thread).
+__device__ __forceinline__ void WaitOnce(const SkinnyGemmArgs& a, bool& waited) {
+  if (a.programmatic && !waited) {
+    pdl::WaitForPrerequisiteGrid();
+    pdl::AllowDependentLaunch();
+  }
+  waited = true;
+}
+
 template <int M, int S>
 __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int4 block_begin,
-                                              const int bx) {
+                                              const int bx, bool& waited) {
   constexpr int kGroups = kTnWarps / S;
   constexpr int kRowsPerBlock = kGroups * kTnRowsPerWarp;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -101,6 +113,7 @@ __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int
         wv[u][r] = c < c_end ? LdgStream(w_rows[r] + c) : make_uint4(0, 0, 0, 0);
       }
     }
+    WaitOnce(a, waited);
 #pragma unroll
     for (int u = 0; u < kTnUnroll; ++u) {
       const int c = c0 + 32 * u;
@@ -116,6 +129,7 @@ __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int
       }
     }
   }
+  WaitOnce(a, waited);  // lanes with no chunk in their slice
 #pragma unroll
   for (int r = 0; r < kTnRowsPerWarp; ++r)
 #pragma unroll
@@ -161,8 +175,10 @@ __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int
 template <int M, int S>
 __global__ void __launch_bounds__(32 * kTnWarps)
     SkinnyTnKernel(const SkinnyGemmArgs a, const int4 block_begin, const int total_blocks) {
+  bool waited = false;
+  if (!a.programmatic) pdl::AllowDependentLaunch();
   for (int bx = blockIdx.x; bx < total_blocks; bx += gridDim.x) {
-    SkinnyTnBlock<M, S>(a, block_begin, bx);
+    SkinnyTnBlock<M, S>(a, block_begin, bx, waited);
     if constexpr (S > 1) __syncthreads();  // the next block's partials reuse shared memory
   }
 }
@@ -195,9 +211,8 @@ cudaError_t LaunchTnWith(const SkinnyGemmArgs& a, cudaStream_t stream) {
   }
   for (int i = a.num_segments; i < 4; ++i) b[i] = total;
   const int grid_x = std::min(total, a.sm_count * ResidentTnBlocks<M, S>());
-  SkinnyTnKernel<M, S><<<dim3(grid_x, a.batch), 32 * kTnWarps, 0, stream>>>(
-      a, make_int4(b[0], b[1], b[2], b[3]), total);
-  return cudaGetLastError();
+  return pdl::LaunchKernel(SkinnyTnKernel<M, S>, dim3(grid_x, a.batch), dim3(32 * kTnWarps), 0,
+                           stream, a.programmatic, a, make_int4(b[0], b[1], b[2], b[3]), total);
 }
 
 template <int M>

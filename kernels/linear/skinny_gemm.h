@@ -53,6 +53,10 @@ struct SkinnyGemmArgs {
   int batch = 1;
   int64_t x_batch_stride = 0, w_batch_stride = 0, out_batch_stride = 0;
   int sm_count = 132;  // the device's multiprocessors: sizes the K split
+  // Launch programmatically dependent on the stream's previous kernel (kernels/
+  // programmatic_launch.cuh): the blocks issue their first weight loads, then wait for it before
+  // reading x. LinearGemm::SetProgrammaticLaunch; off by default.
+  bool programmatic = false;
 };
 
 // Whether the kernels take these arguments: W [n, k], m in [1, kSkinnyMaxRows], 16-byte aligned

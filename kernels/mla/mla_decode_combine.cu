@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/mla/mla_decode_params.h"
+#include "kernels/programmatic_launch.cuh"
 
 namespace mlaserve::mla {
 namespace {
@@ -60,6 +61,7 @@ constexpr int kWideCombineRows = 16;
 template <int kCombineWarps, int kCombineUnroll>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     MlaDecodeCombineKernel(const MlaDecodeKernelParams p) {
+  pdl::AllowDependentLaunch();  // a programmatic successor (the v expand) may set up
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int chunk = blockIdx.x % kCombineChunks;
   const int b = blockIdx.x / kCombineChunks / p.rows, row = blockIdx.x / kCombineChunks % p.rows;

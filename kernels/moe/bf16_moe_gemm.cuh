@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "kernels/moe/bf16_moe_gemm.h"
-#include "kernels/moe/moe_programmatic_launch.cuh"
+#include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::bf16_moe_gemm {
@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // nvfp4_moe_gemm.cuh (gate_up waits before reading anything; down reads the dispatch offsets
   // and streams its first weight stages before waiting for h).
   if constexpr (kGateUp) {
-    moe_launch::WaitForPrerequisiteGrid();
-    moe_launch::AllowDependentLaunch();
+    pdl::WaitForPrerequisiteGrid();
+    pdl::AllowDependentLaunch();
   }
   const int tile = blockIdx.y;
   const int num_e = p.num_local_experts;
@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     if (s < k_tiles) load_weights(s, s);
   }
   if constexpr (!kGateUp) {
-    moe_launch::WaitForPrerequisiteGrid();
-    moe_launch::AllowDependentLaunch();
+    pdl::WaitForPrerequisiteGrid();
+    pdl::AllowDependentLaunch();
   }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -282,7 +282,7 @@ cudaError_t Launch(const Bf16MoeGemmParams& p, cudaStream_t stream) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.n / Cfg::kBM, p.max_tiles);
-  return moe_launch::LaunchMoeKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
+  return pdl::LaunchKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
                                      p.programmatic, p);
 }
 

@@ -1,5 +1,5 @@
 #include "kernels/moe/moe_combine.h"
-#include "kernels/moe/moe_programmatic_launch.cuh"
+#include "kernels/programmatic_launch.cuh"
 
 namespace mlaserve {
 namespace {
@@ -7,8 +7,8 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) MoeCombineKernel(const MoeCombineParams p) {
-  moe_launch::WaitForPrerequisiteGrid();
-  moe_launch::AllowDependentLaunch();
+  pdl::WaitForPrerequisiteGrid();
+  pdl::AllowDependentLaunch();
   const int t = blockIdx.y;
   const int h = (blockIdx.x * kThreads + threadIdx.x) * 4;
   if (h >= p.hidden) return;
@@ -45,7 +45,7 @@ cudaError_t InvokeMoeCombine(const MoeCombineParams& p, cudaStream_t stream) {
   if (p.hidden % 4 != 0 || p.tokens > 65535) return cudaErrorInvalidValue;
   if (p.tokens == 0) return cudaSuccess;
   const dim3 grid((p.hidden / 4 + kThreads - 1) / kThreads, p.tokens);
-  return moe_launch::LaunchMoeKernel(MoeCombineKernel, grid, dim3(kThreads), 0, stream,
+  return pdl::LaunchKernel(MoeCombineKernel, grid, dim3(kThreads), 0, stream,
                                      p.programmatic, p);
 }
 

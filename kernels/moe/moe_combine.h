@@ -18,7 +18,7 @@ struct MoeCombineParams {
   float* out;                       // [tokens, hidden] or nullptr
   __nv_bfloat16* out_bf16;          // [tokens, hidden] or nullptr
   // Launch programmatically dependent on the previous kernel of the stream (sm_90+, see
-  // moe_programmatic_launch.cuh): the kernel reads nothing before that kernel has finished.
+  // kernels/programmatic_launch.cuh): the kernel reads nothing before that kernel has finished.
   bool programmatic;
 };
 

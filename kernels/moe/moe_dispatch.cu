@@ -1,7 +1,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/moe/moe_dispatch.h"
-#include "kernels/moe/moe_programmatic_launch.cuh"
+#include "kernels/programmatic_launch.cuh"
 
 namespace mlaserve {
 namespace {
@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchKernel(const MoeDispatchP
   __shared__ int s_local[kChunk];
   // Launched plainly (everything before it has finished); lets a programmatically launched
   // gate_up become resident now and wait for this grid in its prologue.
-  moe_launch::AllowDependentLaunch();
+  pdl::AllowDependentLaunch();
   const int tid = threadIdx.x;
   const int E = p.num_local_experts;
   const int A = p.tokens * p.top_k;

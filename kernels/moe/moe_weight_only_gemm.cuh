@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/moe/moe_programmatic_launch.cuh"
+#include "kernels/programmatic_launch.cuh"
 #include "kernels/moe/moe_split_k.h"
 #include "kernels/warp_ptx.cuh"
 
@@ -118,8 +118,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // streams its first weight stages before waiting for gate_up's h: dispatch finished before
   // gate_up allowed down to start, and weights are constant.
   if constexpr (kGateUp) {
-    moe_launch::WaitForPrerequisiteGrid();
-    moe_launch::AllowDependentLaunch();
+    pdl::WaitForPrerequisiteGrid();
+    pdl::AllowDependentLaunch();
   }
   // (Dense: e = 0 and row tile `tile`; the grid has exactly ceil(dense_rows / kBN) of them.)
   const int tile = blockIdx.y;
@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     if (s < k_tiles) load_weights(s, kt0 + s);
   }
   if constexpr (!kGateUp) {
-    moe_launch::WaitForPrerequisiteGrid();
-    moe_launch::AllowDependentLaunch();
+    pdl::WaitForPrerequisiteGrid();
+    pdl::AllowDependentLaunch();
   }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -497,7 +497,7 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
     return cudaErrorInvalidValue;
   }
   const dim3 grid(p.n / Cfg::kBM, p.max_tiles, splits);
-  return moe_launch::LaunchMoeKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
+  return pdl::LaunchKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
                                      p.programmatic, p);
 }
 

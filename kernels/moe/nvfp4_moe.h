@@ -50,8 +50,8 @@ struct Nvfp4MoeParams {
   MoeSplitK gate_up_split, down_split;
 };
 
-// Programmatic launches (moe_programmatic_launch.cuh) for batches of tokens * top_k <= this with
-// 16-token tiles. Measured on the H200 (bench/RESULTS.md, 2026-11-29, layer time plain ->
+// Programmatic launches (kernels/programmatic_launch.cuh) for batches of tokens * top_k <= this
+// with 16-token tiles. Measured on the H200 (bench/RESULTS.md, 2026-11-29, layer time plain ->
 // programmatic, top-8): 7-10 us saved at 1-32 tokens (all 256 experts, 1 token: 92.5 -> 85.7 us),
 // but 2118 -> 2553 us at 128 tokens with all 256 experts (cause not established) and no gain
 // beyond noise in prefill, so larger batches launch plainly.

@@ -35,7 +35,7 @@ int ChooseMoeTileTokens(int tokens, int top_k, int num_experts);
 struct Nvfp4MoeGemmParams {
   int tile_tokens;  // kMoeTileTokens*, the same value InvokeMoeDispatch used
   // Launch programmatically dependent on the previous kernel of the stream (sm_90+; see
-  // moe_programmatic_launch.cuh). Only InvokeNvfp4Moe sets it: the down GEMM then reads the
+  // kernels/programmatic_launch.cuh). Only InvokeNvfp4Moe sets it: the down GEMM then reads the
   // dispatch offsets before waiting, which is safe only right after gate_up.
   bool programmatic;
   int num_local_experts;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/norm/rms_norm.h"
+#include "kernels/programmatic_launch.cuh"
 
 namespace mlaserve {
 namespace {
@@ -46,6 +47,7 @@ __global__ void __launch_bounds__(kThreads)
                   const __nv_bfloat16* __restrict__ delta, float* __restrict__ residual,
                   const float* __restrict__ weight, int dim, float eps,
                   __nv_bfloat16* __restrict__ out, int64_t out_stride) {
+  pdl::AllowDependentLaunch();  // a programmatic successor (a projection) may set up
   const int64_t row = blockIdx.x;
   float sum = 0.0f;
   if constexpr (kAdd) {
@@ -107,6 +109,7 @@ __global__ void __launch_bounds__(kThreads)
     RmsNormRegKernel(const T* x, int64_t x_stride, const __nv_bfloat16* __restrict__ delta,
                      float* residual, const float* __restrict__ weight, int dim, float eps,
                      __nv_bfloat16* out, int64_t out_stride) {
+  pdl::AllowDependentLaunch();  // a programmatic successor (a projection) may set up
   const int64_t row = blockIdx.x;
   float4 v[kIters];
   float sum = 0.0f;

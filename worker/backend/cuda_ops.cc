@@ -238,6 +238,8 @@ void CudaOps::SetPhaseTiming(bool on) {
   impl_->phase_marks.clear();
 }
 
+void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunch(on); }
+
 void CudaOps::Phase(const char* name) {
   if (!impl_->phase_timing || impl_->capturing) return;
   const size_t i = impl_->phase_marks.size();

@@ -94,6 +94,10 @@ class CudaOps : public Ops {
   // events summed per phase name (ms, synchronising first), then starts a new account. The
   // events add ~2 us of launch work per phase to the host side.
   void SetPhaseTiming(bool on);
+  // The skinny projections of decode steps launched programmatically dependent on the previous
+  // kernel (LinearGemm::SetProgrammaticLaunch; off by default, not yet run on a GPU). Set it
+  // before the first step: captured graphs keep the launches they were captured with.
+  void SetProgrammaticLaunch(bool on);
   void Phase(const char* name) override;
   std::vector<std::pair<std::string, double>> PhaseTimes();
   void ScratchRelease(uint64_t mark) override;

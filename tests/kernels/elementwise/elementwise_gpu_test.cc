@@ -22,6 +22,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -860,6 +861,96 @@ TEST(ElementwiseGpuTest, LinearGemmRunShared) {
       EXPECT_EQ(touched, 0) << bad.what << ": padding bytes written";
     }
   }
+}
+
+// Programmatic skinny launches (LinearGemm::SetProgrammaticLaunch): a decode-like chain on a
+// non-blocking stream -- RmsNorm, then three projections each reading the previous one's output
+// (the last through RunShared) -- must give the bits of the same chain launched plainly, every
+// time, with every intermediate poisoned (NaN) before each run: a projection that read its input
+// before its predecessor finished would see the poison or stale values.
+TEST(ElementwiseGpuTest, LinearGemmProgrammaticChain) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<LinearGemm>> gemm = LinearGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  FastRandom rng(13);
+  for (const int m : {1, 3, 4}) {
+    const int64_t h = 7168, n1 = 2112, n2 = 7168, n3a = 512, n3b = 384;
+    const std::vector<uint16_t> x = RandomBf16(rng, m * h, 1.0f);
+    const std::vector<float> norm_w = Widen(RandomBf16(rng, h, 1.0f));
+    const std::vector<uint16_t> w1 = RandomBf16(rng, n1 * h, 1.0f / std::sqrt(h));
+    const std::vector<uint16_t> w2 = RandomBf16(rng, n2 * n1, 1.0f / std::sqrt(n1));
+    const std::vector<uint16_t> w3a = RandomBf16(rng, n3a * n2, 1.0f / std::sqrt(n2));
+    const std::vector<uint16_t> w3b = RandomBf16(rng, n3b * n2, 1.0f / std::sqrt(n2));
+    DeviceBuffer<uint16_t> d_x(x.size()), d_h(m * h), d_w1(w1.size()), d_w2(w2.size()),
+        d_w3a(w3a.size()), d_w3b(w3b.size()), d_y1(m * n1), d_y2(m * n2), d_y3a(m * n3a);
+    DeviceBuffer<float> d_nw(norm_w.size()), d_y3b(m * n3b);
+    CUDA_OK(d_x.Upload(x));
+    CUDA_OK(d_nw.Upload(norm_w));
+    CUDA_OK(d_w1.Upload(w1));
+    CUDA_OK(d_w2.Upload(w2));
+    CUDA_OK(d_w3a.Upload(w3a));
+    CUDA_OK(d_w3b.Upload(w3b));
+    auto args = [&](const void* in, int64_t k, const void* w, int64_t n, void* out, DType dt) {
+      LinearGemm::Args a;
+      a.m = m;
+      a.n = n;
+      a.k = k;
+      a.x = in;
+      a.x_stride = k;
+      a.w = w;
+      a.out = out;
+      a.out_dtype = dt;
+      a.out_stride = n;
+      return a;
+    };
+    std::vector<uint16_t> got_bf16;
+    std::vector<float> got_f32;
+    auto run = [&](bool programmatic) {
+      (*gemm)->SetProgrammaticLaunch(programmatic);
+      CUDA_OK(d_h.Poison());
+      CUDA_OK(d_y1.Poison());
+      CUDA_OK(d_y2.Poison());
+      CUDA_OK(d_y3a.Poison());
+      CUDA_OK(d_y3b.Poison());
+      RmsNormParams p;
+      p.rows = m;
+      p.dim = static_cast<int>(h);
+      p.x = d_x.ptr;
+      p.x_dtype = DType::kBF16;
+      p.x_stride = h;
+      p.weight = d_nw.ptr;
+      p.out = d_h.ptr;
+      p.out_stride = h;
+      STATUS_OK(InvokeRmsNorm(p, stream));
+      STATUS_OK((*gemm)->Run(args(d_h.ptr, h, d_w1.ptr, n1, d_y1.ptr, DType::kBF16), stream));
+      STATUS_OK((*gemm)->Run(args(d_y1.ptr, n1, d_w2.ptr, n2, d_y2.ptr, DType::kBF16), stream));
+      const LinearGemm::Args shared[2] = {
+          args(d_y2.ptr, n2, d_w3a.ptr, n3a, d_y3a.ptr, DType::kBF16),
+          args(d_y2.ptr, n2, d_w3b.ptr, n3b, d_y3b.ptr, DType::kF32)};
+      STATUS_OK((*gemm)->RunShared(shared, 2, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      got_bf16 = d_y3a.Download();
+      got_f32 = d_y3b.Download();
+    };
+    run(false);
+    const std::vector<uint16_t> plain_bf16 = got_bf16;
+    const std::vector<float> plain_f32 = got_f32;
+    size_t non_finite = 0;
+    for (const uint16_t v : plain_bf16) non_finite += !std::isfinite(Bf16ToFloat(v));
+    for (const float v : plain_f32) non_finite += !std::isfinite(v);
+    EXPECT_EQ(non_finite, 0u) << "m " << m << ": the plain chain left unwritten outputs";
+    for (int rep = 0; rep < 20; ++rep) {
+      run(true);
+      EXPECT_EQ(got_bf16, plain_bf16) << "m " << m << " rep " << rep << ": bf16 output differs";
+      ASSERT_EQ(got_f32.size(), plain_f32.size());
+      EXPECT_EQ(std::memcmp(got_f32.data(), plain_f32.data(), got_f32.size() * 4), 0)
+          << "m " << m << " rep " << rep << ": fp32 output differs";
+    }
+  }
+  (*gemm)->SetProgrammaticLaunch(false);
+  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // Batch invariance (the deterministic mode): with SetBatchInvariant, a row's output bits do not

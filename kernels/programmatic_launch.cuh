@@ -1,23 +1,28 @@
-// Programmatic dependent launch (PDL, sm_90+) for the kernels of one MoE layer, which run back to
-// back on one stream (dispatch -> gate_up -> down -> combine). A kernel launched with
-// LaunchMoeKernel(..., programmatic = true) may start while its predecessor is still running:
-// its blocks become resident, set up, and wait in WaitForPrerequisiteGrid until the predecessor
-// has finished and its writes are visible. That hides the launch and ramp-up gap between the
-// kernels, which at 1-8 decode tokens is a large part of a ~50-100 us layer.
+// Programmatic dependent launch (PDL, sm_90+) for kernels that run back to back on one stream:
+// the kernels of one MoE layer (dispatch -> gate_up -> down -> combine) and the decode step's
+// skinny projections (kernels/linear/skinny_gemm.h). A kernel launched with
+// LaunchKernel(..., programmatic = true) may start while its predecessor is still running: its
+// blocks become resident, set up (a skinny GEMM issues its first weight loads), and wait in
+// WaitForPrerequisiteGrid until the predecessor has finished and its writes are visible. That
+// hides the launch and ramp-up gap between the kernels, which at 1-8 decode tokens is a large
+// part of each kernel's time. The dependent launches once every block of the predecessor has
+// called AllowDependentLaunch or exited.
 //
 // Rules every kernel here follows: read nothing a predecessor writes before
 // WaitForPrerequisiteGrid (the one exception, documented in nvfp4_moe_gemm.cuh, is the down
-// GEMM's read of the dispatch offsets, which completed before gate_up let down start); call
-// AllowDependentLaunch only after WaitForPrerequisiteGrid, so that a dependent that starts early
-// can rely on every grid before its predecessor having finished. On devices before sm_90 both
-// are no-ops and the launcher never sets the attribute.
+// GEMM's read of the dispatch offsets, which completed before gate_up let down start); a kernel
+// that is itself launched programmatically calls AllowDependentLaunch only after
+// WaitForPrerequisiteGrid, so that a dependent that starts early can rely on every grid before
+// its predecessor having finished. Kernels launched plainly (norms, SiLU, the MLA combine) may
+// call it first thing. On devices before sm_90 both are no-ops and the launcher never sets the
+// attribute.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <utility>
 
-namespace mlaserve::moe_launch {
+namespace mlaserve::pdl {
 
 __device__ __forceinline__ void WaitForPrerequisiteGrid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -45,7 +50,7 @@ inline bool DeviceSupportsProgrammaticLaunch() {
 // previous kernel of `stream` when `programmatic` (and the device has PDL; the legacy default
 // stream, nullptr, always gets a plain launch).
 template <class... KernelArgs, class... Args>
-cudaError_t LaunchMoeKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+cudaError_t LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
                             cudaStream_t stream, bool programmatic, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
@@ -64,4 +69,4 @@ cudaError_t LaunchMoeKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block
   return cudaGetLastError();
 }
 
-}  // namespace mlaserve::moe_launch
+}  // namespace mlaserve::pdl
