@@ -4,7 +4,7 @@
 //
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
-//       [--deterministic off,on] [--phases on] [--programmatic on]
+//       [--deterministic off,on] [--phases on] [--programmatic on] [--fused-mla-input on]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -35,6 +35,8 @@
 //
 // --programmatic on: the skinny projections of batches of up to 4 rows are launched
 // programmatically dependent on the previous kernel (CudaOps::SetProgrammaticLaunch).
+// --fused-mla-input on: MLA's latent norm, k RoPE and cache write as one kernel
+// (CudaOps::SetFusedMlaInput).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -80,6 +82,9 @@ ABSL_FLAG(mlaserve::OnOff, phases, mlaserve::OnOff{false},
 ABSL_FLAG(mlaserve::OnOff, programmatic, mlaserve::OnOff{false},
           "Launch the decode steps' skinny projections programmatically dependent on the previous "
           "kernel (CudaOps::SetProgrammaticLaunch).");
+ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{false},
+          "Run MLA's input (latent norm, k RoPE, cache write) as one kernel "
+          "(CudaOps::SetFusedMlaInput).");
 ABSL_FLAG(int32_t, rank, 0, "Load this rank's shard of a --ranks N deployment, in [0, N).");
 ABSL_FLAG(int32_t, ranks, 0, "The deployment's rank count, in [0, 65536] (0: the whole model).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic weights.");
@@ -249,6 +254,7 @@ int Run(int argc, char** argv) {
       return 1;
     }
     (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
+    (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
     SingleRankCommunicator comm;
     ModelOptions o;
     o.kv_format = *fmt;

@@ -291,6 +291,77 @@ TEST_F(CudaOpsTest, Rope) {
   }
 }
 
+// MlaKvPrep fused (CudaOps::SetFusedMlaInput) against the CPU's five ops and against the GPU's
+// own unfused ops: k_rope and the cache's rope are the same operations as the unfused GPU path
+// (bit for bit); the latent's sum of squares adds in another order, so the latent is held to
+// RmsNorm's bound against the CPU, and each decoded cache row to the format's rounding (bf16:
+// 2e-5; one e4m3 step is 2^-3 relative, so an fp8 code that flips on a one-ulp latent difference
+// moves NMSE by far less than the 2e-3 bound, which a wrong scale or misplaced row exceeds).
+TEST_F(CudaOpsTest, MlaKvPrepFused) {
+  std::mt19937 rng(31);
+  std::vector<float> inv(32);
+  for (int i = 0; i < 32; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / 64);
+  auto ci = cpu_.Upload(HostF32(inv, {32}));
+  auto gi = gpu_->Upload(HostF32(inv, {32}));
+  const auto norm_w = RandomBf16(kMlaLatentDim, rng, 0.5f);
+  auto cw = cpu_.Upload(HostF32(norm_w, {kMlaLatentDim}));
+  auto gw = gpu_->Upload(HostF32(norm_w, {kMlaLatentDim}));
+  for (const KvCacheFormat format :
+       {KvCacheFormat::kBf16, KvCacheFormat::kFp8, KvCacheFormat::kFp8Tiled}) {
+    for (const bool interleaved : {false, true}) {
+      // Positions up to 40k (RoPE's accuracy at large angles), shuffled block tables.
+      const int blocks = 700;
+      const StepLayout L = Layout({{0, 9}, {40000, 1}, {700, 3}, {5, 64}}, blocks, rng);
+      const std::string tag = std::string(KvCacheFormatName(format)) +
+                              (interleaved ? " interleaved" : "");
+      const size_t row = KvCacheBytesPerToken(format);
+      Tensor pool = Tensor::Host(DType::kU8, {blocks, kKvBlockTokens, int64_t(row)});
+      std::memset(pool.data<uint8_t>(), 0, pool.nbytes());
+      KvCacheLayer ck{pool, format, 0.5f};
+      KvCacheLayer gk_fused{*gpu_->Upload(pool), format, 0.5f};
+      KvCacheLayer gk_plain{*gpu_->Upload(pool), format, 0.5f};
+      StepTensors cs, gs;
+      ASSERT_TRUE(cpu_.BeginStep(L, &cs).ok());
+      ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+      const int64_t T = L.num_tokens;
+      const auto kv = RandomBf16(T * (kMlaLatentDim + kMlaRopeDim), rng, 2.0f);
+      Tensor ckv = HostF32(kv, {T, kMlaLatentDim + kMlaRopeDim});
+      Tensor gkv = GpuAct(kv, {T, kMlaLatentDim + kMlaRopeDim});
+      Tensor cl = cpu_.Activation({T, kMlaLatentDim}), cr = cpu_.Activation({T, kMlaRopeDim});
+      Tensor gl = gpu_->Activation({T, kMlaLatentDim}), gr = gpu_->Activation({T, kMlaRopeDim});
+      Tensor pl = gpu_->Activation({T, kMlaLatentDim}), pr = gpu_->Activation({T, kMlaRopeDim});
+      cpu_.MlaKvPrep(ckv, *cw, 1e-6f, cs, *ci, 1.1f, interleaved, ck, cl, cr);
+      gpu_->SetFusedMlaInput(false);
+      gpu_->MlaKvPrep(gkv, *gw, 1e-6f, gs, *gi, 1.1f, interleaved, gk_plain, pl, pr);
+      gpu_->SetFusedMlaInput(true);
+      gpu_->MlaKvPrep(gkv, *gw, 1e-6f, gs, *gi, 1.1f, interleaved, gk_fused, gl, gr);
+      gpu_->SetFusedMlaInput(false);
+      ASSERT_TRUE(gpu_->Synchronize().ok()) << tag;
+      ExpectClose(gl, cl, 2e-5, "MlaKvPrep latent " + tag);
+      ExpectClose(gr, cr, 2e-5, "MlaKvPrep k_rope " + tag);
+      ExpectExact(gr, pr, "MlaKvPrep k_rope fused = unfused " + tag);
+      // Every written row, decoded, against the CPU's.
+      std::vector<uint8_t> fused(pool.nbytes());
+      ASSERT_TRUE(gpu_->CopyToHost(gk_fused.pool, fused.data()).ok());
+      std::vector<float> got, want;
+      std::vector<float> a(576), b(576);
+      for (const int64_t slot : L.slots) {
+        if (slot < 0) continue;
+        KvCacheDecodeRow(format, fused.data() + slot * row, 0.5f, a.data());
+        KvCacheDecodeRow(format, ck.pool.data<uint8_t>() + slot * row, 0.5f, b.data());
+        got.insert(got.end(), a.begin(), a.end());
+        want.insert(want.end(), b.begin(), b.end());
+      }
+      const double e = Nmse(got, want);
+      const double bound = format == KvCacheFormat::kBf16 ? 2e-5 : 2e-3;
+      std::printf("[cuda_ops] %-60s nmse %.3g (bound %.1g)\n",
+                  ("MlaKvPrep cache rows " + tag).c_str(), e, bound);
+      EXPECT_LE(e, bound) << tag;
+      EXPECT_FALSE(got.empty()) << tag;
+    }
+  }
+}
+
 // KvWrite, then MlaPrefill and MlaDecode on a cache whose prefix was written by both backends
 // from the same values.
 TEST_F(CudaOpsTest, MlaPrefillAndDecode) {

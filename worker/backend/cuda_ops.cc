@@ -18,6 +18,7 @@
 #include "kernels/linear/linear_ref.h"
 #include "kernels/linear/skinny_gemm.h"
 #include "kernels/mla/mla_decode.h"
+#include "kernels/mla/mla_kv_prep.h"
 #include "kernels/mla/mla_prefill.h"
 #include "kernels/moe/fp8_moe_layout.h"
 #include "kernels/moe/moe_experts.h"
@@ -72,6 +73,7 @@ struct CudaOps::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<LinearGemm> gemm;
   bool batch_invariant = false;  // SetBatchInvariant
+  bool fused_mla_input = false;  // SetFusedMlaInput
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 
@@ -239,6 +241,7 @@ void CudaOps::SetPhaseTiming(bool on) {
 }
 
 void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunch(on); }
+void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 
 void CudaOps::Phase(const char* name) {
   if (!impl_->phase_timing || impl_->capturing) return;
@@ -825,6 +828,43 @@ void CudaOps::KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTens
   impl_->Check(InvokeKvCacheWrite(p, impl_->stream), [&] {
     return absl::StrCat("KvWrite ", std::string(KvCacheFormatName(cache.format)), " ",
                         Shape(latent));
+  });
+}
+
+void CudaOps::MlaKvPrep(const Tensor& kv, const Tensor& norm_weight, float eps,
+                        const StepTensors& step, const Tensor& inv_freq, float attention_scaling,
+                        bool interleaved, KvCacheLayer& cache, Tensor& latent, Tensor& k_rope) {
+  MLASERVE_SKIP_IF_FAILED();
+  const int64_t T = kv.dim(0);
+  const bool fused = impl_->fused_mla_input && T > 0 && kv.dtype() == DType::kBF16 &&
+                     kv.numel() == T * (kMlaLatentDim + kMlaRopeDim) &&
+                     latent.numel() == T * kMlaLatentDim && k_rope.numel() == T * kMlaRopeDim &&
+                     latent.dtype() == DType::kBF16 && k_rope.dtype() == DType::kBF16 &&
+                     norm_weight.numel() == kMlaLatentDim && inv_freq.numel() >= kMlaRopeDim / 2 &&
+                     cache.format != KvCacheFormat::kF32;
+  if (!fused) {
+    Ops::MlaKvPrep(kv, norm_weight, eps, step, inv_freq, attention_scaling, interleaved, cache,
+                   latent, k_rope);
+    return;
+  }
+  MlaKvPrepParams p;
+  p.rows = T;
+  p.kv = kv.data<void>();
+  p.kv_stride = kMlaLatentDim + kMlaRopeDim;
+  p.norm_weight = norm_weight.data<float>();
+  p.eps = eps;
+  p.positions = step.positions.data<int32_t>();
+  p.inv_freq = inv_freq.data<float>();
+  p.attention_scaling = attention_scaling;
+  p.interleaved = interleaved;
+  p.latent_out = latent.data<void>();
+  p.rope_out = k_rope.data<void>();
+  p.format = cache.format;
+  p.fp8_scale = cache.fp8_scale;
+  p.slots = step.slots.data<int64_t>();
+  p.kv_pool = cache.pool.data<void>();
+  impl_->Check(InvokeMlaKvPrep(p, impl_->stream), [&] {
+    return absl::StrCat("MlaKvPrep ", Shape(kv), " ", std::string(KvCacheFormatName(cache.format)));
   });
 }
 

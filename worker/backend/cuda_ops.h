@@ -64,6 +64,9 @@ class CudaOps : public Ops {
             bool interleaved) override;
   void KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTensors& step,
                KvCacheLayer& cache) override;
+  void MlaKvPrep(const Tensor& kv, const Tensor& norm_weight, float eps, const StepTensors& step,
+                 const Tensor& inv_freq, float attention_scaling, bool interleaved,
+                 KvCacheLayer& cache, Tensor& latent, Tensor& k_rope) override;
   void MlaPrefill(const MlaShape& shape, const Tensor& q, const Tensor& latent,
                   const Tensor& k_rope, const LinearWeight& kv_b, const KvCacheLayer& cache,
                   const StepTensors& step, Tensor& out) override;
@@ -98,6 +101,9 @@ class CudaOps : public Ops {
   // kernel (LinearGemm::SetProgrammaticLaunch; off by default, not yet run on a GPU). Set it
   // before the first step: captured graphs keep the launches they were captured with.
   void SetProgrammaticLaunch(bool on);
+  // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops; off by default
+  // (written 2026-12-01, session 5, compiled, not yet run on a GPU).
+  void SetFusedMlaInput(bool on);
   void Phase(const char* name) override;
   std::vector<std::pair<std::string, double>> PhaseTimes();
   void ScratchRelease(uint64_t mark) override;

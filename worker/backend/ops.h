@@ -6,6 +6,7 @@
 // uploaded once per step by BeginStep into a StepTensors that every layer's ops read.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -207,6 +208,21 @@ class Ops {
   // Stores the new tokens' rows (latent [T, 512], rotated k_rope [T, 64]) at step.slots.
   virtual void KvWrite(const Tensor& latent, const Tensor& k_rope, const StepTensors& step,
                        KvCacheLayer& cache) = 0;
+  // MLA's input from kv_a's output kv [T, kv_lora + rope]: latent [T, kv_lora] =
+  // RmsNorm(kv[:, :kv_lora]) * norm_weight, k_rope [T, rope] = kv[:, kv_lora:] rotated (one
+  // vector a row), both stored to the cache (KvWrite). This default is those five ops; the CUDA
+  // backend can run them as one kernel (CudaOps::SetFusedMlaInput).
+  virtual void MlaKvPrep(const Tensor& kv, const Tensor& norm_weight, float eps,
+                         const StepTensors& step, const Tensor& inv_freq, float attention_scaling,
+                         bool interleaved, KvCacheLayer& cache, Tensor& latent, Tensor& k_rope) {
+    const int64_t lora = latent.numel() / std::max<int64_t>(latent.dim(0), 1);
+    const int rope = static_cast<int>(k_rope.numel() / std::max<int64_t>(k_rope.dim(0), 1));
+    Columns(kv, 0, latent);
+    RmsNorm(latent, norm_weight, eps, latent);
+    Columns(kv, lora, k_rope);
+    Rope(k_rope, 0, 1, rope, rope, step, inv_freq, attention_scaling, interleaved);
+    KvWrite(latent, k_rope, step, cache);
+  }
   // The prefill group's attention (step.layout->prefill), naive form: each sequence's keys and
   // values are its cached prefix (read back from `cache`) followed by its new tokens (latent,
   // k_rope rows of this step), decompressed through kv_b (local heads); causal softmax

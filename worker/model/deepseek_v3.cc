@@ -659,16 +659,12 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
     ops_.Linears(h, {{&L.q_proj, &q}, {&L.kv_a, &kv}});
   }
   Tensor latent = ops_.Activation({T, c.kv_lora_rank});
-  ops_.Columns(kv, 0, latent);
-  ops_.RmsNorm(latent, L.kv_a_norm, c.rms_norm_eps, latent);
   Tensor k_rope = ops_.Activation({T, c.qk_rope_head_dim});
-  ops_.Columns(kv, c.kv_lora_rank, k_rope);
-  ops_.Rope(k_rope, 0, 1, c.qk_rope_head_dim, c.qk_rope_head_dim, step, inv_freq_, rope_scaling_,
-            c.rope.interleaved);
+  ops_.MlaKvPrep(kv, L.kv_a_norm, c.rms_norm_eps, step, inv_freq_, rope_scaling_,
+                 c.rope.interleaved, L.kv, latent, k_rope);
   ops_.Rope(q, c.qk_nope_head_dim, heads_.count, qk, c.qk_rope_head_dim, step, inv_freq_,
             rope_scaling_, c.rope.interleaved);
   ops_.Phase("attn.mla");
-  ops_.KvWrite(latent, k_rope, step, L.kv);
 
   Tensor attn = ops_.Activation({T, static_cast<int64_t>(heads_.count) * c.v_head_dim});
   if (options_.dcp > 1) {

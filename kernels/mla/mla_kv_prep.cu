@@ -1,0 +1,150 @@
+// The fused MLA input kernel (mla_kv_prep.h). Compiled without --use_fast_math (its own library):
+// cosf and sinf stay accurate at positions up to 160k, as in kernels/rope.
+#include "kernels/mla/mla_kv_prep.h"
+
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/mla/kv_cache_write.cuh"
+
+namespace mlaserve {
+namespace {
+
+constexpr int kPrepWarps = 4;
+
+__device__ __forceinline__ float Lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float Hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ uint32_t Bf16Bits(float v) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
+
+// One warp per row. Lane l holds latent dims 16 l .. 16 l + 15 and rope dims 2 l, 2 l + 1 (the
+// cache write's layout, kv_cache_write.cuh) and rotates rope pair l.
+template <KvCacheFormat kFormat>
+__global__ void __launch_bounds__(kPrepWarps * 32) MlaKvPrepKernel(const MlaKvPrepParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kPrepWarps + (threadIdx.x >> 5);
+  if (r >= p.rows) return;  // whole warps
+  const uint16_t* row = static_cast<const uint16_t*>(p.kv) + r * p.kv_stride;
+  const uint4* lat = reinterpret_cast<const uint4*>(row) + 2 * lane;
+  const uint4 in0 = lat[0], in1 = lat[1];
+  const uint32_t rope_in = reinterpret_cast<const uint32_t*>(row + kMlaLatentDim)[lane];
+
+  // RmsNorm of the latent: RmsNormRef's operations (sum of squares in fp32, 1 / sqrt(mean + eps)
+  // with IEEE division and square root, weight * (x * inv), one bf16 rounding).
+  const uint32_t w_in[8] = {in0.x, in0.y, in0.z, in0.w, in1.x, in1.y, in1.z, in1.w};
+  float x[16];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = Lo(w_in[i]);
+    x[2 * i + 1] = Hi(w_in[i]);
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) sum = __fadd_rn(sum, __fmul_rn(x[i], x[i]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+  const float inv =
+      __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, static_cast<float>(kMlaLatentDim)),
+                                           p.eps)));
+  const float4* wv = reinterpret_cast<const float4*>(p.norm_weight) + 4 * lane;
+  uint32_t w_out[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 w = wv[i];
+    w_out[2 * i] = Bf16Bits(__fmul_rn(w.x, __fmul_rn(x[4 * i], inv))) |
+                   (Bf16Bits(__fmul_rn(w.y, __fmul_rn(x[4 * i + 1], inv))) << 16);
+    w_out[2 * i + 1] = Bf16Bits(__fmul_rn(w.z, __fmul_rn(x[4 * i + 2], inv))) |
+                       (Bf16Bits(__fmul_rn(w.w, __fmul_rn(x[4 * i + 3], inv))) << 16);
+  }
+  const uint4 out0 = make_uint4(w_out[0], w_out[1], w_out[2], w_out[3]);
+  const uint4 out1 = make_uint4(w_out[4], w_out[5], w_out[6], w_out[7]);
+  uint4* lat_out = reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.latent_out) +
+                                            r * kMlaLatentDim) +
+                   2 * lane;
+  lat_out[0] = out0;
+  lat_out[1] = out1;
+
+  // RoPE of pair `lane` (RopeKernel's operations): x0, x1 from dims (2 l, 2 l + 1) interleaved or
+  // (l, l + 32); outputs to dims l and l + 32.
+  float x0, x1;
+  if (p.interleaved) {
+    x0 = Lo(rope_in);
+    x1 = Hi(rope_in);
+  } else {
+    const uint32_t a = __shfl_sync(0xffffffffu, rope_in, lane >> 1);
+    const uint32_t b = __shfl_sync(0xffffffffu, rope_in, 16 + (lane >> 1));
+    x0 = (lane & 1) ? Hi(a) : Lo(a);
+    x1 = (lane & 1) ? Hi(b) : Lo(b);
+  }
+  const float pos = static_cast<float>(p.positions[r]);
+  const float angle = __fmul_rn(p.inv_freq[lane], pos);
+  const float c = __fmul_rn(cosf(angle), p.attention_scaling);
+  const float s = __fmul_rn(sinf(angle), p.attention_scaling);
+  const uint32_t lo = Bf16Bits(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));  // dim lane
+  const uint32_t hi = Bf16Bits(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));  // dim lane + 32
+  // Lane l stores dims 2 l, 2 l + 1: from lanes 2 l, 2 l + 1's lo (l < 16) or 2 l - 32, 2 l - 31's
+  // hi.
+  const int src0 = (2 * lane) & 31, src1 = (2 * lane + 1) & 31;
+  const uint32_t lo0 = __shfl_sync(0xffffffffu, lo, src0), lo1 = __shfl_sync(0xffffffffu, lo, src1);
+  const uint32_t hi0 = __shfl_sync(0xffffffffu, hi, src0), hi1 = __shfl_sync(0xffffffffu, hi, src1);
+  const uint32_t rope_out = lane < 16 ? (lo0 | (lo1 << 16)) : (hi0 | (hi1 << 16));
+  reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.rope_out) + r * kMlaRopeDim)[lane] =
+      rope_out;
+
+  const int64_t slot = p.slots[r];
+  if (slot < 0) return;  // the same for every lane of the warp
+  constexpr size_t kRowBytes = KvCacheBytesPerToken(kFormat);
+  uint8_t* dst = static_cast<uint8_t*>(p.kv_pool) + static_cast<size_t>(slot) * kRowBytes;
+  mla::StoreKvRow<kFormat>(lane, out0, out1, rope_out, p.fp8_scale, dst);
+}
+
+bool Aligned(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+}  // namespace
+
+absl::Status InvokeMlaKvPrep(const MlaKvPrepParams& p, cudaStream_t stream) {
+  if (p.rows < 0 || p.rows > (int64_t{1} << 31) * kPrepWarps) {
+    return absl::InvalidArgumentError(absl::StrCat("InvokeMlaKvPrep: rows ", p.rows, " out of range"));
+  }
+  if (p.rows == 0) return absl::OkStatus();
+  if (p.kv == nullptr || p.norm_weight == nullptr || p.positions == nullptr ||
+      p.inv_freq == nullptr || p.latent_out == nullptr || p.rope_out == nullptr ||
+      p.slots == nullptr || p.kv_pool == nullptr) {
+    return absl::InvalidArgumentError("InvokeMlaKvPrep: every pointer must be set");
+  }
+  const int64_t need = kMlaLatentDim + kMlaRopeDim;
+  if (p.kv_stride < need || p.kv_stride % 8 != 0 || !Aligned(p.kv, 16) ||
+      !Aligned(p.latent_out, 16) || !Aligned(p.rope_out, 4) || !Aligned(p.norm_weight, 16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "InvokeMlaKvPrep: kv rows must be 16-byte aligned with a stride >= ", need,
+        " and a multiple of 8 (got ", p.kv_stride, "), latent_out 16- and rope_out 4-byte aligned"));
+  }
+  const unsigned grid = static_cast<unsigned>((p.rows + kPrepWarps - 1) / kPrepWarps);
+  switch (p.format) {
+    case KvCacheFormat::kBf16:
+      MlaKvPrepKernel<KvCacheFormat::kBf16><<<grid, kPrepWarps * 32, 0, stream>>>(p);
+      break;
+    case KvCacheFormat::kFp8:
+      MlaKvPrepKernel<KvCacheFormat::kFp8><<<grid, kPrepWarps * 32, 0, stream>>>(p);
+      break;
+    case KvCacheFormat::kFp8Tiled:
+      MlaKvPrepKernel<KvCacheFormat::kFp8Tiled><<<grid, kPrepWarps * 32, 0, stream>>>(p);
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("InvokeMlaKvPrep: no GPU cache format ",
+                       std::string(KvCacheFormatName(p.format))));
+  }
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("InvokeMlaKvPrep: launch failed: ", cudaGetErrorString(e)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mlaserve

@@ -1,0 +1,44 @@
+// The MLA input of one decode or prefill step, fused (the model's Ops::MlaKvPrep on the GPU): from
+// kv_a's output row [latent 512 | k_rope 64] (bf16), the RMS-normalized latent
+// (kv_a_layernorm), the rotated k_rope (transformers' DeepSeek RoPE, the arithmetic of
+// kernels/rope), and the row's paged-cache write in the layer's format (kv_cache_write.cuh) -- one
+// kernel where the unfused sequence is two column copies, RmsNorm, Rope and the cache write.
+//
+// Results against that sequence: k_rope and the cache's rope bytes are the same operations
+// (bit-identical); the latent's sum of squares adds in another order (16 terms a lane, then a
+// warp butterfly), so a latent element can differ by one bf16 rounding step, and its fp8 code by
+// one e4m3 step.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/mla/kv_cache_format.h"
+
+namespace mlaserve {
+
+struct MlaKvPrepParams {
+  int64_t rows = 0;
+  const void* kv = nullptr;           // bf16 [rows, kv_stride]: latent then rope (kv_a's output)
+  int64_t kv_stride = 0;              // elements, >= 576, a multiple of 8
+  const float* norm_weight = nullptr;  // [512]
+  float eps = 1e-6f;
+  const int32_t* positions = nullptr;  // [rows]
+  const float* inv_freq = nullptr;     // [32]
+  float attention_scaling = 1.0f;
+  bool interleaved = false;            // rope pairs (2i, 2i + 1) rather than (i, i + 32)
+  void* latent_out = nullptr;          // bf16 [rows, 512]
+  void* rope_out = nullptr;            // bf16 [rows, 64], rotated
+  // The cache write: row r to slot slots[r] of kv_pool (skipped where slots[r] < 0).
+  KvCacheFormat format = KvCacheFormat::kBf16;  // bf16, fp8 or fp8_tiled
+  float fp8_scale = 1.0f;
+  const int64_t* slots = nullptr;
+  void* kv_pool = nullptr;
+};
+
+// rows = 0 is a no-op. Asynchronous; no allocation (graph-capturable).
+absl::Status InvokeMlaKvPrep(const MlaKvPrepParams& p, cudaStream_t stream);
+
+}  // namespace mlaserve
