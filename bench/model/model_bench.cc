@@ -5,6 +5,7 @@
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //       [--deterministic off,on] [--phases on] [--programmatic on] [--fused-mla-input on]
+//       [--moe-split-k on]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -36,7 +37,8 @@
 // --programmatic on: the skinny projections of batches of up to 4 rows are launched
 // programmatically dependent on the previous kernel (CudaOps::SetProgrammaticLaunch).
 // --fused-mla-input on: MLA's latent norm, k RoPE and cache write as one kernel
-// (CudaOps::SetFusedMlaInput).
+// (CudaOps::SetFusedMlaInput). --moe-split-k on: split-K of the routed experts' decode GEMMs
+// where few experts are active (CudaOps::SetMoeSplitK).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -85,6 +87,9 @@ ABSL_FLAG(mlaserve::OnOff, programmatic, mlaserve::OnOff{false},
 ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{false},
           "Run MLA's input (latent norm, k RoPE, cache write) as one kernel "
           "(CudaOps::SetFusedMlaInput).");
+ABSL_FLAG(mlaserve::OnOff, moe_split_k, mlaserve::OnOff{false},
+          "Split-K of the routed experts' decode GEMMs where few experts are active "
+          "(CudaOps::SetMoeSplitK).");
 ABSL_FLAG(int32_t, rank, 0, "Load this rank's shard of a --ranks N deployment, in [0, N).");
 ABSL_FLAG(int32_t, ranks, 0, "The deployment's rank count, in [0, 65536] (0: the whole model).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic weights.");
@@ -255,6 +260,7 @@ int Run(int argc, char** argv) {
     }
     (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
+    (*ops)->SetMoeSplitK(absl::GetFlag(FLAGS_moe_split_k).on);
     SingleRankCommunicator comm;
     ModelOptions o;
     o.kv_format = *fmt;

@@ -74,6 +74,7 @@ struct CudaOps::Impl {
   std::unique_ptr<LinearGemm> gemm;
   bool batch_invariant = false;  // SetBatchInvariant
   bool fused_mla_input = false;  // SetFusedMlaInput
+  bool moe_split_k = false;      // SetMoeSplitK
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 
@@ -242,6 +243,7 @@ void CudaOps::SetPhaseTiming(bool on) {
 
 void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunch(on); }
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
+void CudaOps::SetMoeSplitK(bool on) { impl_->moe_split_k = on; }
 
 void CudaOps::Phase(const char* name) {
   if (!impl_->phase_timing || impl_->capturing) return;
@@ -1092,7 +1094,8 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
   p.topk_weights = weights.data<float>();
   p.shared_out = shared.empty() ? nullptr : shared.data<void>();
   p.out = out.data<void>();
-  p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
+  p.split_k = impl_->moe_split_k && !impl_->batch_invariant;
+  p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k, p.split_k);
   p.workspace = impl_->ArenaAlloc(p.workspace_bytes);
   MLASERVE_SKIP_IF_FAILED();
   impl_->Check(InvokeMoeExperts(gpu, p, impl_->stream), what);

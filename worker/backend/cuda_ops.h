@@ -104,6 +104,10 @@ class CudaOps : public Ops {
   // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops; off by default
   // (written 2026-12-01, session 5, compiled, not yet run on a GPU).
   void SetFusedMlaInput(bool on);
+  // Split-K of the routed experts' decode GEMMs where few experts are active
+  // (MoeExpertsRunParams::split_k; never in the batch-invariant mode); off by default (written
+  // 2026-12-01, session 5, compiled, not yet run on a GPU).
+  void SetMoeSplitK(bool on);
   void Phase(const char* name) override;
   std::vector<std::pair<std::string, double>> PhaseTimes();
   void ScratchRelease(uint64_t mark) override;

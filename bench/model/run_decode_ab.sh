@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The decode-step A/B of issue 14 on a GPU machine, in one call: the GPU tests of the switches
+# that are off by default, then mlaserve-model-bench on Kimi-K2.5's rank-0-of-8 shard shapes with
+# each switch off and on (the same binary, one process per setting), then the full 61-layer shard.
+#   bench/model/run_decode_ab.sh BIN_DIR [LAYERS]
+# BIN_DIR holds mlaserve-model-bench, libmlaserve_cuda_backend.so and the test binaries (flat),
+# lib/ beside it the libraries the machine lacks; logs go to $OUT (or /tmp). LAYERS: the short
+# model's layer count (default 4). FULL=0 skips the 61-layer runs (each loads ~95 GB of synthetic
+# weights in ~100 s per KV format; KV_FULL=bf16,fp8_tiled for both formats); TESTS=0 skips the
+# tests.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+bin="$(cd "$1" && pwd)"
+layers="${2:-4}"
+out="${OUT:-/tmp}"
+export LD_LIBRARY_PATH="$bin/../lib:$bin:${LD_LIBRARY_PATH:-}"
+export MLASERVE_SOURCE_DIR="$root"
+cd "$root" || exit 1
+
+if [[ "${TESTS:-1}" == 1 ]]; then
+  OUT="$out" MLASERVE_TEST_TIMEOUT=300 scripts/gpu_check.sh "$bin" moe_experts_gpu_test \
+    elementwise_gpu_test gpu_model_test
+  (cd "$root" && timeout 300 "$bin/cuda_ops_test" --gtest_filter='*MlaKvPrep*' \
+    >"$out/cuda_ops_kvprep.log" 2>&1)
+  echo "cuda_ops_test MlaKvPrep rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/cuda_ops_kvprep.log" | tr '\n' ' ')"
+fi
+
+short="$(mktemp -d)"
+trap 'rm -rf "$short"' EXIT
+cp -r bench/model/configs/kimi-k2.5/. "$short/"
+python3 - "$short/config.json" "$layers" <<'EOF'
+import json, sys
+path, layers = sys.argv[1], int(sys.argv[2])
+c = json.load(open(path))
+t = c.get("text_config", c)
+t["num_hidden_layers"] = layers
+json.dump(c, open(path, "w"))
+EOF
+
+bench() {  # name, model dir, extra flags...
+  local name="$1" dir="$2"
+  shift 2
+  timeout 590 "$bin/mlaserve-model-bench" --synthetic-weights "$dir" --rank 0 --ranks 8 \
+    --context 1024 --prefill "" --graphs on "$@" >"$out/bench_$name.log" 2>&1
+  echo "$name rc=$?"
+  grep -E '^decode' "$out/bench_$name.log" | sed 's/reads.*ratio/ratio/'
+}
+
+common=(--kv bf16 --batches 1,2,4,8,64)
+bench short_default "$short" "${common[@]}"
+bench short_split "$short" "${common[@]}" --moe-split-k on
+bench short_pdl "$short" "${common[@]}" --programmatic on
+bench short_fused "$short" "${common[@]}" --fused-mla-input on
+bench short_all "$short" "${common[@]}" --moe-split-k on --programmatic on --fused-mla-input on
+bench short_default2 "$short" "${common[@]}"
+
+if [[ "${FULL:-1}" == 1 ]]; then
+  full=(--kv "${KV_FULL:-bf16}" --batches 1,8,64,256 --phases on)
+  bench full_default bench/model/configs/kimi-k2.5 "${full[@]}"
+  bench full_all bench/model/configs/kimi-k2.5 "${full[@]}" --moe-split-k on --programmatic on \
+    --fused-mla-input on
+fi
