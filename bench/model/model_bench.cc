@@ -5,7 +5,7 @@
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //       [--deterministic off,on] [--phases on] [--programmatic on] [--fused-mla-input on]
-//       [--moe-split-k on]
+//       [--moe-split-k on] [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -90,6 +90,9 @@ ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{false},
 ABSL_FLAG(mlaserve::OnOff, moe_split_k, mlaserve::OnOff{false},
           "Split-K of the routed experts' decode GEMMs where few experts are active "
           "(CudaOps::SetMoeSplitK).");
+ABSL_FLAG(std::string, moe, "expert",
+          "How the routed experts are split over --ranks: expert (whole experts a rank) or tensor "
+          "(every expert's intermediate slice).");
 ABSL_FLAG(int32_t, rank, 0, "Load this rank's shard of a --ranks N deployment, in [0, N).");
 ABSL_FLAG(int32_t, ranks, 0, "The deployment's rank count, in [0, 65536] (0: the whole model).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic weights.");
@@ -225,6 +228,9 @@ int Run(int argc, char** argv) {
   const std::vector<std::string> graph_modes = Modes(FLAGS_graphs);
   const std::vector<std::string> det_modes = Modes(FLAGS_deterministic);
   const bool phases = absl::GetFlag(FLAGS_phases).on;
+  const std::string moe = absl::GetFlag(FLAGS_moe);
+  if (moe != "expert" && moe != "tensor") UsageError("--moe " + moe + ": expert or tensor");
+  const bool moe_tensor = moe == "tensor";
   if (model_dir.empty() == synthetic_dir.empty()) {
     UsageError("one of --model DIR and --synthetic-weights CONFIG_DIR is required");
   }
@@ -267,6 +273,7 @@ int Run(int argc, char** argv) {
     o.num_kv_blocks = blocks;
     o.shard_rank = shard_rank;
     o.shard_world = shard_world;
+    o.moe = moe_tensor ? MoeParallelism::kTensor : MoeParallelism::kExpert;
     const double t_load = Now();
     std::unique_ptr<SyntheticCheckpoint> synthetic;
     absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model;

@@ -7,7 +7,7 @@
 # lib/ beside it the libraries the machine lacks; logs go to $OUT (or /tmp). LAYERS: the short
 # model's layer count (default 4). FULL=0 skips the 61-layer runs (each loads ~95 GB of synthetic
 # weights in ~100 s per KV format; KV_FULL=bf16,fp8_tiled for both formats); TESTS=0 skips the
-# tests.
+# tests; EXTRA=1 adds the tensor-parallel MoE row, context 32k and DeepSeek-R1.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="$(cd "$1" && pwd)"
@@ -53,6 +53,14 @@ bench short_pdl "$short" "${common[@]}" --programmatic on
 bench short_fused "$short" "${common[@]}" --fused-mla-input on
 bench short_all "$short" "${common[@]}" --moe-split-k on --programmatic on --fused-mla-input on
 bench short_default2 "$short" "${common[@]}"
+
+# Issue 14's rows not measured yet (EXTRA=1): Kimi-K2.5 with tensor-parallel experts, context
+# 32k at batch 1 and 8, and DeepSeek-R1 NVFP4 at 8-way (16 of 128 heads, 32 of 256 experts).
+if [[ "${EXTRA:-0}" == 1 ]]; then
+  bench short_tp "$short" "${common[@]}" --moe tensor
+  bench short_32k "$short" --kv bf16,fp8_tiled --batches 1,8 --context 32768
+  bench r1_full bench/model/configs/deepseek-r1-nvfp4 --kv bf16 --batches 1,8,64,256 --phases on
+fi
 
 if [[ "${FULL:-1}" == 1 ]]; then
   full=(--kv "${KV_FULL:-bf16}" --batches 1,8,64,256 --phases on)
