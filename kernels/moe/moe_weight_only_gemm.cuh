@@ -307,16 +307,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       const int tile_id = blockIdx.y * gridDim.x + blockIdx.x;
       float* part = p.split_k.partial +
                     static_cast<size_t>(tile_id) * splits * kMoeSplitKPartialFloatsPerBlock;
+      float* flat = &acc[0][0][0];  // accumulator (i, j, q) at (i * kNT + j) * 4 + q
 #pragma unroll
-      for (int i = 0; i < kMT; ++i)
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            __stcg(part + split * kMoeSplitKPartialFloatsPerBlock +
-                       ((i * kNT + j) * 4 + q) * Cfg::kThreads + tid,
-                   acc[i][j][q]);
-          }
+      for (int i = 0; i < kAcc; ++i) {
+        __stcg(part + split * kMoeSplitKPartialFloatsPerBlock + i * Cfg::kThreads + tid, flat[i]);
+      }
       __threadfence();
       __syncthreads();
       __shared__ int s_last;
@@ -327,16 +322,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       if (!s_last) return;
       __threadfence();
 #pragma unroll
-      for (int i = 0; i < kMT; ++i)
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const float* src = part + ((i * kNT + j) * 4 + q) * Cfg::kThreads + tid;
-            float sum = __ldcg(src);
-            for (int z = 1; z < splits; ++z) sum += __ldcg(src + z * kMoeSplitKPartialFloatsPerBlock);
-            acc[i][j][q] = sum;
-          }
+      for (int i = 0; i < kAcc; ++i) {
+        const float* src = part + i * Cfg::kThreads + tid;
+        float sum = __ldcg(src);
+        for (int z = 1; z < splits; ++z) sum += __ldcg(src + z * kMoeSplitKPartialFloatsPerBlock);
+        flat[i] = sum;
+      }
       if (tid == 0) p.split_k.counters[tile_id] = 0;  // ready for the next launch
     }
   }
