@@ -154,12 +154,12 @@ int MoeSplitKFor(int sm_count, int local_experts, int routed_experts, int tokens
   return std::clamp(want, 1, std::min(kSplitKMax, k / 128));
 }
 
-void* MoeExpertsGpu::Alloc(size_t bytes, cudaError_t* err) {
+void* MoeExpertsGpu::Alloc(size_t bytes, cudaError_t* err, bool weights) {
   void* p = nullptr;
   *err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
   if (*err != cudaSuccess) return nullptr;
   allocations_.push_back(p);
-  device_bytes_ += bytes;
+  (weights ? device_bytes_ : counter_bytes_) += bytes;
   return p;
 }
 
@@ -254,7 +254,7 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
   }
   if (err == cudaSuccess) {
     const size_t counters = SplitKCounterCount(2 * Ip) + SplitKCounterCount(Hp);
-    g->split_counters_ = static_cast<int*>(g->Alloc(counters * sizeof(int), &err));
+    g->split_counters_ = static_cast<int*>(g->Alloc(counters * sizeof(int), &err, /*weights=*/false));
     if (err == cudaSuccess) err = cudaMemset(g->split_counters_, 0, counters * sizeof(int));
   }
   if (err == cudaSuccess) {

@@ -79,7 +79,10 @@ class MoeExpertsGpu {
   MoeExpertsGpu(const MoeExpertsGpu&) = delete;
   MoeExpertsGpu& operator=(const MoeExpertsGpu&) = delete;
 
+  // Bytes of the expert weights on the device (codes, scales, global scales); the split-K
+  // counters beside them (a few KB) are counter_bytes().
   size_t device_bytes() const { return device_bytes_; }
+  size_t counter_bytes() const { return counter_bytes_; }
   int first_expert() const { return first_expert_; }
   int num_local_experts() const { return num_local_experts_; }
   int hidden() const { return hidden_; }
@@ -99,7 +102,8 @@ class MoeExpertsGpu {
   friend absl::Status InvokeMoeExperts(const MoeExpertsGpu&, const MoeExpertsRunParams&,
                                        cudaStream_t);
   MoeExpertsGpu() = default;
-  void* Alloc(size_t bytes, cudaError_t* err);
+  // cudaMalloc, freed with the object; counted in device_bytes() (weights) or counter_bytes().
+  void* Alloc(size_t bytes, cudaError_t* err, bool weights = true);
 
   int first_expert_ = 0, num_local_experts_ = 0, hidden_ = 0, intermediate_ = 0;
   int num_routed_experts_ = 0;
@@ -107,7 +111,7 @@ class MoeExpertsGpu {
   bool nvfp4_ = false;
   bool int4_ = false;
   bool fp8_ = false;
-  size_t device_bytes_ = 0;
+  size_t device_bytes_ = 0, counter_bytes_ = 0;
   std::vector<void*> allocations_;
   // BF16: gate_up [E][2Ip, Hp] and down [E][Hp, Ip] in the layout of bf16_moe_gemm.h.
   void* bf16_gate_up_ = nullptr;
