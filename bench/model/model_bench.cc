@@ -4,8 +4,8 @@
 //
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
-//       [--deterministic off,on] [--phases on] [--programmatic on] [--fused-mla-input on]
-//       [--moe-split-k on] [--moe expert|tensor]
+//       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
+//       [--moe-split-k off] [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -34,11 +34,12 @@
 // of each phase is printed (the mean of the 3 steps; eager, so launch gaps are inside them).
 // Phase timing also brackets a profiler range: `ncu --profile-from-start off` sees those steps.
 //
-// --programmatic on: the skinny projections of batches of up to 4 rows are launched
-// programmatically dependent on the previous kernel (CudaOps::SetProgrammaticLaunch).
-// --fused-mla-input on: MLA's latent norm, k RoPE and cache write as one kernel
-// (CudaOps::SetFusedMlaInput). --moe-split-k on: split-K of the routed experts' decode GEMMs
-// where few experts are active (CudaOps::SetMoeSplitK).
+// Three of CudaOps' decode-step optimisations, on by default like CudaOps, can be turned off for
+// A/B runs: --programmatic off: the skinny projections of batches of up to 4 rows launched
+// without the programmatic dependency on the previous kernel (CudaOps::SetProgrammaticLaunch).
+// --fused-mla-input off: MLA's latent norm, k RoPE and cache write as five ops, not one kernel
+// (CudaOps::SetFusedMlaInput). --moe-split-k off: no split-K of the routed experts' decode GEMMs
+// (CudaOps::SetMoeSplitK).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -81,13 +82,13 @@ ABSL_FLAG(std::vector<std::string>, deterministic, std::vector<std::string>({"of
           "Deterministic modes to run: off, on or both.");
 ABSL_FLAG(mlaserve::OnOff, phases, mlaserve::OnOff{false},
           "Also time the model's phases with CUDA events.");
-ABSL_FLAG(mlaserve::OnOff, programmatic, mlaserve::OnOff{false},
+ABSL_FLAG(mlaserve::OnOff, programmatic, mlaserve::OnOff{true},
           "Launch the decode steps' skinny projections programmatically dependent on the previous "
           "kernel (CudaOps::SetProgrammaticLaunch).");
-ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{false},
+ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{true},
           "Run MLA's input (latent norm, k RoPE, cache write) as one kernel "
           "(CudaOps::SetFusedMlaInput).");
-ABSL_FLAG(mlaserve::OnOff, moe_split_k, mlaserve::OnOff{false},
+ABSL_FLAG(mlaserve::OnOff, moe_split_k, mlaserve::OnOff{true},
           "Split-K of the routed experts' decode GEMMs where few experts are active "
           "(CudaOps::SetMoeSplitK).");
 ABSL_FLAG(std::string, moe, "expert",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The decode-step A/B of issue 14 on a GPU machine, in one call: the GPU tests of the switches
-# that are off by default, then mlaserve-model-bench on Kimi-K2.5's rank-0-of-8 shard shapes with
-# each switch off and on (the same binary, one process per setting), then the full 61-layer shard.
+# The decode-step A/B of issue 14 on a GPU machine, in one call: the GPU tests of CudaOps' three
+# switchable decode optimisations (split-K, programmatic launches, fused MLA input), then
+# mlaserve-model-bench on Kimi-K2.5's rank-0-of-8 shard shapes with all on (the default), each
+# off, and all off (the same binary, one process per setting), then the full 61-layer shard.
 #   bench/model/run_decode_ab.sh BIN_DIR [LAYERS]
 # BIN_DIR holds mlaserve-model-bench, libmlaserve_cuda_backend.so and the test binaries (flat),
 # lib/ beside it the libraries the machine lacks; logs go to $OUT (or /tmp). LAYERS: the short
@@ -47,11 +48,12 @@ bench() {  # name, model dir, extra flags...
 }
 
 common=(--kv bf16 --batches 1,2,4,8,64)
+none=(--moe-split-k off --programmatic off --fused-mla-input off)
 bench short_default "$short" "${common[@]}"
-bench short_split "$short" "${common[@]}" --moe-split-k on
-bench short_pdl "$short" "${common[@]}" --programmatic on
-bench short_fused "$short" "${common[@]}" --fused-mla-input on
-bench short_all "$short" "${common[@]}" --moe-split-k on --programmatic on --fused-mla-input on
+bench short_nosplit "$short" "${common[@]}" --moe-split-k off
+bench short_nopdl "$short" "${common[@]}" --programmatic off
+bench short_nofused "$short" "${common[@]}" --fused-mla-input off
+bench short_none "$short" "${common[@]}" "${none[@]}"
 bench short_default2 "$short" "${common[@]}"
 
 # Issue 14's rows not measured yet (EXTRA=1): Kimi-K2.5 with tensor-parallel experts, context
@@ -65,6 +67,5 @@ fi
 if [[ "${FULL:-1}" == 1 ]]; then
   full=(--kv "${KV_FULL:-bf16}" --batches 1,8,64,256 --phases on)
   bench full_default bench/model/configs/kimi-k2.5 "${full[@]}"
-  bench full_all bench/model/configs/kimi-k2.5 "${full[@]}" --moe-split-k on --programmatic on \
-    --fused-mla-input on
+  bench full_none bench/model/configs/kimi-k2.5 "${full[@]}" "${none[@]}"
 fi

@@ -73,8 +73,8 @@ struct CudaOps::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<LinearGemm> gemm;
   bool batch_invariant = false;  // SetBatchInvariant
-  bool fused_mla_input = false;  // SetFusedMlaInput
-  bool moe_split_k = false;      // SetMoeSplitK
+  bool fused_mla_input = true;  // SetFusedMlaInput
+  bool moe_split_k = true;      // SetMoeSplitK
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 
@@ -214,6 +214,7 @@ absl::StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create() {
   auto gemm = LinearGemm::Create();
   if (!gemm.ok()) return gemm.status();
   impl->gemm = *std::move(gemm);
+  impl->gemm->SetProgrammaticLaunch(true);  // SetProgrammaticLaunch's default
   return std::unique_ptr<CudaOps>(new CudaOps(std::move(impl)));
 }
 

@@ -97,16 +97,17 @@ class CudaOps : public Ops {
   // events summed per phase name (ms, synchronising first), then starts a new account. The
   // events add ~2 us of launch work per phase to the host side.
   void SetPhaseTiming(bool on);
+  // Three decode-step optimisations, on by default; each switch exists for A/B runs
+  // (mlaserve-model-bench --programmatic / --fused-mla-input / --moe-split-k; bench/RESULTS.md,
+  // "Decode at batch 1-8"). Set them before the first step: captured graphs keep what they were
+  // captured with.
   // The skinny projections of decode steps launched programmatically dependent on the previous
-  // kernel (LinearGemm::SetProgrammaticLaunch; off by default, not yet run on a GPU). Set it
-  // before the first step: captured graphs keep the launches they were captured with.
+  // kernel (LinearGemm::SetProgrammaticLaunch).
   void SetProgrammaticLaunch(bool on);
-  // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops; off by default
-  // (written 2026-12-01, session 5, compiled, not yet run on a GPU).
+  // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops.
   void SetFusedMlaInput(bool on);
   // Split-K of the routed experts' decode GEMMs where few experts are active
-  // (MoeExpertsRunParams::split_k; never in the batch-invariant mode); off by default (written
-  // 2026-12-01, session 5, compiled, not yet run on a GPU).
+  // (MoeExpertsRunParams::split_k; never in the batch-invariant mode).
   void SetMoeSplitK(bool on);
   void Phase(const char* name) override;
   std::vector<std::pair<std::string, double>> PhaseTimes();
