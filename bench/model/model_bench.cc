@@ -5,7 +5,7 @@
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
-//       [--moe-split-k off] [--moe expert|tensor]
+//       [--moe-split-k on] [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -34,12 +34,12 @@
 // of each phase is printed (the mean of the 3 steps; eager, so launch gaps are inside them).
 // Phase timing also brackets a profiler range: `ncu --profile-from-start off` sees those steps.
 //
-// Three of CudaOps' decode-step optimisations, on by default like CudaOps, can be turned off for
-// A/B runs: --programmatic off: the skinny projections of batches of up to 4 rows launched
+// Three of CudaOps' decode-step optimisations can be switched for A/B runs, with CudaOps'
+// defaults: --programmatic off: the skinny projections of batches of up to 4 rows launched
 // without the programmatic dependency on the previous kernel (CudaOps::SetProgrammaticLaunch).
 // --fused-mla-input off: MLA's latent norm, k RoPE and cache write as five ops, not one kernel
-// (CudaOps::SetFusedMlaInput). --moe-split-k off: no split-K of the routed experts' decode GEMMs
-// (CudaOps::SetMoeSplitK).
+// (CudaOps::SetFusedMlaInput). --moe-split-k on: split-K of the routed experts' decode GEMMs
+// where few experts are active (CudaOps::SetMoeSplitK; off by default).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -88,7 +88,7 @@ ABSL_FLAG(mlaserve::OnOff, programmatic, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{true},
           "Run MLA's input (latent norm, k RoPE, cache write) as one kernel "
           "(CudaOps::SetFusedMlaInput).");
-ABSL_FLAG(mlaserve::OnOff, moe_split_k, mlaserve::OnOff{true},
+ABSL_FLAG(mlaserve::OnOff, moe_split_k, mlaserve::OnOff{false},
           "Split-K of the routed experts' decode GEMMs where few experts are active "
           "(CudaOps::SetMoeSplitK).");
 ABSL_FLAG(std::string, moe, "expert",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The decode-step A/B of issue 14 on a GPU machine, in one call: the GPU tests of CudaOps' three
 # switchable decode optimisations (split-K, programmatic launches, fused MLA input), then
-# mlaserve-model-bench on Kimi-K2.5's rank-0-of-8 shard shapes with all on (the default), each
-# off, and all off (the same binary, one process per setting), then the full 61-layer shard.
+# mlaserve-model-bench on Kimi-K2.5's rank-0-of-8 shard shapes with the defaults (split-K off,
+# the other two on), each switched, and all off (the same binary, one process per setting), then
+# the full 61-layer shard.
 #   bench/model/run_decode_ab.sh BIN_DIR [LAYERS]
 # BIN_DIR holds mlaserve-model-bench, libmlaserve_cuda_backend.so and the test binaries (flat),
 # lib/ beside it the libraries the machine lacks; logs go to $OUT (or /tmp). LAYERS: the short
@@ -50,7 +51,7 @@ bench() {  # name, model dir, extra flags...
 common=(--kv bf16 --batches 1,2,4,8,64)
 none=(--moe-split-k off --programmatic off --fused-mla-input off)
 bench short_default "$short" "${common[@]}"
-bench short_nosplit "$short" "${common[@]}" --moe-split-k off
+bench short_split "$short" "${common[@]}" --moe-split-k on
 bench short_nopdl "$short" "${common[@]}" --programmatic off
 bench short_nofused "$short" "${common[@]}" --fused-mla-input off
 bench short_none "$short" "${common[@]}" "${none[@]}"

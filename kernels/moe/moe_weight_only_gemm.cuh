@@ -102,10 +102,15 @@ __device__ __forceinline__ int DenseRows(const Params& p) {
 // p.dense_out, bf16 [dense_rows, dense_n] (dense_n <= n: the weight's rows past it are padding
 // and not stored); expert_offsets, tile_offsets, sorted_assignment and
 // topk_weights are not read. Launched with kGateUp false.
-template <class Cfg, bool kGateUp, class Format, bool kDense = false>
+// kSplit: the split-K kernel (moe_split_k.h; decode tiles only), launched only when a GEMM
+// splits. The code it needs stays out of the unsplit kernel: compiled in but unused it cost the
+// unsplit decode GEMMs 10-15% (H200, moe_bench --decode, the same binary with and without it:
+// ep8 / 64 tokens 350 -> 303 us, all_256 / 8 tokens 546 -> 483 us).
+template <class Cfg, bool kGateUp, class Format, bool kDense = false, bool kSplit = false>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     WeightOnlyMoeGemmKernel(const typename Format::Params p) {
   static_assert(!(kDense && kGateUp), "the dense mode is a down-like projection");
+  static_assert(!kSplit || Cfg::kBN <= 16, "split-K is for the decode tile");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kBM = Cfg::kBM, kBN = Cfg::kBN, kBK = Cfg::kBK, kStages = Cfg::kStages;
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT;
@@ -216,8 +221,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
   // Split-K (moe_split_k.h; decode tiles only): this block's K steps [kt0, kt0 + k_tiles).
-  const int splits = kBN <= 16 ? max(p.split_k.splits, 1) : 1;
-  const int split = kBN <= 16 ? static_cast<int>(blockIdx.z) : 0;
+  const int splits = kSplit ? p.split_k.splits : 1;
+  const int split = kSplit ? static_cast<int>(blockIdx.z) : 0;
   const int kt0 = p.k / kBK * split / splits;
   const int k_tiles = p.k / kBK * (split + 1) / splits - kt0;
   // Weights of the first kStages - 1 stages go into the first commit group (before down's wait),
@@ -297,39 +302,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
   CpAsyncWait<0>();
 
-  if constexpr (kBN <= 16) {
-    if (splits > 1) {
-      // This block's accumulators to its partial slot, then the tile's last block to arrive adds
-      // every split's in split order (reading its own back too, so the order is the same
-      // whichever block is last) and runs the epilogue.
-      constexpr int kAcc = kMT * kNT * 4;
-      static_assert(kAcc * Cfg::kThreads <= kMoeSplitKPartialFloatsPerBlock, "split partials");
-      const int tile_id = blockIdx.y * gridDim.x + blockIdx.x;
-      float* part = p.split_k.partial +
-                    static_cast<size_t>(tile_id) * splits * kMoeSplitKPartialFloatsPerBlock;
-      float* flat = &acc[0][0][0];  // accumulator (i, j, q) at (i * kNT + j) * 4 + q
+  if constexpr (kSplit) {
+    // This block's accumulators to its partial slot, then the tile's last block to arrive adds
+    // every split's in split order (reading its own back too, so the order is the same
+    // whichever block is last) and runs the epilogue.
+    constexpr int kAcc = kMT * kNT * 4;
+    static_assert(kAcc * Cfg::kThreads <= kMoeSplitKPartialFloatsPerBlock, "split partials");
+    const int tile_id = blockIdx.y * gridDim.x + blockIdx.x;
+    float* part = p.split_k.partial +
+                  static_cast<size_t>(tile_id) * splits * kMoeSplitKPartialFloatsPerBlock;
+    float* flat = &acc[0][0][0];  // accumulator (i, j, q) at (i * kNT + j) * 4 + q
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        __stcg(part + split * kMoeSplitKPartialFloatsPerBlock + i * Cfg::kThreads + tid, flat[i]);
-      }
-      __threadfence();
-      __syncthreads();
-      __shared__ int s_last;
-      if (tid == 0) {
-        s_last = atomicAdd(p.split_k.counters + tile_id, 1) == splits - 1;
-      }
-      __syncthreads();
-      if (!s_last) return;
-      __threadfence();
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        const float* src = part + i * Cfg::kThreads + tid;
-        float sum = __ldcg(src);
-        for (int z = 1; z < splits; ++z) sum += __ldcg(src + z * kMoeSplitKPartialFloatsPerBlock);
-        flat[i] = sum;
-      }
-      if (tid == 0) p.split_k.counters[tile_id] = 0;  // ready for the next launch
+    for (int i = 0; i < kAcc; ++i) {
+      __stcg(part + split * kMoeSplitKPartialFloatsPerBlock + i * Cfg::kThreads + tid, flat[i]);
     }
+    __threadfence();
+    __syncthreads();
+    __shared__ int s_last;
+    if (tid == 0) {
+      s_last = atomicAdd(p.split_k.counters + tile_id, 1) == splits - 1;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const float* src = part + i * Cfg::kThreads + tid;
+      float sum = __ldcg(src);
+      for (int z = 1; z < splits; ++z) sum += __ldcg(src + z * kMoeSplitKPartialFloatsPerBlock);
+      flat[i] = sum;
+    }
+    if (tid == 0) p.split_k.counters[tile_id] = 0;  // ready for the next launch
   }
 
   // Epilogue. acc[mt][nt]: c0 (weight row g, activation row 2t), c1 (g, 2t+1), c2 (g+8, 2t),
@@ -474,22 +477,27 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
   static_assert(Cfg::kChunkCodeBytes == Format::kChunkCodeBytes &&
                     Cfg::kChunkScaleBytes == Format::kChunkScaleBytes,
                 "the tiles' chunk bytes are the format's");
-  auto kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;
   if (p.n % Cfg::kBM != 0 || p.k % Cfg::kBK != 0 || p.max_tiles < 0 || p.max_tiles > 65535) {
     return cudaErrorInvalidValue;
   }
   if (p.max_tiles == 0) return cudaSuccess;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const int splits = kTileTokens <= 16 ? std::max(p.split_k.splits, 1) : 1;
+  const int splits = kTileTokens <= 16 && !kDense ? std::max(p.split_k.splits, 1) : 1;
   if (splits > 1 && (p.split_k.partial == nullptr || p.split_k.counters == nullptr ||
                      splits > p.k / Cfg::kBK || splits > 64)) {
     return cudaErrorInvalidValue;
   }
-  const dim3 grid(p.n / Cfg::kBM, p.max_tiles, splits);
-  return pdl::LaunchKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
-                                     p.programmatic, p);
+  auto launch = [&](auto kernel) {
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(p.n / Cfg::kBM, p.max_tiles, splits);
+    return pdl::LaunchKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
+                             p.programmatic, p);
+  };
+  if constexpr (kTileTokens <= 16 && !kDense) {
+    if (splits > 1) return launch(WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense, true>);
+  }
+  return launch(WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>);
 }
 
 }  // namespace mlaserve::moe_gemm

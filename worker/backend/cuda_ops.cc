@@ -74,7 +74,7 @@ struct CudaOps::Impl {
   std::unique_ptr<LinearGemm> gemm;
   bool batch_invariant = false;  // SetBatchInvariant
   bool fused_mla_input = true;  // SetFusedMlaInput
-  bool moe_split_k = true;      // SetMoeSplitK
+  bool moe_split_k = false;     // SetMoeSplitK
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 

@@ -97,17 +97,19 @@ class CudaOps : public Ops {
   // events summed per phase name (ms, synchronising first), then starts a new account. The
   // events add ~2 us of launch work per phase to the host side.
   void SetPhaseTiming(bool on);
-  // Three decode-step optimisations, on by default; each switch exists for A/B runs
-  // (mlaserve-model-bench --programmatic / --fused-mla-input / --moe-split-k; bench/RESULTS.md,
-  // "Decode at batch 1-8"). Set them before the first step: captured graphs keep what they were
-  // captured with.
+  // Three decode-step optimisations with switches for A/B runs (mlaserve-model-bench
+  // --programmatic / --fused-mla-input / --moe-split-k; bench/RESULTS.md, "Decode at batch 1-8"
+  // and "The 61-layer shard after the decode-step work"): the first two on by default, split-K
+  // off. Set them before the first step: captured graphs keep what they were captured with.
   // The skinny projections of decode steps launched programmatically dependent on the previous
   // kernel (LinearGemm::SetProgrammaticLaunch).
   void SetProgrammaticLaunch(bool on);
   // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops.
   void SetFusedMlaInput(bool on);
   // Split-K of the routed experts' decode GEMMs where few experts are active
-  // (MoeExpertsRunParams::split_k; never in the batch-invariant mode).
+  // (MoeExpertsRunParams::split_k; never in the batch-invariant mode). Off by default: against
+  // the unsplit kernel without the split code (H200, moe_bench --decode) it was slower at 1-4
+  // tokens (all_256 / 1 token 100 against 84 us) and 5% faster only at ep8 / 8 tokens.
   void SetMoeSplitK(bool on);
   void Phase(const char* name) override;
   std::vector<std::pair<std::string, double>> PhaseTimes();
