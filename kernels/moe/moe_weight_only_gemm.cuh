@@ -152,7 +152,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
   const int k_chunks_total = p.k / 64;
-  const int mt_block = blockIdx.x * (kBM / 16);  // first 16-row weight tile of this block
+  // The block's 128 weight rows and, split-K, its K range. The split varies fastest along x, so
+  // a tile's splits are adjacent in launch order and every block of the real tiles (blockIdx.y
+  // below tile_offsets[E]) is launched before the empty tiles' blocks. (With the split as z, the
+  // splits past the first came after the empty blocks of the first: real blocks then wait behind
+  // empty ones and land wherever those exited.)
+  const int splits = kSplit ? p.split_k.splits : 1;
+  const int n_block = kSplit ? static_cast<int>(blockIdx.x) / splits : static_cast<int>(blockIdx.x);
+  const int split = kSplit ? static_cast<int>(blockIdx.x) % splits : 0;
+  const int mt_block = n_block * (kBM / 16);  // first 16-row weight tile of this block
 
   // Global sources.
   constexpr int kChunkCode = Cfg::kChunkCodeBytes, kChunkScale = Cfg::kChunkScaleBytes;
@@ -221,8 +229,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
   // Split-K (moe_split_k.h; decode tiles only): this block's K steps [kt0, kt0 + k_tiles).
-  const int splits = kSplit ? p.split_k.splits : 1;
-  const int split = kSplit ? static_cast<int>(blockIdx.z) : 0;
   const int kt0 = p.k / kBK * split / splits;
   const int k_tiles = p.k / kBK * (split + 1) / splits - kt0;
   // Weights of the first kStages - 1 stages go into the first commit group (before down's wait),
@@ -308,7 +314,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // whichever block is last) and runs the epilogue.
     constexpr int kAcc = kMT * kNT * 4;
     static_assert(kAcc * Cfg::kThreads <= kMoeSplitKPartialFloatsPerBlock, "split partials");
-    const int tile_id = blockIdx.y * gridDim.x + blockIdx.x;
+    const int tile_id = blockIdx.y * (p.n / kBM) + n_block;
     float* part = p.split_k.partial +
                   static_cast<size_t>(tile_id) * splits * kMoeSplitKPartialFloatsPerBlock;
     float* flat = &acc[0][0][0];  // accumulator (i, j, q) at (i * kNT + j) * 4 + q
@@ -490,7 +496,7 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
     cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (err != cudaSuccess) return err;
-    const dim3 grid(p.n / Cfg::kBM, p.max_tiles, splits);
+    const dim3 grid(p.n / Cfg::kBM * splits, p.max_tiles);  // splits fastest along x
     return pdl::LaunchKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
                              p.programmatic, p);
   };
