@@ -5,7 +5,7 @@
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
-//       [--moe-split-k on] [--moe expert|tensor]
+//       [--moe-split-k on] [--fused-prologues on] [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -39,7 +39,9 @@
 // without the programmatic dependency on the previous kernel (CudaOps::SetProgrammaticLaunch).
 // --fused-mla-input off: MLA's latent norm, k RoPE and cache write as five ops, not one kernel
 // (CudaOps::SetFusedMlaInput). --moe-split-k on: split-K of the routed experts' decode GEMMs
-// where few experts are active (CudaOps::SetMoeSplitK; off by default).
+// where few experts are active (CudaOps::SetMoeSplitK; off by default). --fused-prologues on:
+// the q_a norm with q_b and the shared expert's SiLU with its down projection as one skinny
+// kernel each at batches of up to 4 (CudaOps::SetFusedPrologues; off by default).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -88,6 +90,9 @@ ABSL_FLAG(mlaserve::OnOff, programmatic, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{true},
           "Run MLA's input (latent norm, k RoPE, cache write) as one kernel "
           "(CudaOps::SetFusedMlaInput).");
+ABSL_FLAG(mlaserve::OnOff, fused_prologues, mlaserve::OnOff{false},
+          "Run the q_a norm with q_b and the shared expert's SiLU with its down projection as one "
+          "skinny kernel each at batches of up to 4 (CudaOps::SetFusedPrologues).");
 ABSL_FLAG(mlaserve::OnOff, moe_split_k, mlaserve::OnOff{false},
           "Split-K of the routed experts' decode GEMMs where few experts are active "
           "(CudaOps::SetMoeSplitK).");
@@ -268,6 +273,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
     (*ops)->SetMoeSplitK(absl::GetFlag(FLAGS_moe_split_k).on);
+    (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);
     SingleRankCommunicator comm;
     ModelOptions o;
     o.kv_format = *fmt;

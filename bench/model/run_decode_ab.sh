@@ -54,6 +54,7 @@ bench short_default "$short" "${common[@]}"
 bench short_split "$short" "${common[@]}" --moe-split-k on
 bench short_nopdl "$short" "${common[@]}" --programmatic off
 bench short_nofused "$short" "${common[@]}" --fused-mla-input off
+bench short_prologues "$short" "${common[@]}" --fused-prologues on
 bench short_none "$short" "${common[@]}" "${none[@]}"
 bench short_default2 "$short" "${common[@]}"
 

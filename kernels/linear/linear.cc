@@ -320,6 +320,28 @@ absl::Status LinearGemm::RunShared(const Args* list, int count, cudaStream_t str
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> LinearGemm::RunWithPrologue(const Args& a, const SkinnyPrologueArgs& prologue,
+                                                  cudaStream_t stream) {
+  if (impl_->invariant || a.m < 1 || a.m > kSkinnyMaxRows || a.batch != 1 || a.w_kn) return false;
+  SkinnyGemmArgs s;
+  s.m = static_cast<int>(a.m);
+  s.k = a.k;
+  s.x = a.x;
+  s.x_stride = a.x_stride;
+  s.num_segments = 1;
+  s.seg[0] = {a.w, a.n, a.alpha, a.out, a.out_dtype, a.out_stride};
+  s.sm_count = impl_->sm_count;
+  s.programmatic = impl_->programmatic;
+  s.prologue = prologue;
+  if (!SkinnyGemmSupports(s)) return false;
+  if (cudaError_t e = InvokeSkinnyGemm(s, stream); e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("LinearGemm::RunWithPrologue: skinny kernel for m ",
+                                            a.m, " n ", a.n, " k ", a.k, ": ",
+                                            cudaGetErrorString(e)));
+  }
+  return true;
+}
+
 absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
   if (a.m < 0 || a.n <= 0 || a.k <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(

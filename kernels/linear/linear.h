@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "kernels/linear/skinny_gemm.h"
 
 namespace mlaserve {
 
@@ -67,9 +68,16 @@ class LinearGemm {
   // rows, so its bits can differ from Run's of one weight alone by fp32 summation order.
   absl::Status RunShared(const Args* list, int count, cudaStream_t stream);
 
+  // out = alpha * T(x) W^T with T a transform of x applied as the skinny kernel reads it
+  // (skinny_gemm.h's SkinnyPrologue: RMSNorm of x's rows, or SiLU(x) * up), one launch for the
+  // op and the product. Only where the skinny kernels run it (m <= kSkinnyMaxRows, W [n, k],
+  // batch 1, outside the invariant mode): returns false without enqueuing anything otherwise,
+  // and the caller runs the two ops.
+  absl::StatusOr<bool> RunWithPrologue(const Args& a, const SkinnyPrologueArgs& prologue,
+                                       cudaStream_t stream);
+
   // Skinny launches (m <= kSkinnyMaxRows) programmatically dependent on the stream's previous
-  // kernel from now on (SkinnyGemmArgs::programmatic); off by default. Written 2026-12-01
-  // (session 5) and compiled, not yet run on a GPU.
+  // kernel from now on (SkinnyGemmArgs::programmatic); off by default (CudaOps turns it on).
   void SetProgrammaticLaunch(bool on);
 
   // Batch-invariant plans from now on (see the file comment); off by default.

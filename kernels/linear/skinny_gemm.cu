@@ -41,6 +41,22 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&x)[8], float
   return acc;
 }
 
+// v rounded to bf16 and back (the transformed activations are what a separate op would store).
+__device__ __forceinline__ float RoundBf16(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+__device__ __forceinline__ void Expand8(const uint4& v, float (&f)[8]) {
+  f[0] = Lo(v.x);
+  f[1] = Hi(v.x);
+  f[2] = Lo(v.y);
+  f[3] = Hi(v.y);
+  f[4] = Lo(v.z);
+  f[5] = Hi(v.z);
+  f[6] = Lo(v.w);
+  f[7] = Hi(v.w);
+}
+
 __device__ __forceinline__ void Store(const SkinnyGemmSegment& s, int64_t offset, float v) {
   if (s.out_dtype == DType::kF32) {
     static_cast<float*>(s.out)[offset] = v;
@@ -62,7 +78,7 @@ __device__ __forceinline__ void WaitOnce(const SkinnyGemmArgs& a, bool& waited) 
   waited = true;
 }
 
-template <int M, int S>
+template <int M, int S, SkinnyPrologue P>
 __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int4 block_begin,
                                               const int bx, bool& waited) {
   constexpr int kGroups = kTnWarps / S;
@@ -97,6 +113,35 @@ __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int
                                                b * a.x_batch_stride + m * a.x_stride);
   }
 
+  // Prologues (skinny_gemm.h): SiLU's up rows; RMSNorm's inverse row norms, from the whole rows,
+  // after the wait (x is the previous kernel's output) and before this warp's weight loads.
+  [[maybe_unused]] const uint4* up_rows[M];
+  [[maybe_unused]] float inv[M];
+  if constexpr (P == SkinnyPrologue::kSiluMul) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      up_rows[m] = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.prologue.up) +
+                                                  m * a.prologue.up_stride);
+    }
+  }
+  if constexpr (P == SkinnyPrologue::kRmsNorm) {
+    WaitOnce(a, waited);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float sq = 0.0f;
+      for (int c = lane; c < chunks; c += 32) {
+        float xf[8];
+        Expand8(__ldg(x_rows[m] + c), xf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sq = fmaf(xf[j], xf[j], sq);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      // IEEE division and square root, as RmsNormRef and InvokeRmsNorm.
+      inv[m] = 1.0f / sqrtf(sq / static_cast<float>(a.k) + a.prologue.eps);
+    }
+  }
+
   float acc[kTnRowsPerWarp][M];
 #pragma unroll
   for (int r = 0; r < kTnRowsPerWarp; ++r)
@@ -118,11 +163,28 @@ __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int
     for (int u = 0; u < kTnUnroll; ++u) {
       const int c = c0 + 32 * u;
       if (c < c_end) {
+        [[maybe_unused]] float wn[8];
+        if constexpr (P == SkinnyPrologue::kRmsNorm) {
+          const float4* nw = reinterpret_cast<const float4*>(a.prologue.norm_weight) + 2 * c;
+          const float4 w0 = __ldg(nw), w1 = __ldg(nw + 1);
+          wn[0] = w0.x, wn[1] = w0.y, wn[2] = w0.z, wn[3] = w0.w;
+          wn[4] = w1.x, wn[5] = w1.y, wn[6] = w1.z, wn[7] = w1.w;
+        }
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          const uint4 xv = __ldg(x_rows[m] + c);
-          const float xf[8] = {Lo(xv.x), Hi(xv.x), Lo(xv.y), Hi(xv.y),
-                               Lo(xv.z), Hi(xv.z), Lo(xv.w), Hi(xv.w)};
+          float xf[8];
+          Expand8(__ldg(x_rows[m] + c), xf);
+          if constexpr (P == SkinnyPrologue::kRmsNorm) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) xf[j] = RoundBf16(wn[j] * (xf[j] * inv[m]));
+          } else if constexpr (P == SkinnyPrologue::kSiluMul) {
+            float uf[8];
+            Expand8(__ldg(up_rows[m] + c), uf);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              xf[j] = RoundBf16(__fmul_rn(__fdiv_rn(xf[j], 1.0f + expf(-xf[j])), uf[j]));
+            }
+          }
 #pragma unroll
           for (int r = 0; r < kTnRowsPerWarp; ++r) acc[r][m] = Dot8(wv[u][r], xf, acc[r][m]);
         }
@@ -172,25 +234,26 @@ __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int
 
 // The grid is at most what fits on the device at once; each block walks work blocks bx =
 // blockIdx.x, + gridDim.x, ... (no tail wave of small blocks, no block launch per 2 rows).
-template <int M, int S>
+template <int M, int S, SkinnyPrologue P>
 __global__ void __launch_bounds__(32 * kTnWarps)
     SkinnyTnKernel(const SkinnyGemmArgs a, const int4 block_begin, const int total_blocks) {
   bool waited = false;
   if (!a.programmatic) pdl::AllowDependentLaunch();
   for (int bx = blockIdx.x; bx < total_blocks; bx += gridDim.x) {
-    SkinnyTnBlock<M, S>(a, block_begin, bx, waited);
+    SkinnyTnBlock<M, S, P>(a, block_begin, bx, waited);
     if constexpr (S > 1) __syncthreads();  // the next block's partials reuse shared memory
   }
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Blocks of SkinnyTnKernel<M, S> one SM holds at once (queried once per instantiation).
-template <int M, int S>
+// Blocks of SkinnyTnKernel<M, S, P> one SM holds at once (queried once per instantiation).
+template <int M, int S, SkinnyPrologue P>
 int ResidentTnBlocks() {
   static const int blocks = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, SkinnyTnKernel<M, S>, 32 * kTnWarps, 0) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, SkinnyTnKernel<M, S, P>, 32 * kTnWarps,
+                                                      0) !=
             cudaSuccess ||
         b < 1) {
       b = 1;
@@ -200,7 +263,7 @@ int ResidentTnBlocks() {
   return blocks;
 }
 
-template <int M, int S>
+template <int M, int S, SkinnyPrologue P>
 cudaError_t LaunchTnWith(const SkinnyGemmArgs& a, cudaStream_t stream) {
   const int rows_per_block = (kTnWarps / S) * kTnRowsPerWarp;
   int b[4] = {0, 0, 0, 0};
@@ -210,12 +273,12 @@ cudaError_t LaunchTnWith(const SkinnyGemmArgs& a, cudaStream_t stream) {
     total += static_cast<int>((a.seg[i].n + rows_per_block - 1) / rows_per_block);
   }
   for (int i = a.num_segments; i < 4; ++i) b[i] = total;
-  const int grid_x = std::min(total, a.sm_count * ResidentTnBlocks<M, S>());
-  return pdl::LaunchKernel(SkinnyTnKernel<M, S>, dim3(grid_x, a.batch), dim3(32 * kTnWarps), 0,
+  const int grid_x = std::min(total, a.sm_count * ResidentTnBlocks<M, S, P>());
+  return pdl::LaunchKernel(SkinnyTnKernel<M, S, P>, dim3(grid_x, a.batch), dim3(32 * kTnWarps), 0,
                            stream, a.programmatic, a, make_int4(b[0], b[1], b[2], b[3]), total);
 }
 
-template <int M>
+template <int M, SkinnyPrologue P>
 cudaError_t LaunchTn(const SkinnyGemmArgs& a, cudaStream_t stream) {
   // K slices per row pair: the fewest that give every warp the device holds at once a share
   // (row pairs x S >= resident warps), each slice keeping >= 64 chunks (2 lane strides) where K
@@ -225,7 +288,7 @@ cudaError_t LaunchTn(const SkinnyGemmArgs& a, cudaStream_t stream) {
   int64_t pairs = 0;
   for (int i = 0; i < a.num_segments; ++i) pairs += (a.seg[i].n + 1) / 2;
   pairs *= a.batch;
-  const int64_t resident_warps = static_cast<int64_t>(a.sm_count) * ResidentTnBlocks<M, 1>() *
+  const int64_t resident_warps = static_cast<int64_t>(a.sm_count) * ResidentTnBlocks<M, 1, P>() *
                                  kTnWarps;
   int s = 1;
   for (int cand : {2, 4}) {
@@ -233,9 +296,19 @@ cudaError_t LaunchTn(const SkinnyGemmArgs& a, cudaStream_t stream) {
     s = cand;
   }
   switch (s) {
-    case 1: return LaunchTnWith<M, 1>(a, stream);
-    case 2: return LaunchTnWith<M, 2>(a, stream);
-    default: return LaunchTnWith<M, 4>(a, stream);
+    case 1: return LaunchTnWith<M, 1, P>(a, stream);
+    case 2: return LaunchTnWith<M, 2, P>(a, stream);
+    default: return LaunchTnWith<M, 4, P>(a, stream);
+  }
+}
+
+template <SkinnyPrologue P>
+cudaError_t LaunchRows(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  switch (a.m) {
+    case 1: return LaunchTn<1, P>(a, stream);
+    case 2: return LaunchTn<2, P>(a, stream);
+    case 3: return LaunchTn<3, P>(a, stream);
+    default: return LaunchTn<4, P>(a, stream);
   }
 }
 
@@ -263,16 +336,25 @@ bool SkinnyGemmSupports(const SkinnyGemmArgs& a) {
     if (s.out_dtype != DType::kBF16 && s.out_dtype != DType::kF32) return false;
     if (!Aligned16(s.w)) return false;
   }
+  const SkinnyPrologueArgs& pro = a.prologue;
+  if (pro.kind != SkinnyPrologue::kNone && (a.num_segments != 1 || a.batch != 1)) return false;
+  if (pro.kind == SkinnyPrologue::kRmsNorm && !(pro.norm_weight != nullptr &&
+                                                 Aligned16(pro.norm_weight) && pro.eps >= 0.0f)) {
+    return false;
+  }
+  if (pro.kind == SkinnyPrologue::kSiluMul &&
+      !(pro.up != nullptr && Aligned16(pro.up) && pro.up_stride >= a.k && pro.up_stride % 8 == 0)) {
+    return false;
+  }
   return true;
 }
 
 cudaError_t InvokeSkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
   if (!SkinnyGemmSupports(a)) return cudaErrorInvalidValue;
-  switch (a.m) {
-    case 1: return LaunchTn<1>(a, stream);
-    case 2: return LaunchTn<2>(a, stream);
-    case 3: return LaunchTn<3>(a, stream);
-    default: return LaunchTn<4>(a, stream);
+  switch (a.prologue.kind) {
+    case SkinnyPrologue::kRmsNorm: return LaunchRows<SkinnyPrologue::kRmsNorm>(a, stream);
+    case SkinnyPrologue::kSiluMul: return LaunchRows<SkinnyPrologue::kSiluMul>(a, stream);
+    default: return LaunchRows<SkinnyPrologue::kNone>(a, stream);
   }
 }
 

@@ -31,6 +31,26 @@ namespace mlaserve {
 inline constexpr int kSkinnyMaxRows = 4;
 inline constexpr int kSkinnyMaxSegments = 4;
 
+// A transform of x applied as the kernel reads it, so that the op producing the product's
+// input and the product are one launch (one weight, batch 1). The transformed rows are never
+// stored.
+//   kRmsNorm: the product reads bf16(norm_weight[j] * (x[j] * inv)), inv = 1 / sqrt(mean(x^2) +
+//     eps) over x's row: RmsNorm's arithmetic (kernels/norm/rms_norm.h), the sum of squares in
+//     this kernel's order (each warp sums the whole row: lane l its 8-element chunks l, l + 32,
+//     ... in element order, then a butterfly), so inv can differ from InvokeRmsNorm's by fp32
+//     rounding.
+//   kSiluMul: the product reads bf16(silu(x[j]) * up[j]): SiluMul's arithmetic
+//     (kernels/activation/silu_mul.cu), bit for bit.
+enum class SkinnyPrologue { kNone, kRmsNorm, kSiluMul };
+
+struct SkinnyPrologueArgs {
+  SkinnyPrologue kind = SkinnyPrologue::kNone;
+  const float* norm_weight = nullptr;  // kRmsNorm: fp32 [k], 16-byte aligned
+  float eps = 0.0f;                    // kRmsNorm
+  const void* up = nullptr;            // kSiluMul: bf16 [m, k], row stride up_stride elements
+  int64_t up_stride = 0;
+};
+
 struct SkinnyGemmSegment {
   const void* w = nullptr;  // bf16 [n, k]
   int64_t n = 0;
@@ -57,11 +77,13 @@ struct SkinnyGemmArgs {
   // programmatic_launch.cuh): the blocks issue their first weight loads, then wait for it before
   // reading x. LinearGemm::SetProgrammaticLaunch; off by default.
   bool programmatic = false;
+  SkinnyPrologueArgs prologue;  // kind != kNone: one segment, batch 1
 };
 
 // Whether the kernels take these arguments: W [n, k], m in [1, kSkinnyMaxRows], 16-byte aligned
 // x and W rows (pointers, strides and batch strides), k a multiple of 8, sizes within int32,
-// out_dtype bf16 or fp32. Outputs need no alignment.
+// out_dtype bf16 or fp32; a prologue only with one segment and batch 1, its norm weight or up
+// rows 16-byte aligned (up_stride >= k, a multiple of 8). Outputs need no alignment.
 bool SkinnyGemmSupports(const SkinnyGemmArgs& a);
 
 // Enqueues the product; cudaErrorInvalidValue where SkinnyGemmSupports is false.

@@ -188,6 +188,43 @@ class GpuModelTest : public ::testing::TestWithParam<const char*> {
     ASSERT_TRUE(m.ok()) << m.status();
     gpu_ = std::move(*m);
   }
+  // Teacher-forced greedy decode, 32 steps: the GPU picks the CPU's token at every step but at
+  // near-ties (CPU margin <= twice the largest logit difference).
+  void GreedyDecodeAgainstCpu(const char* what) {
+    const int vocab = cpu_->config().vocab_size;
+    const auto prompt = golden_->Get<int32_t>("p2.ids");
+    LocalSession cs(*cpu_), gs(*gpu_);
+    auto cl = cs.Feed(prompt, false);
+    auto gl = gs.Feed(prompt, false);
+    ASSERT_TRUE(cl.ok() && gl.ok());
+    double worst = 0;
+    int same = 0, near_ties = 0;
+    for (int step = 0; step < 32; ++step) {
+      const int32_t c = int32_t(std::max_element(cl->begin(), cl->end()) - cl->begin());
+      const int32_t g = int32_t(std::max_element(gl->begin(), gl->end()) - gl->begin());
+      double err = 0;
+      for (int i = 0; i < vocab; ++i) err = std::max(err, double(std::abs((*gl)[i] - (*cl)[i])));
+      worst = std::max(worst, err);
+      const double margin = Margin(cl->data(), vocab);
+      if (c == g) {
+        ++same;
+      } else if (margin <= 2 * err) {
+        ++near_ties;
+      } else {
+        ADD_FAILURE() << GetParam() << " greedy step " << step << ": CPU " << c << ", GPU " << g
+                      << " (CPU margin " << margin << ", max logit difference " << err << ")";
+      }
+      // Both continue with the CPU's token (decode through the absorbed path over the cache).
+      cl = cs.Feed({c}, false);
+      gl = gs.Feed({c}, false);
+      ASSERT_TRUE(cl.ok()) << cl.status();
+      ASSERT_TRUE(gl.ok()) << gl.status();
+    }
+    std::printf(
+        "[gpu_model] %s greedy (teacher-forced%s): %d of 32 steps pick the CPU's token, %d "
+        "near-ties, max logit difference %.3g\n",
+        GetParam(), what, same, near_ties, worst);
+  }
   std::string dir_;
   std::unique_ptr<Golden> golden_;
   CpuOps cpu_ops_{2};
@@ -233,40 +270,13 @@ TEST_P(GpuModelTest, PrefillAndChunkedPrefillMatchCpu) {
   }
 }
 
-TEST_P(GpuModelTest, GreedyDecodeMatchesCpu) {
-  const int vocab = cpu_->config().vocab_size;
-  const auto prompt = golden_->Get<int32_t>("p2.ids");
-  LocalSession cs(*cpu_), gs(*gpu_);
-  auto cl = cs.Feed(prompt, false);
-  auto gl = gs.Feed(prompt, false);
-  ASSERT_TRUE(cl.ok() && gl.ok());
-  double worst = 0;
-  int same = 0, near_ties = 0;
-  for (int step = 0; step < 32; ++step) {
-    const int32_t c = int32_t(std::max_element(cl->begin(), cl->end()) - cl->begin());
-    const int32_t g = int32_t(std::max_element(gl->begin(), gl->end()) - gl->begin());
-    double err = 0;
-    for (int i = 0; i < vocab; ++i) err = std::max(err, double(std::abs((*gl)[i] - (*cl)[i])));
-    worst = std::max(worst, err);
-    const double margin = Margin(cl->data(), vocab);
-    if (c == g) {
-      ++same;
-    } else if (margin <= 2 * err) {
-      ++near_ties;
-    } else {
-      ADD_FAILURE() << GetParam() << " greedy step " << step << ": CPU " << c << ", GPU " << g
-                    << " (CPU margin " << margin << ", max logit difference " << err << ")";
-    }
-    // Both continue with the CPU's token (decode through the absorbed path over the cache).
-    cl = cs.Feed({c}, false);
-    gl = gs.Feed({c}, false);
-    ASSERT_TRUE(cl.ok()) << cl.status();
-    ASSERT_TRUE(gl.ok()) << gl.status();
-  }
-  std::printf(
-      "[gpu_model] %s greedy (teacher-forced): %d of 32 steps pick the CPU's token, %d "
-      "near-ties, max logit difference %.3g\n",
-      GetParam(), same, near_ties, worst);
+TEST_P(GpuModelTest, GreedyDecodeMatchesCpu) { GreedyDecodeAgainstCpu(""); }
+
+// The same with CudaOps::SetFusedPrologues (the q_a norm with q_b and the shared expert's SiLU
+// with its down projection, one skinny kernel each at decode).
+TEST_P(GpuModelTest, GreedyDecodeWithFusedProloguesMatchesCpu) {
+  gpu_ops_->SetFusedPrologues(true);
+  GreedyDecodeAgainstCpu(", fused prologues");
 }
 
 // Decode steps replayed as CUDA graphs give the same logits, bit for bit, as the same steps run

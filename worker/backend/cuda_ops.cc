@@ -75,6 +75,7 @@ struct CudaOps::Impl {
   bool batch_invariant = false;  // SetBatchInvariant
   bool fused_mla_input = true;  // SetFusedMlaInput
   bool moe_split_k = false;     // SetMoeSplitK
+  bool fused_prologues = false;  // SetFusedPrologues
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 
@@ -245,6 +246,7 @@ void CudaOps::SetPhaseTiming(bool on) {
 void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunch(on); }
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 void CudaOps::SetMoeSplitK(bool on) { impl_->moe_split_k = on; }
+void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 
 void CudaOps::Phase(const char* name) {
   if (!impl_->phase_timing || impl_->capturing) return;
@@ -692,8 +694,10 @@ void CudaOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& we
                [&] { return absl::StrCat("AddRmsNorm ", Shape(residual)); });
 }
 
-void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
-  MLASERVE_SKIP_IF_FAILED();
+namespace {
+
+// The arguments of out = x W^T for a bf16 weight [n, k] held as CudaOps uploads it.
+LinearGemm::Args LinearArgs(const Tensor& x, const LinearWeight& w, Tensor& out) {
   LinearGemm::Args a;
   a.k = w.in_features;
   a.n = w.out_features;
@@ -705,7 +709,14 @@ void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   a.out = out.data<void>();
   a.out_dtype = out.dtype();
   a.out_stride = a.n;
-  impl_->Check(impl_->gemm->Run(a, impl_->stream), [&] {
+  return a;
+}
+
+}  // namespace
+
+void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  impl_->Check(impl_->gemm->Run(LinearArgs(x, w, out), impl_->stream), [&] {
     return absl::StrCat("Linear ", Shape(x), " x ", Shape(w.weight), "^T -> ", Shape(out));
   });
 }
@@ -719,24 +730,52 @@ void CudaOps::Linears(const Tensor& x, std::initializer_list<LinearOut> outs) {
     return;
   }
   int n = 0;
-  for (const LinearOut& o : outs) {
-    LinearGemm::Args& a = list[n++];
-    a.k = o.w->in_features;
-    a.n = o.w->out_features;
-    a.m = x.numel() / a.k;
-    a.x = x.data<void>();
-    a.x_stride = a.k;
-    a.w = o.w->weight.data<void>();
-    a.alpha = o.w->alpha;
-    a.out = o.out->data<void>();
-    a.out_dtype = o.out->dtype();
-    a.out_stride = a.n;
-  }
+  for (const LinearOut& o : outs) list[n++] = LinearArgs(x, *o.w, *o.out);
   impl_->Check(impl_->gemm->RunShared(list, n, impl_->stream), [&] {
     std::string what = absl::StrCat("Linears ", Shape(x), " x");
     for (const LinearOut& o : outs) absl::StrAppend(&what, " ", Shape(o.w->weight), "^T");
     return what;
   });
+}
+
+
+void CudaOps::RmsNormLinear(Tensor& x, const Tensor& norm_weight, float eps,
+                            const LinearWeight& w, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  if (impl_->fused_prologues && x.dtype() == DType::kBF16 && norm_weight.dtype() == DType::kF32 &&
+      norm_weight.numel() == w.in_features && !w.weight.empty()) {
+    SkinnyPrologueArgs pro;
+    pro.kind = SkinnyPrologue::kRmsNorm;
+    pro.norm_weight = norm_weight.data<float>();
+    pro.eps = eps;
+    auto ran = impl_->gemm->RunWithPrologue(LinearArgs(x, w, out), pro, impl_->stream);
+    if (!ran.ok() || *ran) {
+      impl_->Check(ran.status(), [&] {
+        return absl::StrCat("RmsNormLinear ", Shape(x), " x ", Shape(w.weight), "^T");
+      });
+      return;
+    }
+  }
+  Ops::RmsNormLinear(x, norm_weight, eps, w, out);
+}
+
+void CudaOps::SiluMulLinear(Tensor& gate, const Tensor& up, const LinearWeight& w, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  if (impl_->fused_prologues && gate.dtype() == DType::kBF16 && up.dtype() == DType::kBF16 &&
+      up.numel() == gate.numel() && !w.weight.empty()) {
+    SkinnyPrologueArgs pro;
+    pro.kind = SkinnyPrologue::kSiluMul;
+    pro.up = up.data<void>();
+    pro.up_stride = w.in_features;
+    auto ran = impl_->gemm->RunWithPrologue(LinearArgs(gate, w, out), pro, impl_->stream);
+    if (!ran.ok() || *ran) {
+      impl_->Check(ran.status(), [&] {
+        return absl::StrCat("SiluMulLinear ", Shape(gate), " x ", Shape(w.weight), "^T");
+      });
+      return;
+    }
+  }
+  Ops::SiluMulLinear(gate, up, w, out);
 }
 
 void CudaOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {

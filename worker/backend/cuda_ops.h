@@ -55,6 +55,9 @@ class CudaOps : public Ops {
   void Linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
   void Linears(const Tensor& x, std::initializer_list<LinearOut> outs) override;
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void RmsNormLinear(Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& w,
+                     Tensor& out) override;
+  void SiluMulLinear(Tensor& gate, const Tensor& up, const LinearWeight& w, Tensor& out) override;
   void Columns(const Tensor& x, int64_t begin, Tensor& out) override;
   void CopyColumns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col,
                    int64_t cols) override;
@@ -106,6 +109,10 @@ class CudaOps : public Ops {
   void SetProgrammaticLaunch(bool on);
   // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops.
   void SetFusedMlaInput(bool on);
+  // RmsNormLinear and SiluMulLinear as one skinny kernel each at 1-4 rows
+  // (LinearGemm::RunWithPrologue): the q_a norm with q_b, the shared expert's SiLU with its down
+  // projection. Off by default (written 2026-12-01, session 6; compiled, not yet run on a GPU).
+  void SetFusedPrologues(bool on);
   // Split-K of the routed experts' decode GEMMs where few experts are active
   // (MoeExpertsRunParams::split_k; never in the batch-invariant mode). Off by default: against
   // the unsplit kernel without the split code (H200, moe_bench --decode) it was slower at 1-4

@@ -192,6 +192,21 @@ class Ops {
   }
   // out = silu(gate) * up, elementwise.
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // An op and the projection that reads its output, as one call (the defaults are the two ops;
+  // the CUDA backend can run them as one kernel at decode batches of up to 4 rows,
+  // CudaOps::SetFusedPrologues). x / gate may hold the normalized / activated rows afterwards,
+  // or their inputs still: callers read only `out`.
+  //   out = (RmsNorm(x) * norm_weight) W^T
+  virtual void RmsNormLinear(Tensor& x, const Tensor& norm_weight, float eps,
+                             const LinearWeight& w, Tensor& out) {
+    RmsNorm(x, norm_weight, eps, x);
+    Linear(x, w, out);
+  }
+  //   out = (silu(gate) * up) W^T
+  virtual void SiluMulLinear(Tensor& gate, const Tensor& up, const LinearWeight& w, Tensor& out) {
+    SiluMul(gate, up, gate);
+    Linear(gate, w, out);
+  }
   // out[:, :] = x[:, begin : begin + out.dim(1)].
   virtual void Columns(const Tensor& x, int64_t begin, Tensor& out) = 0;
   // dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols] (same row count).

@@ -653,8 +653,7 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
   if (c.q_lora_rank > 0) {
     Tensor qa = ops_.Activation({T, c.q_lora_rank});
     ops_.Linears(h, {{&L.q_a, &qa}, {&L.kv_a, &kv}});
-    ops_.RmsNorm(qa, L.q_a_norm, c.rms_norm_eps, qa);
-    ops_.Linear(qa, L.q_b, q);
+    ops_.RmsNormLinear(qa, L.q_a_norm, c.rms_norm_eps, L.q_b, q);
   } else {
     ops_.Linears(h, {{&L.q_proj, &q}, {&L.kv_a, &kv}});
   }
@@ -725,12 +724,11 @@ absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
     } else {
       ops_.Linears(h, {{&L.gate, &g}, {&L.up, &u}});
     }
-    ops_.SiluMul(g, u, g);
     if (L.moe) {
       shared = ops_.Activation({T, c.hidden_size});
-      ops_.Linear(g, L.down, shared);
+      ops_.SiluMulLinear(g, u, L.down, shared);
     } else {
-      ops_.Linear(g, L.down, out);
+      ops_.SiluMulLinear(g, u, L.down, out);
     }
   } else if (L.moe) {
     ops_.Linear(h, L.router, logits);

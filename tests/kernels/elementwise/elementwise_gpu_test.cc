@@ -953,6 +953,216 @@ TEST(ElementwiseGpuTest, LinearGemmProgrammaticChain) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
+// RunWithPrologue (skinny_gemm.h's SkinnyPrologue): the op that makes a projection's input
+// fused into the skinny projection. Inputs come from a GatherRows kernel on the same
+// non-blocking stream, with the buffers poisoned before each run, and every case runs launched
+// plainly and programmatically (the prologue reads x, and the RMSNorm one all of it, only after
+// the wait); both must give the same bits, and match the reference:
+//   kSiluMul: the transformed rows are InvokeSiluMul's output bit for bit (the same arithmetic),
+//     so the reference is LinearRef over InvokeSiluMul's bf16 output, with the LinearGemm test's
+//     tolerance (e = 2 k 2^-24 S).
+//   kRmsNorm: the fused inverse norm is an fp32 sum of squares in another order than
+//     RmsNormRef's: a lane adds k / 32 squares in sequence, then 5 butterfly levels (k = 7168:
+//     229 additions, a relative 2^-16.2 on the sum at worst, half that on the inverse square
+//     root), and three more roundings follow, so the normalized element before its bf16
+//     rounding is within 2^-17 of the exact one, relative; delta = 2^-16 doubles that.
+//     Reference rows: bf16 of the exact (double) normalized values; where the interval
+//     x_exact (1 +- delta) holds a bf16 rounding boundary, either neighbour is right, and the
+//     tolerance of output j adds |hi - lo| |w_ji| for such elements (a few per thousand rows
+//     here); then e and the output's rounding. A wrong index or a missed norm is off by O(|y|).
+// m = 5, the invariant mode and a misaligned up fall back (false, nothing enqueued).
+TEST(ElementwiseGpuTest, LinearGemmPrologues) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<LinearGemm>> gemm = LinearGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct Case {
+    SkinnyPrologue kind;
+    int64_t m, n, k;
+    DType out_dtype;
+  };
+  const Case cases[] = {
+      {SkinnyPrologue::kRmsNorm, 1, 1536, 1536, DType::kBF16},  // Kimi's q_a norm + q_b
+      {SkinnyPrologue::kRmsNorm, 4, 1536, 1536, DType::kBF16},
+      {SkinnyPrologue::kRmsNorm, 3, 40, 7168, DType::kF32},
+      {SkinnyPrologue::kSiluMul, 1, 7168, 256, DType::kBF16},  // the shared expert's down
+      {SkinnyPrologue::kSiluMul, 2, 7168, 2048, DType::kBF16},
+      {SkinnyPrologue::kSiluMul, 4, 24, 18432, DType::kF32},
+  };
+  FastRandom rng(14);
+  for (const Case& c : cases) {
+    const bool norm = c.kind == SkinnyPrologue::kRmsNorm;
+    const std::string what = std::string(norm ? "RmsNorm" : "SiluMul") + " m " +
+                             std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
+                             std::to_string(c.k);
+    // Sources: x (or gate) and up as rows 0..m-1 and m..2m-1 of one table.
+    const std::vector<uint16_t> table = RandomBf16(rng, 2 * c.m * c.k, norm ? 3.0f : 6.0f);
+    std::vector<float> norm_w(c.k);
+    for (auto& v : norm_w) v = 0.5f + std::fabs(Bf16ToFloat(rng.Bf16(1.0f)));
+    const std::vector<uint16_t> w = RandomBf16(rng, c.n * c.k, 1.0f / std::sqrt(c.k));
+    std::vector<int32_t> ids(2 * c.m);
+    for (int i = 0; i < 2 * c.m; ++i) ids[i] = i;
+    DeviceBuffer<uint16_t> d_table(table.size()), d_in(2 * c.m * c.k), d_w(w.size()),
+        d_act(c.m * c.k);
+    DeviceBuffer<float> d_nw(norm_w.size());
+    DeviceBuffer<int32_t> d_ids(ids.size());
+    const size_t out_bytes = c.out_dtype == DType::kF32 ? 4 : 2;
+    DeviceBuffer<uint8_t> d_out(c.m * c.n * out_bytes);
+    CUDA_OK(d_table.Upload(table));
+    CUDA_OK(d_nw.Upload(norm_w));
+    CUDA_OK(d_w.Upload(w));
+    CUDA_OK(d_ids.Upload(ids));
+    LinearGemm::Args a;
+    a.m = c.m;
+    a.n = c.n;
+    a.k = c.k;
+    a.x = d_in.ptr;
+    a.x_stride = c.k;
+    a.w = d_w.ptr;
+    a.out = d_out.ptr;
+    a.out_dtype = c.out_dtype;
+    a.out_stride = c.n;
+    SkinnyPrologueArgs pro;
+    pro.kind = c.kind;
+    pro.norm_weight = d_nw.ptr;
+    pro.eps = 1e-6f;
+    pro.up = d_in.ptr + c.m * c.k;
+    pro.up_stride = c.k;
+    std::vector<uint8_t> got;
+    auto run = [&](bool programmatic) {
+      (*gemm)->SetProgrammaticLaunch(programmatic);
+      CUDA_OK(d_in.Poison());
+      CUDA_OK(d_out.Poison());
+      GatherRowsParams g;
+      g.src = d_table.ptr;
+      g.src_dtype = DType::kBF16;
+      g.src_rows = 2 * c.m;
+      g.src_stride = c.k;
+      g.cols = static_cast<int>(c.k);
+      g.ids = d_ids.ptr;
+      g.count = static_cast<int>(2 * c.m);
+      g.out = d_in.ptr;
+      g.out_dtype = DType::kBF16;
+      g.out_stride = c.k;
+      STATUS_OK(InvokeGatherRows(g, stream));
+      absl::StatusOr<bool> ran = (*gemm)->RunWithPrologue(a, pro, stream);
+      ASSERT_TRUE(ran.ok()) << what << ": " << ran.status();
+      ASSERT_TRUE(*ran) << what << ": the skinny kernel did not take it";
+      CUDA_OK(cudaStreamSynchronize(stream));
+      got = d_out.Download();
+    };
+    run(false);
+    const std::vector<uint8_t> plain = got;
+    for (int rep = 0; rep < 5; ++rep) {
+      run(true);
+      EXPECT_EQ(got, plain) << what << " rep " << rep << ": programmatic launch differs";
+    }
+    (*gemm)->SetProgrammaticLaunch(false);
+
+    // The reference rows.
+    std::vector<float> xr(c.m * c.k);
+    std::vector<double> amb(c.m * c.k, 0.0);  // |hi - lo| where either rounding is right
+    if (norm) {
+      const double delta = std::ldexp(1.0, -16);
+      for (int64_t r = 0; r < c.m; ++r) {
+        double sq = 0.0;
+        for (int64_t i = 0; i < c.k; ++i) {
+          const double v = Bf16ToFloat(table[r * c.k + i]);
+          sq += v * v;
+        }
+        const double inv = 1.0 / std::sqrt(sq / c.k + 1e-6);
+        for (int64_t i = 0; i < c.k; ++i) {
+          const double e = norm_w[i] * (Bf16ToFloat(table[r * c.k + i]) * inv);
+          const float lo = Bf16ToFloat(FloatToBf16(static_cast<float>(e * (1 - delta))));
+          const float hi = Bf16ToFloat(FloatToBf16(static_cast<float>(e * (1 + delta))));
+          xr[r * c.k + i] = Bf16ToFloat(FloatToBf16(static_cast<float>(e)));
+          if (lo != hi) amb[r * c.k + i] = std::fabs(static_cast<double>(hi) - lo);
+        }
+      }
+    } else {
+      SiluMulParams sp;
+      sp.rows = c.m;
+      sp.cols = static_cast<int>(c.k);
+      sp.gate = d_table.ptr;
+      sp.up = d_table.ptr + c.m * c.k;
+      sp.in_stride = c.k;
+      sp.out = d_act.ptr;
+      sp.out_stride = c.k;
+      STATUS_OK(InvokeSiluMul(sp, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      xr = Widen(d_act.Download());
+    }
+    Mismatches bad("RunWithPrologue " + what);
+    int64_t ambiguous = 0;
+    for (const double v : amb) ambiguous += v > 0;
+    for (int64_t r = 0; r < c.m; ++r) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        double y = 0.0, sabs = 0.0, extra = 0.0;
+        for (int64_t i = 0; i < c.k; ++i) {
+          const double wv = Bf16ToFloat(w[j * c.k + i]);
+          y += xr[r * c.k + i] * wv;
+          sabs += std::fabs(xr[r * c.k + i] * wv);
+          extra += amb[r * c.k + i] * std::fabs(wv);
+        }
+        const double err = 2.0 * c.k * std::ldexp(1.0, -24) * sabs + extra + 1e-30;
+        const size_t e = static_cast<size_t>(r * c.n + j);
+        if (c.out_dtype == DType::kF32) {
+          float f;
+          std::memcpy(&f, &plain[e * 4], 4);
+          bad.Check(r, j, f, y, err);
+        } else {
+          uint16_t b;
+          std::memcpy(&b, &plain[e * 2], 2);
+          bad.Check(r, j, Bf16ToFloat(b), y, kBf16HalfUlp * (std::fabs(y) + err) + err);
+        }
+      }
+    }
+    std::printf("[linear] prologue %s: %lld of %lld normalized elements at a rounding boundary\n",
+                what.c_str(), static_cast<long long>(ambiguous),
+                static_cast<long long>(c.m * c.k));
+    bad.Expect();
+  }
+
+  // Fallbacks: nothing enqueued, false returned.
+  {
+    DeviceBuffer<uint16_t> d_x(8 * 64), d_w(16 * 64), d_out(8 * 16);
+    DeviceBuffer<float> d_nw(64);
+    LinearGemm::Args a;
+    a.n = 16;
+    a.k = 64;
+    a.x = d_x.ptr;
+    a.x_stride = 64;
+    a.w = d_w.ptr;
+    a.out = d_out.ptr;
+    a.out_stride = 16;
+    SkinnyPrologueArgs pro;
+    pro.kind = SkinnyPrologue::kSiluMul;
+    pro.up = d_x.ptr + 4 * 64;
+    pro.up_stride = 64;
+    a.m = 5;
+    absl::StatusOr<bool> ran = (*gemm)->RunWithPrologue(a, pro, stream);
+    ASSERT_TRUE(ran.ok());
+    EXPECT_FALSE(*ran) << "m 5";
+    a.m = 2;
+    pro.up = d_x.ptr + 4 * 64 + 1;  // not 16-byte aligned
+    ran = (*gemm)->RunWithPrologue(a, pro, stream);
+    ASSERT_TRUE(ran.ok());
+    EXPECT_FALSE(*ran) << "misaligned up";
+    pro.up = d_x.ptr + 4 * 64;
+    (*gemm)->SetBatchInvariant(true);
+    ran = (*gemm)->RunWithPrologue(a, pro, stream);
+    ASSERT_TRUE(ran.ok());
+    EXPECT_FALSE(*ran) << "invariant mode";
+    (*gemm)->SetBatchInvariant(false);
+    ran = (*gemm)->RunWithPrologue(a, pro, stream);
+    ASSERT_TRUE(ran.ok());
+    EXPECT_TRUE(*ran) << "aligned, m 2";
+    CUDA_OK(cudaStreamSynchronize(stream));
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 // Batch invariance (the deterministic mode): with SetBatchInvariant, a row's output bits do not
 // depend on how many rows the call has nor on the row's position among them. Each shape runs
 // once over all M rows (the reference), then over windows [s, s + m) of the same x for many m
