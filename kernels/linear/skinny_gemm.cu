@@ -80,7 +80,8 @@ __device__ __forceinline__ void WaitOnce(const SkinnyGemmArgs& a, bool& waited) 
 
 template <int M, int S, SkinnyPrologue P>
 __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int4 block_begin,
-                                              const int bx, bool& waited) {
+                                              const int bx, bool& waited,
+                                              [[maybe_unused]] const float* inv) {
   constexpr int kGroups = kTnWarps / S;
   constexpr int kRowsPerBlock = kGroups * kTnRowsPerWarp;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -113,32 +114,13 @@ __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int
                                                b * a.x_batch_stride + m * a.x_stride);
   }
 
-  // Prologues (skinny_gemm.h): SiLU's up rows; RMSNorm's inverse row norms, from the whole rows,
-  // after the wait (x is the previous kernel's output) and before this warp's weight loads.
+  // The SiLU prologue's up rows (skinny_gemm.h).
   [[maybe_unused]] const uint4* up_rows[M];
-  [[maybe_unused]] float inv[M];
   if constexpr (P == SkinnyPrologue::kSiluMul) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       up_rows[m] = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.prologue.up) +
                                                   m * a.prologue.up_stride);
-    }
-  }
-  if constexpr (P == SkinnyPrologue::kRmsNorm) {
-    WaitOnce(a, waited);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float sq = 0.0f;
-      for (int c = lane; c < chunks; c += 32) {
-        float xf[8];
-        Expand8(__ldg(x_rows[m] + c), xf);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sq = fmaf(xf[j], xf[j], sq);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-      // IEEE division and square root, as RmsNormRef and InvokeRmsNorm.
-      inv[m] = 1.0f / sqrtf(sq / static_cast<float>(a.k) + a.prologue.eps);
     }
   }
 
@@ -232,6 +214,42 @@ __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int
   }
 }
 
+// The RMSNorm prologue's inverse norms of x's M rows (skinny_gemm.h), into inv (shared), once a
+// block: warp w sums the squares of the row's chunks [w, w + 1) * chunks / kTnWarps (lane l
+// those at l, l + 32, ... in element order, then a butterfly), and the 4 warp sums are added in
+// warp order: the same order in every block and launch. Called by every thread of the block.
+template <int M>
+__device__ __forceinline__ void RowInvNorms(const SkinnyGemmArgs& a, float* inv) {
+  __shared__ float part[kTnWarps][M];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int chunks = static_cast<int>(a.k / 8);
+  const int c0 = chunks * warp / kTnWarps, c1 = chunks * (warp + 1) / kTnWarps;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const uint4* x = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.x) +
+                                                    m * a.x_stride);
+    float sq = 0.0f;
+    for (int c = c0 + lane; c < c1; c += 32) {
+      float xf[8];
+      Expand8(__ldg(x + c), xf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sq = fmaf(xf[j], xf[j], sq);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    if (lane == 0) part[warp][m] = sq;
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    float sq = part[0][threadIdx.x];
+#pragma unroll
+    for (int w = 1; w < kTnWarps; ++w) sq += part[w][threadIdx.x];
+    // IEEE division and square root, as RmsNormRef and InvokeRmsNorm.
+    inv[threadIdx.x] = 1.0f / sqrtf(sq / static_cast<float>(a.k) + a.prologue.eps);
+  }
+  __syncthreads();
+}
+
 // The grid is at most what fits on the device at once; each block walks work blocks bx =
 // blockIdx.x, + gridDim.x, ... (no tail wave of small blocks, no block launch per 2 rows).
 template <int M, int S, SkinnyPrologue P>
@@ -239,8 +257,15 @@ __global__ void __launch_bounds__(32 * kTnWarps)
     SkinnyTnKernel(const SkinnyGemmArgs a, const int4 block_begin, const int total_blocks) {
   bool waited = false;
   if (!a.programmatic) pdl::AllowDependentLaunch();
+  const float* inv = nullptr;
+  if constexpr (P == SkinnyPrologue::kRmsNorm) {
+    __shared__ float s_inv[M];
+    WaitOnce(a, waited);  // x is the previous kernel's output
+    RowInvNorms<M>(a, s_inv);
+    inv = s_inv;
+  }
   for (int bx = blockIdx.x; bx < total_blocks; bx += gridDim.x) {
-    SkinnyTnBlock<M, S, P>(a, block_begin, bx, waited);
+    SkinnyTnBlock<M, S, P>(a, block_begin, bx, waited, inv);
     if constexpr (S > 1) __syncthreads();  // the next block's partials reuse shared memory
   }
 }

@@ -35,10 +35,11 @@ inline constexpr int kSkinnyMaxSegments = 4;
 // input and the product are one launch (one weight, batch 1). The transformed rows are never
 // stored.
 //   kRmsNorm: the product reads bf16(norm_weight[j] * (x[j] * inv)), inv = 1 / sqrt(mean(x^2) +
-//     eps) over x's row: RmsNorm's arithmetic (kernels/norm/rms_norm.h), the sum of squares in
-//     this kernel's order (each warp sums the whole row: lane l its 8-element chunks l, l + 32,
-//     ... in element order, then a butterfly), so inv can differ from InvokeRmsNorm's by fp32
-//     rounding.
+//     eps) over x's row: RmsNorm's arithmetic (kernels/norm/rms_norm.h), computed once a block
+//     before the weights stream, the sum of squares in this kernel's order (warp w of 4 sums
+//     the w-th quarter of the row's 8-element chunks, lane l the chunks l, l + 32, ... in
+//     element order, then a butterfly; the 4 in warp order), so inv can differ from
+//     InvokeRmsNorm's by fp32 rounding.
 //   kSiluMul: the product reads bf16(silu(x[j]) * up[j]): SiluMul's arithmetic
 //     (kernels/activation/silu_mul.cu), bit for bit.
 enum class SkinnyPrologue { kNone, kRmsNorm, kSiluMul };

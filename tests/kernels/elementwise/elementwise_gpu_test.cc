@@ -962,10 +962,10 @@ TEST(ElementwiseGpuTest, LinearGemmProgrammaticChain) {
 //     so the reference is LinearRef over InvokeSiluMul's bf16 output, with the LinearGemm test's
 //     tolerance (e = 2 k 2^-24 S).
 //   kRmsNorm: the fused inverse norm is an fp32 sum of squares in another order than
-//     RmsNormRef's: a lane adds k / 32 squares in sequence, then 5 butterfly levels (k = 7168:
-//     229 additions, a relative 2^-16.2 on the sum at worst, half that on the inverse square
-//     root), and three more roundings follow, so the normalized element before its bf16
-//     rounding is within 2^-17 of the exact one, relative; delta = 2^-16 doubles that.
+//     RmsNormRef's: a lane adds k / 128 squares in sequence, then 5 butterfly levels and 3 warp
+//     sums (k = 7168: 64 additions, a relative 2^-18 on the sum at worst, half that on the
+//     inverse square root), and three more roundings follow, so the normalized element before
+//     its bf16 rounding is within 2^-18 of the exact one, relative; delta = 2^-16 is 4x that.
 //     Reference rows: bf16 of the exact (double) normalized values; where the interval
 //     x_exact (1 +- delta) holds a bf16 rounding boundary, either neighbour is right, and the
 //     tolerance of output j adds |hi - lo| |w_ji| for such elements (a few per thousand rows
