@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The decode-step A/B of issue 14 on a GPU machine, in one call: the GPU tests of CudaOps' three
-# switchable decode optimisations (split-K, programmatic launches, fused MLA input), then
-# mlaserve-model-bench on Kimi-K2.5's rank-0-of-8 shard shapes with the defaults (split-K off,
-# the other two on), each switched, and all off (the same binary, one process per setting), then
-# the full 61-layer shard.
+# The decode-step A/B of issue 14 on a GPU machine, in one call: the GPU tests of CudaOps'
+# switchable decode optimisations (split-K, programmatic launches, fused MLA input, fused
+# prologues), moe_bench --decode, then mlaserve-model-bench on Kimi-K2.5's rank-0-of-8 shard
+# shapes with the defaults (split-K and the prologues off, the other two on), each switched, and
+# all off (the same binary, one process per setting), then the full 61-layer shard.
 #   bench/model/run_decode_ab.sh BIN_DIR [LAYERS]
-# BIN_DIR holds mlaserve-model-bench, libmlaserve_cuda_backend.so and the test binaries (flat),
-# lib/ beside it the libraries the machine lacks; logs go to $OUT (or /tmp). LAYERS: the short
+# BIN_DIR holds mlaserve-model-bench, libmlaserve_cuda_backend.so, the test binaries and
+# optionally moe_bench (flat), lib/ beside it the libraries the machine lacks; logs go to $OUT
+# (or /tmp). LAYERS: the short
 # model's layer count (default 4). FULL=0 skips the 61-layer runs (each loads ~95 GB of synthetic
 # weights in ~100 s per KV format; KV_FULL=bf16,fp8_tiled for both formats); TESTS=0 skips the
 # tests; EXTRA=1 adds the tensor-parallel MoE row, context 32k and DeepSeek-R1.
@@ -25,6 +26,12 @@ if [[ "${TESTS:-1}" == 1 ]]; then
   (cd "$root" && timeout 300 "$bin/cuda_ops_test" --gtest_filter='*MlaKvPrep*' \
     >"$out/cuda_ops_kvprep.log" 2>&1)
   echo "cuda_ops_test MlaKvPrep rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/cuda_ops_kvprep.log" | tr '\n' ' ')"
+fi
+# The expert kernels alone (layer time, its split-K column), where BIN_DIR has moe_bench.
+if [[ -x "$bin/moe_bench" ]]; then
+  timeout 120 "$bin/moe_bench" --decode >"$out/moe_bench_decode.log" 2>&1
+  echo "moe_bench --decode rc=$?"
+  grep -E '^(ep8|all)' "$out/moe_bench_decode.log" | cut -c1-20,60-
 fi
 
 short="$(mktemp -d)"
