@@ -5,7 +5,8 @@
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
-//       [--moe-split-k on] [--fused-prologues on] [--moe expert|tensor]
+//       [--moe-split-k on] [--fused-prologues on] [--programmatic-small on]
+//       [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -42,6 +43,9 @@
 // where few experts are active (CudaOps::SetMoeSplitK; off by default). --fused-prologues on:
 // the q_a norm with q_b and the shared expert's SiLU with its down projection as one skinny
 // kernel each at batches of up to 4 (CudaOps::SetFusedPrologues; off by default).
+// --programmatic-small on: the norms, RoPE, the fused MLA input, SiLU and the route kernel
+// launched programmatically dependent on the previous kernel (CudaOps::
+// SetProgrammaticSmallKernels; off by default).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -93,6 +97,9 @@ ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, fused_prologues, mlaserve::OnOff{false},
           "Run the q_a norm with q_b and the shared expert's SiLU with its down projection as one "
           "skinny kernel each at batches of up to 4 (CudaOps::SetFusedPrologues).");
+ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{false},
+          "Launch the norms, RoPE, the fused MLA input, SiLU and the route kernel programmatically "
+          "dependent on the previous kernel (CudaOps::SetProgrammaticSmallKernels).");
 ABSL_FLAG(mlaserve::OnOff, moe_split_k, mlaserve::OnOff{false},
           "Split-K of the routed experts' decode GEMMs where few experts are active "
           "(CudaOps::SetMoeSplitK).");
@@ -274,6 +281,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
     (*ops)->SetMoeSplitK(absl::GetFlag(FLAGS_moe_split_k).on);
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);
+    (*ops)->SetProgrammaticSmallKernels(absl::GetFlag(FLAGS_programmatic_small).on);
     SingleRankCommunicator comm;
     ModelOptions o;
     o.kv_format = *fmt;

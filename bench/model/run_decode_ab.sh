@@ -62,6 +62,8 @@ bench short_split "$short" "${common[@]}" --moe-split-k on
 bench short_nopdl "$short" "${common[@]}" --programmatic off
 bench short_nofused "$short" "${common[@]}" --fused-mla-input off
 bench short_prologues "$short" "${common[@]}" --fused-prologues on
+bench short_pdl_small "$short" "${common[@]}" --programmatic-small on
+bench short_new "$short" "${common[@]}" --fused-prologues on --programmatic-small on
 bench short_none "$short" "${common[@]}" "${none[@]}"
 bench short_default2 "$short" "${common[@]}"
 

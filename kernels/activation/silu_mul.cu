@@ -15,7 +15,8 @@ constexpr int kMaxRowBlocks = 65535;  // gridDim.y limit; more rows loop
 __global__ void __launch_bounds__(kThreads)
     SiluMulKernel(int64_t rows, int cols, const __nv_bfloat16* gate, const __nv_bfloat16* up,
                   int64_t in_stride, __nv_bfloat16* out, int64_t out_stride) {
-  pdl::AllowDependentLaunch();  // a programmatic successor (the down projection) may set up
+  pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
+  pdl::AllowDependentLaunch();     // a programmatic successor (the down projection) may set up
   const int c = blockIdx.x * kThreads + threadIdx.x;
   if (c >= cols) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -43,11 +44,12 @@ absl::Status InvokeSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>((p.cols + kThreads - 1) / kThreads),
                   static_cast<unsigned>(p.rows < kMaxRowBlocks ? p.rows : kMaxRowBlocks));
-  SiluMulKernel<<<grid, kThreads, 0, stream>>>(p.rows, p.cols,
-                                               static_cast<const __nv_bfloat16*>(p.gate),
-                                               static_cast<const __nv_bfloat16*>(p.up), p.in_stride,
-                                               static_cast<__nv_bfloat16*>(p.out), p.out_stride);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+  if (cudaError_t e = pdl::LaunchKernel(SiluMulKernel, grid, dim3(kThreads), 0, stream,
+                                        p.programmatic, p.rows, p.cols,
+                                        static_cast<const __nv_bfloat16*>(p.gate),
+                                        static_cast<const __nv_bfloat16*>(p.up), p.in_stride,
+                                        static_cast<__nv_bfloat16*>(p.out), p.out_stride);
+      e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("InvokeSiluMul: launch failed (rows ", p.rows,
                                             ", cols ", p.cols, "): ", cudaGetErrorString(e)));
   }

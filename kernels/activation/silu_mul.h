@@ -21,6 +21,9 @@ struct SiluMulParams {
   void* out = nullptr;         // bf16 [rows, cols], row stride out_stride elements; may alias gate
                                // or up when it has the same stride
   int64_t out_stride = 0;      // elements, >= cols
+  // Launch programmatically dependent on the stream's previous kernel
+  // (kernels/programmatic_launch.cuh): the kernel waits for it before reading anything.
+  bool programmatic = false;
 };
 
 // rows = 0 is a no-op. Asynchronous on `stream`; no host sync, no allocation (graph-capturable).

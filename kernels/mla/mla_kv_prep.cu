@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/mla/kv_cache_write.cuh"
+#include "kernels/programmatic_launch.cuh"
 
 namespace mlaserve {
 namespace {
@@ -24,6 +25,8 @@ __device__ __forceinline__ uint32_t Bf16Bits(float v) {
 // cache write's layout, kv_cache_write.cuh) and rotates rope pair l.
 template <KvCacheFormat kFormat>
 __global__ void __launch_bounds__(kPrepWarps * 32) MlaKvPrepKernel(const MlaKvPrepParams p) {
+  pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
+  pdl::AllowDependentLaunch();
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kPrepWarps + (threadIdx.x >> 5);
   if (r >= p.rows) return;  // whole warps
@@ -125,24 +128,28 @@ absl::Status InvokeMlaKvPrep(const MlaKvPrepParams& p, cudaStream_t stream) {
         " and a multiple of 8 (got ", p.kv_stride, "), latent_out 16- and rope_out 4-byte aligned"));
   }
   const unsigned grid = static_cast<unsigned>((p.rows + kPrepWarps - 1) / kPrepWarps);
+  cudaError_t err = cudaSuccess;
   switch (p.format) {
     case KvCacheFormat::kBf16:
-      MlaKvPrepKernel<KvCacheFormat::kBf16><<<grid, kPrepWarps * 32, 0, stream>>>(p);
+      err = pdl::LaunchKernel(MlaKvPrepKernel<KvCacheFormat::kBf16>, dim3(grid),
+                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p);
       break;
     case KvCacheFormat::kFp8:
-      MlaKvPrepKernel<KvCacheFormat::kFp8><<<grid, kPrepWarps * 32, 0, stream>>>(p);
+      err = pdl::LaunchKernel(MlaKvPrepKernel<KvCacheFormat::kFp8>, dim3(grid),
+                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p);
       break;
     case KvCacheFormat::kFp8Tiled:
-      MlaKvPrepKernel<KvCacheFormat::kFp8Tiled><<<grid, kPrepWarps * 32, 0, stream>>>(p);
+      err = pdl::LaunchKernel(MlaKvPrepKernel<KvCacheFormat::kFp8Tiled>, dim3(grid),
+                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p);
       break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("InvokeMlaKvPrep: no GPU cache format ",
                        std::string(KvCacheFormatName(p.format))));
   }
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+  if (err != cudaSuccess) {
     return absl::InternalError(
-        absl::StrCat("InvokeMlaKvPrep: launch failed: ", cudaGetErrorString(e)));
+        absl::StrCat("InvokeMlaKvPrep: launch failed: ", cudaGetErrorString(err)));
   }
   return absl::OkStatus();
 }

@@ -36,6 +36,9 @@ struct MlaKvPrepParams {
   float fp8_scale = 1.0f;
   const int64_t* slots = nullptr;
   void* kv_pool = nullptr;
+  // Launch programmatically dependent on the stream's previous kernel
+  // (kernels/programmatic_launch.cuh): the kernel waits for it before reading anything.
+  bool programmatic = false;
 };
 
 // rows = 0 is a no-op. Asynchronous; no allocation (graph-capturable).

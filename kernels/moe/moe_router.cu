@@ -2,6 +2,7 @@
 
 #include "kernels/moe/moe_router.h"
 #include "kernels/moe/moe_router_math.h"
+#include "kernels/programmatic_launch.cuh"
 
 namespace mlaserve {
 namespace {
@@ -30,6 +31,8 @@ __device__ __forceinline__ void WarpBest(float& score, int& index) {
 template <int kPer>
 __global__ void __launch_bounds__(32 * kRouterWarps) MoeRouteKernel(const MoeRouteParams p) {
   __shared__ float s_choice[kRouterWarps][32 * kPer];
+  pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
+  pdl::AllowDependentLaunch();     // the dispatch may become resident (it is launched plainly)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t = blockIdx.x * kRouterWarps + warp;
   if (t >= p.tokens) return;
@@ -161,14 +164,13 @@ cudaError_t InvokeMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
   if (!ValidateMoeRouterConfig(p.config).ok()) return cudaErrorInvalidValue;
   if (p.tokens <= 0) return cudaSuccess;
   const int blocks = (p.tokens + kRouterWarps - 1) / kRouterWarps;
-  if (p.config.num_experts <= 8 * 32) {
-    MoeRouteKernel<8><<<blocks, 32 * kRouterWarps, 0, stream>>>(p);
-  } else if (p.config.num_experts <= 16 * 32) {
-    MoeRouteKernel<16><<<blocks, 32 * kRouterWarps, 0, stream>>>(p);
-  } else {
-    MoeRouteKernel<32><<<blocks, 32 * kRouterWarps, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  auto go = [&](auto kernel) {
+    return pdl::LaunchKernel(kernel, dim3(blocks), dim3(32 * kRouterWarps), 0, stream,
+                             p.programmatic, p);
+  };
+  if (p.config.num_experts <= 8 * 32) return go(MoeRouteKernel<8>);
+  if (p.config.num_experts <= 16 * 32) return go(MoeRouteKernel<16>);
+  return go(MoeRouteKernel<32>);
 }
 
 }  // namespace mlaserve

@@ -34,6 +34,9 @@ struct MoeRouteParams {
   const float* bias;    // [num_experts] e_score_correction_bias, or nullptr
   int32_t* topk_ids;    // [tokens, top_k], rank order
   float* topk_weights;  // [tokens, top_k]
+  // Launch programmatically dependent on the stream's previous kernel
+  // (kernels/programmatic_launch.cuh): the kernel waits for it before reading anything.
+  bool programmatic = false;
 };
 
 // One warp per token; same rule, arithmetic and tie-breaking as MoeRouteRef.

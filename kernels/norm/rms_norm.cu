@@ -47,7 +47,8 @@ __global__ void __launch_bounds__(kThreads)
                   const __nv_bfloat16* __restrict__ delta, float* __restrict__ residual,
                   const float* __restrict__ weight, int dim, float eps,
                   __nv_bfloat16* __restrict__ out, int64_t out_stride) {
-  pdl::AllowDependentLaunch();  // a programmatic successor (a projection) may set up
+  pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
+  pdl::AllowDependentLaunch();     // a programmatic successor (a projection) may set up
   const int64_t row = blockIdx.x;
   float sum = 0.0f;
   if constexpr (kAdd) {
@@ -108,8 +109,9 @@ template <int kThreads, int kIters, typename T, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     RmsNormRegKernel(const T* x, int64_t x_stride, const __nv_bfloat16* __restrict__ delta,
                      float* residual, const float* __restrict__ weight, int dim, float eps,
-                     __nv_bfloat16* out, int64_t out_stride) {
-  pdl::AllowDependentLaunch();  // a programmatic successor (a projection) may set up
+                  __nv_bfloat16* out, int64_t out_stride) {
+  pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
+  pdl::AllowDependentLaunch();     // a programmatic successor (a projection) may set up
   const int64_t row = blockIdx.x;
   float4 v[kIters];
   float sum = 0.0f;
@@ -163,45 +165,31 @@ bool Aligned(const void* p, uintptr_t bytes) {
 template <typename T, bool kAdd>
 cudaError_t Launch(int64_t rows, int dim, float eps, const T* x, int64_t x_stride,
                    const void* delta, float* residual, const float* weight, void* out,
-                   int64_t out_stride, cudaStream_t stream) {
+                   int64_t out_stride, bool programmatic, cudaStream_t stream) {
   const auto* d = static_cast<const __nv_bfloat16*>(delta);
   auto* o = static_cast<__nv_bfloat16*>(out);
   const unsigned grid = static_cast<unsigned>(rows);
+  auto go = [&](auto kernel, int threads) {
+    return pdl::LaunchKernel(kernel, dim3(grid), dim3(threads), 0, stream, programmatic, x,
+                             x_stride, d, residual, weight, dim, eps, o, out_stride);
+  };
   // Register-held rows where the vectors line up (every model width: multiples of 4).
   const bool vec = dim % 4 == 0 && dim <= 8192 && Aligned(weight, 16) && Aligned(o, 8) &&
                    out_stride % 4 == 0 &&
                    (kAdd ? Aligned(residual, 16) && Aligned(d, 8)
                          : Aligned(x, sizeof(T) * 4) && x_stride % 4 == 0);
   if (vec) {
-    if (dim <= 512) {
-      RmsNormRegKernel<128, 1, T, kAdd>
-          <<<grid, 128, 0, stream>>>(x, x_stride, d, residual, weight, dim, eps, o, out_stride);
-    } else if (dim <= 1024) {
-      RmsNormRegKernel<256, 1, T, kAdd>
-          <<<grid, 256, 0, stream>>>(x, x_stride, d, residual, weight, dim, eps, o, out_stride);
-    } else if (dim <= 2048) {
-      RmsNormRegKernel<256, 2, T, kAdd>
-          <<<grid, 256, 0, stream>>>(x, x_stride, d, residual, weight, dim, eps, o, out_stride);
-    } else {
-      RmsNormRegKernel<256, 8, T, kAdd>
-          <<<grid, 256, 0, stream>>>(x, x_stride, d, residual, weight, dim, eps, o, out_stride);
-    }
-    return cudaGetLastError();
+    if (dim <= 512) return go(RmsNormRegKernel<128, 1, T, kAdd>, 128);
+    if (dim <= 1024) return go(RmsNormRegKernel<256, 1, T, kAdd>, 256);
+    if (dim <= 2048) return go(RmsNormRegKernel<256, 2, T, kAdd>, 256);
+    return go(RmsNormRegKernel<256, 8, T, kAdd>, 256);
   }
   // Threads per row by width: a warp for the small norms (q/kv latents of tiny test models,
   // 16..256), 128 up to 1024 (kv_a latent 512, q_a 1536 lands in 256), 256 for the hidden size
   // (7168: 28 elements a thread).
-  if (dim <= 256) {
-    RmsNormKernel<32, T, kAdd>
-        <<<grid, 32, 0, stream>>>(x, x_stride, d, residual, weight, dim, eps, o, out_stride);
-  } else if (dim <= 1024) {
-    RmsNormKernel<128, T, kAdd>
-        <<<grid, 128, 0, stream>>>(x, x_stride, d, residual, weight, dim, eps, o, out_stride);
-  } else {
-    RmsNormKernel<256, T, kAdd>
-        <<<grid, 256, 0, stream>>>(x, x_stride, d, residual, weight, dim, eps, o, out_stride);
-  }
-  return cudaGetLastError();
+  if (dim <= 256) return go(RmsNormKernel<32, T, kAdd>, 32);
+  if (dim <= 1024) return go(RmsNormKernel<128, T, kAdd>, 128);
+  return go(RmsNormKernel<256, T, kAdd>, 256);
 }
 
 absl::Status CheckShape(const char* who, int64_t rows, int dim, float eps) {
@@ -242,9 +230,11 @@ absl::Status InvokeRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
       p.x_dtype == DType::kBF16
           ? Launch<__nv_bfloat16, false>(p.rows, p.dim, p.eps,
                                          static_cast<const __nv_bfloat16*>(p.x), p.x_stride,
-                                         nullptr, nullptr, p.weight, p.out, p.out_stride, stream)
+                                         nullptr, nullptr, p.weight, p.out, p.out_stride,
+                                         p.programmatic, stream)
           : Launch<float, false>(p.rows, p.dim, p.eps, static_cast<const float*>(p.x), p.x_stride,
-                                 nullptr, nullptr, p.weight, p.out, p.out_stride, stream);
+                                 nullptr, nullptr, p.weight, p.out, p.out_stride, p.programmatic,
+                                 stream);
   return LaunchStatus("InvokeRmsNorm", e, p.rows, p.dim);
 }
 
@@ -256,7 +246,7 @@ absl::Status InvokeAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
         "InvokeAddRmsNorm: residual, delta, weight and out must be non-null");
   }
   const cudaError_t e = Launch<float, true>(p.rows, p.dim, p.eps, nullptr, 0, p.delta, p.residual,
-                                            p.weight, p.out, p.dim, stream);
+                                            p.weight, p.out, p.dim, p.programmatic, stream);
   return LaunchStatus("InvokeAddRmsNorm", e, p.rows, p.dim);
 }
 

@@ -23,6 +23,9 @@ struct RmsNormParams {
   const float* weight = nullptr;  // [dim]
   void* out = nullptr;            // bf16 [rows, dim], row stride out_stride elements
   int64_t out_stride = 0;         // elements, >= dim
+  // Launch programmatically dependent on the stream's previous kernel
+  // (kernels/programmatic_launch.cuh): the kernel waits for it before reading anything.
+  bool programmatic = false;
 };
 
 // rows = 0 is a no-op. Asynchronous on `stream`; no host sync, no allocation (graph-capturable).
@@ -40,6 +43,7 @@ struct AddRmsNormParams {
   const void* delta = nullptr;    // bf16 [rows, dim]
   const float* weight = nullptr;  // [dim]
   void* out = nullptr;            // bf16 [rows, dim]
+  bool programmatic = false;      // as RmsNormParams::programmatic
 };
 
 absl::Status InvokeAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream);

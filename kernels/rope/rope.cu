@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/programmatic_launch.cuh"
 #include "kernels/rope/rope.h"
 
 namespace mlaserve {
@@ -19,6 +20,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                int64_t first_col, int per_row, int64_t vec_stride, int dim,
                const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
                float scaling, bool interleaved) {
+  pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
+  pdl::AllowDependentLaunch();
   const int64_t v = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (v >= vectors) return;  // whole warps exit together
   const int lane = threadIdx.x % 32;
@@ -80,10 +83,12 @@ absl::Status InvokeRope(const RopeParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         absl::StrCat("InvokeRope: too many vectors (", vectors, ") for one launch"));
   }
-  RopeKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(
-      static_cast<__nv_bfloat16*>(p.x), vectors, p.row_stride, p.first_col, p.per_row, p.vec_stride,
-      p.dim, p.positions, p.inv_freq, p.attention_scaling, p.interleaved);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+  if (cudaError_t e = pdl::LaunchKernel(
+          RopeKernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0, stream,
+          p.programmatic, static_cast<__nv_bfloat16*>(p.x), vectors, p.row_stride, p.first_col,
+          p.per_row, p.vec_stride, p.dim, p.positions, p.inv_freq, p.attention_scaling,
+          p.interleaved);
+      e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("InvokeRope: launch failed (rows ", p.rows,
                                             ", per_row ", p.per_row, ", dim ", p.dim,
                                             "): ", cudaGetErrorString(e)));

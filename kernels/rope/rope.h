@@ -29,6 +29,9 @@ struct RopeParams {
   const float* inv_freq = nullptr;     // device [dim / 2]
   float attention_scaling = 1.0f;      // multiplies cos and sin (YaRN's mscale)
   bool interleaved = false;
+  // Launch programmatically dependent on the stream's previous kernel
+  // (kernels/programmatic_launch.cuh): the kernel waits for it before reading anything.
+  bool programmatic = false;
 };
 
 // rows = 0 is a no-op. Asynchronous on `stream`; no host sync, no allocation (graph-capturable).

@@ -279,6 +279,14 @@ TEST_P(GpuModelTest, GreedyDecodeWithFusedProloguesMatchesCpu) {
   GreedyDecodeAgainstCpu(", fused prologues");
 }
 
+// And with CudaOps::SetProgrammaticSmallKernels (norms, RoPE, the MLA input, SiLU and the route
+// kernel launched programmatically dependent on their predecessors), with the prologues too.
+TEST_P(GpuModelTest, GreedyDecodeWithProgrammaticSmallKernelsMatchesCpu) {
+  gpu_ops_->SetProgrammaticSmallKernels(true);
+  gpu_ops_->SetFusedPrologues(true);
+  GreedyDecodeAgainstCpu(", programmatic small kernels, fused prologues");
+}
+
 // Decode steps replayed as CUDA graphs give the same logits, bit for bit, as the same steps run
 // eagerly: one sequence (bucket 1), and three sequences of different lengths (bucket 4: one
 // padding sequence), through the eager first step, the capture and the replays, and a prefill

@@ -76,6 +76,7 @@ struct CudaOps::Impl {
   bool fused_mla_input = true;  // SetFusedMlaInput
   bool moe_split_k = false;     // SetMoeSplitK
   bool fused_prologues = false;  // SetFusedPrologues
+  bool programmatic_small = false;  // SetProgrammaticSmallKernels
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 
@@ -247,6 +248,7 @@ void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunc
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 void CudaOps::SetMoeSplitK(bool on) { impl_->moe_split_k = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
+void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
 
 void CudaOps::Phase(const char* name) {
   if (!impl_->phase_timing || impl_->capturing) return;
@@ -676,6 +678,7 @@ void CudaOps::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& 
   p.weight = weight.data<float>();
   p.out = out.data<void>();
   p.out_stride = p.dim;
+  p.programmatic = impl_->programmatic_small;
   impl_->Check(InvokeRmsNorm(p, impl_->stream), [&] { return absl::StrCat("RmsNorm ", Shape(x)); });
 }
 
@@ -690,6 +693,7 @@ void CudaOps::AddRmsNorm(const Tensor& delta, Tensor& residual, const Tensor& we
   p.delta = delta.data<void>();
   p.weight = weight.data<float>();
   p.out = out.data<void>();
+  p.programmatic = impl_->programmatic_small;
   impl_->Check(InvokeAddRmsNorm(p, impl_->stream),
                [&] { return absl::StrCat("AddRmsNorm ", Shape(residual)); });
 }
@@ -788,6 +792,7 @@ void CudaOps::SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) {
   p.in_stride = p.cols;
   p.out = out.data<void>();
   p.out_stride = p.cols;
+  p.programmatic = impl_->programmatic_small;
   impl_->Check(InvokeSiluMul(p, impl_->stream),
                [&] { return absl::StrCat("SiluMul ", Shape(gate)); });
 }
@@ -851,6 +856,7 @@ void CudaOps::Rope(Tensor& x, int64_t first_col, int per_row, int64_t stride, in
   p.inv_freq = inv_freq.data<float>();
   p.attention_scaling = attention_scaling;
   p.interleaved = interleaved;
+  p.programmatic = impl_->programmatic_small;
   impl_->Check(InvokeRope(p, impl_->stream), [&] { return absl::StrCat("Rope ", Shape(x)); });
 }
 
@@ -905,6 +911,7 @@ void CudaOps::MlaKvPrep(const Tensor& kv, const Tensor& norm_weight, float eps,
   p.fp8_scale = cache.fp8_scale;
   p.slots = step.slots.data<int64_t>();
   p.kv_pool = cache.pool.data<void>();
+  p.programmatic = impl_->programmatic_small;
   impl_->Check(InvokeMlaKvPrep(p, impl_->stream), [&] {
     return absl::StrCat("MlaKvPrep ", Shape(kv), " ", std::string(KvCacheFormatName(cache.format)));
   });
@@ -1101,6 +1108,7 @@ void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& 
   p.bias = bias.empty() ? nullptr : bias.data<float>();
   p.topk_ids = ids.data<int32_t>();
   p.topk_weights = weights.data<float>();
+  p.programmatic = impl_->programmatic_small;
   impl_->Check(InvokeMoeRoute(p, impl_->stream),
                [&] { return absl::StrCat("MoeRoute ", Shape(logits)); });
 }

@@ -113,6 +113,11 @@ class CudaOps : public Ops {
   // (LinearGemm::RunWithPrologue): the q_a norm with q_b, the shared expert's SiLU with its down
   // projection. Off by default (written 2026-12-01, session 6; compiled, not yet run on a GPU).
   void SetFusedPrologues(bool on);
+  // The RMSNorms, RoPE, the fused MLA input, SiLU and the route kernel launched
+  // programmatically dependent on the previous kernel (each waits for it first thing), so that
+  // their launch overlaps the previous kernel's tail. Off by default (written 2026-12-01, session
+  // 6; compiled, not yet run on a GPU).
+  void SetProgrammaticSmallKernels(bool on);
   // Split-K of the routed experts' decode GEMMs where few experts are active
   // (MoeExpertsRunParams::split_k; never in the batch-invariant mode). Off by default: against
   // the unsplit kernel without the split code (H200, moe_bench --decode) it was slower at 1-4

@@ -953,6 +953,125 @@ TEST(ElementwiseGpuTest, LinearGemmProgrammaticChain) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
+// Programmatic launches of the small kernels (RmsNormParams::programmatic and the like): a
+// chain on a non-blocking stream -- GatherRows (plain) -> RmsNorm -> RoPE on its output ->
+// SiLU(it) * x -> AddRmsNorm with that as the delta -- with every intermediate poisoned (NaN)
+// and the residual re-uploaded before each run, must give the bits of the same chain launched
+// plainly, every time: a kernel that read its input before its predecessor finished would see
+// the poison or stale values.
+TEST(ElementwiseGpuTest, SmallKernelsProgrammaticChain) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  FastRandom rng(15);
+  for (const int m : {1, 4, 33}) {
+    const int dim = 7168, rope_dim = 64;
+    const std::vector<uint16_t> table = RandomBf16(rng, m * dim, 2.0f);
+    const std::vector<float> norm_w = Widen(RandomBf16(rng, dim, 1.0f));
+    std::vector<float> residual(m * dim);
+    for (auto& v : residual) v = Bf16ToFloat(rng.Bf16(4.0f));
+    std::vector<int32_t> ids(m), positions(m);
+    for (int i = 0; i < m; ++i) {
+      ids[i] = m - 1 - i;
+      positions[i] = 17 * i + 3;
+    }
+    std::vector<float> inv_freq(rope_dim / 2);
+    for (int i = 0; i < rope_dim / 2; ++i) {
+      inv_freq[i] = 1.0f / std::pow(10000.0f, 2.0f * i / rope_dim);
+    }
+    DeviceBuffer<uint16_t> d_table(table.size()), d_x(m * dim), d_n(m * dim), d_s(m * dim),
+        d_h(m * dim);
+    DeviceBuffer<float> d_nw(dim), d_res(m * dim), d_inv(inv_freq.size());
+    DeviceBuffer<int32_t> d_ids(m), d_pos(m);
+    CUDA_OK(d_table.Upload(table));
+    CUDA_OK(d_nw.Upload(norm_w));
+    CUDA_OK(d_ids.Upload(ids));
+    CUDA_OK(d_pos.Upload(positions));
+    CUDA_OK(d_inv.Upload(inv_freq));
+    std::vector<uint16_t> got_h;
+    std::vector<float> got_res;
+    auto run = [&](bool programmatic) {
+      CUDA_OK(d_x.Poison());
+      CUDA_OK(d_n.Poison());
+      CUDA_OK(d_s.Poison());
+      CUDA_OK(d_h.Poison());
+      CUDA_OK(d_res.Upload(residual));
+      GatherRowsParams g;
+      g.src = d_table.ptr;
+      g.src_dtype = DType::kBF16;
+      g.src_rows = m;
+      g.src_stride = dim;
+      g.cols = dim;
+      g.ids = d_ids.ptr;
+      g.count = m;
+      g.out = d_x.ptr;
+      g.out_dtype = DType::kBF16;
+      g.out_stride = dim;
+      STATUS_OK(InvokeGatherRows(g, stream));
+      RmsNormParams n;
+      n.rows = m;
+      n.dim = dim;
+      n.x = d_x.ptr;
+      n.x_dtype = DType::kBF16;
+      n.x_stride = dim;
+      n.weight = d_nw.ptr;
+      n.out = d_n.ptr;
+      n.out_stride = dim;
+      n.programmatic = programmatic;
+      STATUS_OK(InvokeRmsNorm(n, stream));
+      RopeParams r;
+      r.x = d_n.ptr;
+      r.rows = m;
+      r.row_stride = dim;
+      r.first_col = 128;
+      r.per_row = 8;
+      r.vec_stride = 192;
+      r.dim = rope_dim;
+      r.positions = d_pos.ptr;
+      r.inv_freq = d_inv.ptr;
+      r.interleaved = true;
+      r.programmatic = programmatic;
+      STATUS_OK(InvokeRope(r, stream));
+      SiluMulParams sm;
+      sm.rows = m;
+      sm.cols = dim;
+      sm.gate = d_n.ptr;
+      sm.up = d_x.ptr;
+      sm.in_stride = dim;
+      sm.out = d_s.ptr;
+      sm.out_stride = dim;
+      sm.programmatic = programmatic;
+      STATUS_OK(InvokeSiluMul(sm, stream));
+      AddRmsNormParams a;
+      a.rows = m;
+      a.dim = dim;
+      a.residual = d_res.ptr;
+      a.delta = d_s.ptr;
+      a.weight = d_nw.ptr;
+      a.out = d_h.ptr;
+      a.programmatic = programmatic;
+      STATUS_OK(InvokeAddRmsNorm(a, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      got_h = d_h.Download();
+      got_res = d_res.Download();
+    };
+    run(false);
+    const std::vector<uint16_t> plain_h = got_h;
+    const std::vector<float> plain_res = got_res;
+    size_t non_finite = 0;
+    for (const uint16_t v : plain_h) non_finite += !std::isfinite(Bf16ToFloat(v));
+    EXPECT_EQ(non_finite, 0u) << "m " << m << ": the plain chain left unwritten outputs";
+    for (int rep = 0; rep < 20; ++rep) {
+      run(true);
+      EXPECT_EQ(got_h, plain_h) << "m " << m << " rep " << rep << ": h differs";
+      ASSERT_EQ(got_res.size(), plain_res.size());
+      EXPECT_EQ(std::memcmp(got_res.data(), plain_res.data(), got_res.size() * 4), 0)
+          << "m " << m << " rep " << rep << ": residual differs";
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 // RunWithPrologue (skinny_gemm.h's SkinnyPrologue): the op that makes a projection's input
 // fused into the skinny projection. Inputs come from a GatherRows kernel on the same
 // non-blocking stream, with the buffers poisoned before each run, and every case runs launched
