@@ -10,7 +10,8 @@
 # (or /tmp). LAYERS: the short
 # model's layer count (default 4). FULL=0 skips the 61-layer runs (each loads ~95 GB of synthetic
 # weights in ~100 s per KV format; KV_FULL=bf16,fp8_tiled for both formats); TESTS=0 skips the
-# tests; EXTRA=1 adds the tensor-parallel MoE row, context 32k and DeepSeek-R1.
+# tests, SHORT=0 the short model's rows; EXTRA=1 adds the tensor-parallel MoE row, context 32k
+# and DeepSeek-R1.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="$(cd "$1" && pwd)"
@@ -22,7 +23,7 @@ cd "$root" || exit 1
 
 if [[ "${TESTS:-1}" == 1 ]]; then
   OUT="$out" MLASERVE_TEST_TIMEOUT=300 scripts/gpu_check.sh "$bin" moe_experts_gpu_test \
-    elementwise_gpu_test gpu_model_test
+    elementwise_gpu_test gpu_model_test moe_gpu_test
   (cd "$root" && timeout 300 "$bin/cuda_ops_test" --gtest_filter='*MlaKvPrep*' \
     >"$out/cuda_ops_kvprep.log" 2>&1)
   echo "cuda_ops_test MlaKvPrep rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/cuda_ops_kvprep.log" | tr '\n' ' ')"
@@ -57,15 +58,17 @@ bench() {  # name, model dir, extra flags...
 
 common=(--kv bf16 --batches 1,2,4,8,64)
 none=(--moe-split-k off --programmatic off --fused-mla-input off)
-bench short_default "$short" "${common[@]}"
-bench short_split "$short" "${common[@]}" --moe-split-k on
-bench short_nopdl "$short" "${common[@]}" --programmatic off
-bench short_nofused "$short" "${common[@]}" --fused-mla-input off
-bench short_prologues "$short" "${common[@]}" --fused-prologues on
-bench short_pdl_small "$short" "${common[@]}" --programmatic-small on
-bench short_new "$short" "${common[@]}" --fused-prologues on --programmatic-small on
-bench short_none "$short" "${common[@]}" "${none[@]}"
-bench short_default2 "$short" "${common[@]}"
+if [[ "${SHORT:-1}" == 1 ]]; then
+  bench short_default "$short" "${common[@]}"
+  bench short_split "$short" "${common[@]}" --moe-split-k on
+  bench short_nopdl "$short" "${common[@]}" --programmatic off
+  bench short_nofused "$short" "${common[@]}" --fused-mla-input off
+  bench short_prologues "$short" "${common[@]}" --fused-prologues on
+  bench short_pdl_small "$short" "${common[@]}" --programmatic-small on
+  bench short_new "$short" "${common[@]}" --fused-prologues on --programmatic-small on
+  bench short_none "$short" "${common[@]}" "${none[@]}"
+  bench short_default2 "$short" "${common[@]}"
+fi
 
 # Issue 14's rows not measured yet (EXTRA=1): Kimi-K2.5 with tensor-parallel experts, context
 # 32k at batch 1 and 8, and DeepSeek-R1 NVFP4 at 8-way (16 of 128 heads, 32 of 256 experts).
