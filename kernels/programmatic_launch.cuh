@@ -20,6 +20,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <utility>
 
 namespace mlaserve::pdl {
@@ -37,13 +38,21 @@ __device__ __forceinline__ void AllowDependentLaunch() {
 }
 
 // True when the current device supports programmatic dependent launch (compute capability 9+).
+// Asked of the driver once per device (every programmatic launch asks).
 inline bool DeviceSupportsProgrammaticLaunch() {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> known[kCachedDevices] = {};  // 0: not asked yet, 1: no, 2: yes
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    return false;
+  if (dev >= 0 && dev < kCachedDevices) {
+    const int k = known[dev].load(std::memory_order_relaxed);
+    if (k != 0) return k == 2;
   }
-  return major >= 9;
+  const bool yes =
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      major >= 9;
+  if (dev >= 0 && dev < kCachedDevices) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), programmatically dependent on the

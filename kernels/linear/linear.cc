@@ -320,19 +320,34 @@ absl::Status LinearGemm::RunShared(const Args* list, int count, cudaStream_t str
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> LinearGemm::RunWithPrologue(const Args& a, const SkinnyPrologueArgs& prologue,
-                                                  cudaStream_t stream) {
-  if (impl_->invariant || a.m < 1 || a.m > kSkinnyMaxRows || a.batch != 1 || a.w_kn) return false;
+namespace {
+
+// The skinny kernels' arguments for one product (one segment).
+SkinnyGemmArgs SkinnyArgs(const LinearGemm::Args& a, int sm_count, bool programmatic) {
   SkinnyGemmArgs s;
   s.m = static_cast<int>(a.m);
   s.k = a.k;
   s.x = a.x;
   s.x_stride = a.x_stride;
+  s.w_kn = a.w_kn;
   s.num_segments = 1;
   s.seg[0] = {a.w, a.n, a.alpha, a.out, a.out_dtype, a.out_stride};
-  s.sm_count = impl_->sm_count;
-  s.programmatic = impl_->programmatic;
-  s.prologue = prologue;
+  s.batch = a.batch;
+  s.x_batch_stride = a.x_batch_stride;
+  s.w_batch_stride = a.w_batch_stride;
+  s.out_batch_stride = a.out_batch_stride;
+  s.sm_count = sm_count;
+  s.programmatic = programmatic;
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> LinearGemm::RunWithPrologue(const Args& a, const SkinnyPrologueArgs& prologue,
+                                                  cudaStream_t stream) {
+  if (impl_->invariant || a.m < 1 || a.m > kSkinnyMaxRows) return false;
+  SkinnyGemmArgs s = SkinnyArgs(a, impl_->sm_count, impl_->programmatic);
+  s.prologue = prologue;  // SkinnyGemmSupports: one segment, batch 1, W [n, k]
   if (!SkinnyGemmSupports(s)) return false;
   if (cudaError_t e = InvokeSkinnyGemm(s, stream); e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("LinearGemm::RunWithPrologue: skinny kernel for m ",
@@ -368,20 +383,7 @@ absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
   }
   // A few rows (decode at small batches): the skinny kernels, outside the invariant mode.
   if (!impl_->invariant && a.m <= kSkinnyMaxRows) {
-    SkinnyGemmArgs s;
-    s.m = static_cast<int>(a.m);
-    s.k = a.k;
-    s.x = a.x;
-    s.x_stride = a.x_stride;
-    s.w_kn = a.w_kn;
-    s.num_segments = 1;
-    s.seg[0] = {a.w, a.n, a.alpha, a.out, a.out_dtype, a.out_stride};
-    s.batch = a.batch;
-    s.x_batch_stride = a.x_batch_stride;
-    s.w_batch_stride = a.w_batch_stride;
-    s.out_batch_stride = a.out_batch_stride;
-    s.sm_count = impl_->sm_count;
-    s.programmatic = impl_->programmatic;
+    const SkinnyGemmArgs s = SkinnyArgs(a, impl_->sm_count, impl_->programmatic);
     if (SkinnyGemmSupports(s)) {
       if (cudaError_t e = InvokeSkinnyGemm(s, stream); e != cudaSuccess) {
         return absl::InternalError(absl::StrCat("LinearGemm::Run: skinny kernel for m ", a.m,

@@ -254,7 +254,8 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
   }
   if (err == cudaSuccess) {
     const size_t counters = SplitKCounterCount(2 * Ip) + SplitKCounterCount(Hp);
-    g->split_counters_ = static_cast<int*>(g->Alloc(counters * sizeof(int), &err, /*weights=*/false));
+    g->split_counters_ =
+        static_cast<int*>(g->Alloc(counters * sizeof(int), &err, /*weights=*/false));
     if (err == cudaSuccess) err = cudaMemset(g->split_counters_, 0, counters * sizeof(int));
   }
   if (err == cudaSuccess) {

@@ -144,8 +144,9 @@ struct MoeExpertsRunParams {
   // Split-K of the NVFP4, INT4 and FP8 decode GEMMs (moe_split_k.h) where few experts are
   // active. Off: one K loop per tile, so a row's bits do not depend on the batch (the
   // deterministic mode needs that; split-K is chosen by the expected number of active experts).
-  // Written and compiled 2026-12-01 (session 5), not yet run on a GPU: CudaOps sets it only with
-  // SetMoeSplitK (off by default) until moe_experts_gpu_test, which runs it, has passed there.
+  // moe_experts_gpu_test passes with it (H200, 2026-12-01); CudaOps sets it only with
+  // SetMoeSplitK, off by default, since it measured slower than the unsplit kernel at 1-4 tokens
+  // (bench/RESULTS.md, "The 61-layer shard after the decode-step work").
   bool split_k = false;
 };
 

@@ -743,6 +743,16 @@ void CudaOps::Linears(const Tensor& x, std::initializer_list<LinearOut> outs) {
 }
 
 
+bool CudaOps::LinearWithPrologue(const Tensor& x, const LinearWeight& w, Tensor& out,
+                                 const SkinnyPrologueArgs& prologue, const char* what) {
+  absl::StatusOr<bool> ran =
+      impl_->gemm->RunWithPrologue(LinearArgs(x, w, out), prologue, impl_->stream);
+  if (ran.ok() && !*ran) return false;
+  impl_->Check(ran.status(),
+               [&] { return absl::StrCat(what, " ", Shape(x), " x ", Shape(w.weight), "^T"); });
+  return true;
+}
+
 void CudaOps::RmsNormLinear(Tensor& x, const Tensor& norm_weight, float eps,
                             const LinearWeight& w, Tensor& out) {
   MLASERVE_SKIP_IF_FAILED();
@@ -752,13 +762,7 @@ void CudaOps::RmsNormLinear(Tensor& x, const Tensor& norm_weight, float eps,
     pro.kind = SkinnyPrologue::kRmsNorm;
     pro.norm_weight = norm_weight.data<float>();
     pro.eps = eps;
-    auto ran = impl_->gemm->RunWithPrologue(LinearArgs(x, w, out), pro, impl_->stream);
-    if (!ran.ok() || *ran) {
-      impl_->Check(ran.status(), [&] {
-        return absl::StrCat("RmsNormLinear ", Shape(x), " x ", Shape(w.weight), "^T");
-      });
-      return;
-    }
+    if (LinearWithPrologue(x, w, out, pro, "RmsNormLinear")) return;
   }
   Ops::RmsNormLinear(x, norm_weight, eps, w, out);
 }
@@ -771,13 +775,7 @@ void CudaOps::SiluMulLinear(Tensor& gate, const Tensor& up, const LinearWeight& 
     pro.kind = SkinnyPrologue::kSiluMul;
     pro.up = up.data<void>();
     pro.up_stride = w.in_features;
-    auto ran = impl_->gemm->RunWithPrologue(LinearArgs(gate, w, out), pro, impl_->stream);
-    if (!ran.ok() || *ran) {
-      impl_->Check(ran.status(), [&] {
-        return absl::StrCat("SiluMulLinear ", Shape(gate), " x ", Shape(w.weight), "^T");
-      });
-      return;
-    }
+    if (LinearWithPrologue(gate, w, out, pro, "SiluMulLinear")) return;
   }
   Ops::SiluMulLinear(gate, up, w, out);
 }

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/linear/skinny_gemm.h"
 #include "worker/backend/ops.h"
 
 namespace mlaserve {
@@ -139,6 +140,10 @@ class CudaOps : public Ops {
  private:
   struct Impl;
   explicit CudaOps(std::unique_ptr<Impl> impl);
+  // out = T(x) W^T as one skinny kernel (LinearGemm::RunWithPrologue); false where that does
+  // not apply (nothing enqueued: the caller runs the two ops). `what` names the op in errors.
+  bool LinearWithPrologue(const Tensor& x, const LinearWeight& w, Tensor& out,
+                          const SkinnyPrologueArgs& prologue, const char* what);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -953,6 +953,24 @@ TEST(ElementwiseGpuTest, LinearGemmProgrammaticChain) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
+// The bf16 rows ids[i] of src [rows, cols] copied to out [count, cols] by a GatherRows kernel
+// on `stream`: a kernel predecessor for the programmatic-launch tests below.
+absl::Status GatherBf16Rows(const uint16_t* src, int64_t rows, int cols, const int32_t* ids,
+                            int count, uint16_t* out, cudaStream_t stream) {
+  GatherRowsParams g;
+  g.src = src;
+  g.src_dtype = DType::kBF16;
+  g.src_rows = rows;
+  g.src_stride = cols;
+  g.cols = cols;
+  g.ids = ids;
+  g.count = count;
+  g.out = out;
+  g.out_dtype = DType::kBF16;
+  g.out_stride = cols;
+  return InvokeGatherRows(g, stream);
+}
+
 // Programmatic launches of the small kernels (RmsNormParams::programmatic and the like): a
 // chain on a non-blocking stream -- GatherRows (plain) -> RmsNorm -> RoPE on its output ->
 // SiLU(it) * x -> AddRmsNorm with that as the delta -- with every intermediate poisoned (NaN)
@@ -996,18 +1014,7 @@ TEST(ElementwiseGpuTest, SmallKernelsProgrammaticChain) {
       CUDA_OK(d_s.Poison());
       CUDA_OK(d_h.Poison());
       CUDA_OK(d_res.Upload(residual));
-      GatherRowsParams g;
-      g.src = d_table.ptr;
-      g.src_dtype = DType::kBF16;
-      g.src_rows = m;
-      g.src_stride = dim;
-      g.cols = dim;
-      g.ids = d_ids.ptr;
-      g.count = m;
-      g.out = d_x.ptr;
-      g.out_dtype = DType::kBF16;
-      g.out_stride = dim;
-      STATUS_OK(InvokeGatherRows(g, stream));
+      STATUS_OK(GatherBf16Rows(d_table.ptr, m, dim, d_ids.ptr, m, d_x.ptr, stream));
       RmsNormParams n;
       n.rows = m;
       n.dim = dim;
@@ -1153,18 +1160,8 @@ TEST(ElementwiseGpuTest, LinearGemmPrologues) {
       (*gemm)->SetProgrammaticLaunch(programmatic);
       CUDA_OK(d_in.Poison());
       CUDA_OK(d_out.Poison());
-      GatherRowsParams g;
-      g.src = d_table.ptr;
-      g.src_dtype = DType::kBF16;
-      g.src_rows = 2 * c.m;
-      g.src_stride = c.k;
-      g.cols = static_cast<int>(c.k);
-      g.ids = d_ids.ptr;
-      g.count = static_cast<int>(2 * c.m);
-      g.out = d_in.ptr;
-      g.out_dtype = DType::kBF16;
-      g.out_stride = c.k;
-      STATUS_OK(InvokeGatherRows(g, stream));
+      STATUS_OK(GatherBf16Rows(d_table.ptr, 2 * c.m, static_cast<int>(c.k), d_ids.ptr,
+                               static_cast<int>(2 * c.m), d_in.ptr, stream));
       absl::StatusOr<bool> ran = (*gemm)->RunWithPrologue(a, pro, stream);
       ASSERT_TRUE(ran.ok()) << what << ": " << ran.status();
       ASSERT_TRUE(*ran) << what << ": the skinny kernel did not take it";
