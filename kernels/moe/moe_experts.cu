@@ -134,7 +134,6 @@ namespace {
 // (max_tiles <= kSplitKMaxRows / 16 + kSplitKMaxRows row tiles).
 constexpr int kSplitKMaxRows = 64;
 constexpr int kSplitKMaxTiles = kSplitKMaxRows / kMoeTileTokensSmall + kSplitKMaxRows;
-constexpr int kSplitKMax = 8;
 
 size_t SplitKCounterCount(int n) { return static_cast<size_t>(n / 128) * kSplitKMaxTiles; }
 
@@ -149,9 +148,14 @@ int MoeSplitKFor(int sm_count, int local_experts, int routed_experts, int tokens
                                  tokens);
   const double active = std::clamp(local_experts * (1.0 - p_miss), 1.0,
                                    static_cast<double>(std::min<long long>(local_experts, rows)));
+  // Blocks of 8 warps: three a SM keep 24 warps dequantizing (kernels/moe/moe_few_expert_gemm.cuh).
   const double blocks = n / 128 * active;
-  const int want = static_cast<int>(std::ceil(2.0 * sm_count / blocks));
-  return std::clamp(want, 1, std::min(kSplitKMax, k / 128));
+  const int want = static_cast<int>(std::ceil(3.0 * sm_count / blocks));
+  const int chunks = k / 64;
+  const int most = std::min(kMoeSplitKMaxSplits, chunks / 4);  // at least 4 chunks a split
+  if (want <= 1 || most <= 1) return 1;
+  const int least = (chunks + kMoeSplitKMaxChunksPerSplit - 1) / kMoeSplitKMaxChunksPerSplit;
+  return std::clamp(std::max(want, least), 2, std::max(most, least));
 }
 
 void* MoeExpertsGpu::Alloc(size_t bytes, cudaError_t* err, bool weights) {

@@ -1,11 +1,11 @@
-// Split-K for the routed experts' decode GEMMs (moe_weight_only_gemm.cuh): with one to a few
-// active local experts a decode step has a few dozen weight tiles (Kimi-K2.5 EP8 at batch 1: one
-// expert, 32 gate_up and 56 down tiles of 128 rows) for 132 SMs, and each block's pipeline alone
-// cannot pull an SM's share of the bandwidth. Split-K gives every tile `splits` blocks over
-// disjoint K ranges; each writes its fp32 accumulators to `partial` and the last block of a tile
-// to arrive (a counter per tile) adds the partials in split order and runs the usual epilogue.
-// The sum order is fixed, so results are deterministic, but they differ from the unsplit K loop
-// by fp32 rounding: the batch-invariant mode does not split.
+// Split-K for the routed experts' decode GEMMs when few experts are active: with one to a few
+// active local experts a decode step has a few dozen 128-row weight tiles (Kimi-K2.5 EP8 at
+// batch 1: one expert, 32 gate_up and 56 down) for 132 SMs. A split GEMM runs
+// FewExpertMoeGemmKernel (moe_few_expert_gemm.cuh): every tile gets `splits` blocks of 8 warps
+// over disjoint K ranges; each writes its fp32 sums to `partial` and the last block of a tile to
+// arrive (a counter per tile) adds the partials in split order and runs the usual epilogue. The
+// sum order is fixed, so results are deterministic, but they differ from the unsplit K loop by
+// fp32 rounding: the batch-invariant mode does not split.
 #pragma once
 
 #include <cstddef>
@@ -19,8 +19,14 @@ struct MoeSplitK {
   int* counters = nullptr;     // [n / 128 x max_tiles], zero; the last block resets its own
 };
 
-// Blocks of 128 threads x 16 accumulators (the 16-token decode tile of every format).
+// A block's partial slot: 128 weight rows x the 16 rows of a decode tile (only the tile's rows are
+// written).
 inline constexpr size_t kMoeSplitKPartialFloatsPerBlock = 128 * 16;
+// At most this many splits, and at least ceil((k / 64) / kMoeSplitKMaxChunksPerSplit) where a GEMM
+// splits: a block holds its K range of 16 activation rows in shared memory (16 x 32 x 128 B = 64
+// KB at most, so three blocks fit an H200 SM and one an SM120 SM).
+inline constexpr int kMoeSplitKMaxSplits = 32;
+inline constexpr int kMoeSplitKMaxChunksPerSplit = 32;
 
 // Partial buffer bytes for a GEMM of n weight rows (multiple of 128) over max_tiles row tiles.
 inline size_t MoeSplitKPartialBytes(int n, int max_tiles, int splits) {
@@ -29,10 +35,11 @@ inline size_t MoeSplitKPartialBytes(int n, int max_tiles, int splits) {
                            kMoeSplitKPartialFloatsPerBlock * sizeof(float);
 }
 
-// K splits of one decode GEMM of n weight rows (a multiple of 128) over k: enough blocks for
-// about two per SM over the expected number of active local experts (tokens routed uniformly
-// over routed_experts), at most 8 and one per 128 of k; 1 (no split) past 64 assignments or where
-// the tile is not the 16-token decode tile. Defined in moe_experts.cu.
+// K splits of one decode GEMM of n weight rows (a multiple of 128) over k: enough blocks of 8
+// warps for about three per SM over the expected number of active local experts (tokens routed
+// uniformly over routed_experts), at most kMoeSplitKMaxSplits and one per 256 of k; 1 (no split)
+// past 64 assignments or where the tile is not the 16-token decode tile. Defined in
+// moe_experts.cu.
 int MoeSplitKFor(int sm_count, int local_experts, int routed_experts, int tokens, int top_k, int n,
                  int k);
 

@@ -23,8 +23,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/programmatic_launch.cuh"
+#include "kernels/moe/moe_few_expert_gemm.cuh"
 #include "kernels/moe/moe_split_k.h"
+#include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::moe_gemm {
@@ -102,15 +103,14 @@ __device__ __forceinline__ int DenseRows(const Params& p) {
 // p.dense_out, bf16 [dense_rows, dense_n] (dense_n <= n: the weight's rows past it are padding
 // and not stored); expert_offsets, tile_offsets, sorted_assignment and
 // topk_weights are not read. Launched with kGateUp false.
-// kSplit: the split-K kernel (moe_split_k.h; decode tiles only), launched only when a GEMM
-// splits. The code it needs stays out of the unsplit kernel: compiled in but unused it cost the
-// unsplit decode GEMMs 10-15% (H200, moe_bench --decode, the same binary with and without it:
-// ep8 / 64 tokens 350 -> 303 us, all_256 / 8 tokens 546 -> 483 us).
-template <class Cfg, bool kGateUp, class Format, bool kDense = false, bool kSplit = false>
+// Split-K (moe_split_k.h) runs FewExpertMoeGemmKernel instead (moe_few_expert_gemm.cuh). Its
+// code stays out of this kernel: a split-K tail compiled in here, unused, cost the unsplit decode
+// GEMMs 10-15% (H200, moe_bench --decode, the same binary with and without it: ep8 / 64 tokens
+// 350 -> 303 us, all_256 / 8 tokens 546 -> 483 us).
+template <class Cfg, bool kGateUp, class Format, bool kDense = false>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     WeightOnlyMoeGemmKernel(const typename Format::Params p) {
   static_assert(!(kDense && kGateUp), "the dense mode is a down-like projection");
-  static_assert(!kSplit || Cfg::kBN <= 16, "split-K is for the decode tile");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kBM = Cfg::kBM, kBN = Cfg::kBN, kBK = Cfg::kBK, kStages = Cfg::kStages;
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT;
@@ -152,15 +152,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
   const int k_chunks_total = p.k / 64;
-  // The block's 128 weight rows and, split-K, its K range. The split varies fastest along x, so
-  // a tile's splits are adjacent in launch order and every block of the real tiles (blockIdx.y
-  // below tile_offsets[E]) is launched before the empty tiles' blocks. (With the split as z, the
-  // splits past the first came after the empty blocks of the first: real blocks then wait behind
-  // empty ones and land wherever those exited.)
-  const int splits = kSplit ? p.split_k.splits : 1;
-  const int n_block = kSplit ? static_cast<int>(blockIdx.x) / splits : static_cast<int>(blockIdx.x);
-  const int split = kSplit ? static_cast<int>(blockIdx.x) % splits : 0;
-  const int mt_block = n_block * (kBM / 16);  // first 16-row weight tile of this block
+  const int mt_block = blockIdx.x * (kBM / 16);  // first 16-row weight tile of this block
 
   // Global sources.
   constexpr int kChunkCode = Cfg::kChunkCodeBytes, kChunkScale = Cfg::kChunkScaleBytes;
@@ -228,15 +220,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-  // Split-K (moe_split_k.h; decode tiles only): this block's K steps [kt0, kt0 + k_tiles).
-  const int kt0 = p.k / kBK * split / splits;
-  const int k_tiles = p.k / kBK * (split + 1) / splits - kt0;
+  const int k_tiles = p.k / kBK;
   // Weights of the first kStages - 1 stages go into the first commit group (before down's wait),
   // so stage s is complete once group s is: the wait_group counts below stay as in a plain
   // pipeline.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_weights(s, kt0 + s);
+    if (s < k_tiles) load_weights(s, s);
   }
   if constexpr (!kGateUp) {
     pdl::WaitForPrerequisiteGrid();
@@ -244,7 +234,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_x(s, kt0 + s);
+    if (s < k_tiles) load_x(s, s);
     CpAsyncCommit();
   }
 
@@ -258,8 +248,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     {
       const int next = kt + kStages - 1;
       if (next < k_tiles) {
-        load_weights(next % kStages, kt0 + next);
-        load_x(next % kStages, kt0 + next);
+        load_weights(next % kStages, next);
+        load_x(next % kStages, next);
       }
       CpAsyncCommit();
     }
@@ -307,39 +297,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
   }
   CpAsyncWait<0>();
-
-  if constexpr (kSplit) {
-    // This block's accumulators to its partial slot, then the tile's last block to arrive adds
-    // every split's in split order (reading its own back too, so the order is the same
-    // whichever block is last) and runs the epilogue.
-    constexpr int kAcc = kMT * kNT * 4;
-    static_assert(kAcc * Cfg::kThreads <= kMoeSplitKPartialFloatsPerBlock, "split partials");
-    const int tile_id = blockIdx.y * (p.n / kBM) + n_block;
-    float* part = p.split_k.partial +
-                  static_cast<size_t>(tile_id) * splits * kMoeSplitKPartialFloatsPerBlock;
-    float* flat = &acc[0][0][0];  // accumulator (i, j, q) at (i * kNT + j) * 4 + q
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
-      __stcg(part + split * kMoeSplitKPartialFloatsPerBlock + i * Cfg::kThreads + tid, flat[i]);
-    }
-    __threadfence();
-    __syncthreads();
-    __shared__ int s_last;
-    if (tid == 0) {
-      s_last = atomicAdd(p.split_k.counters + tile_id, 1) == splits - 1;
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
-      const float* src = part + i * Cfg::kThreads + tid;
-      float sum = __ldcg(src);
-      for (int z = 1; z < splits; ++z) sum += __ldcg(src + z * kMoeSplitKPartialFloatsPerBlock);
-      flat[i] = sum;
-    }
-    if (tid == 0) p.split_k.counters[tile_id] = 0;  // ready for the next launch
-  }
 
   // Epilogue. acc[mt][nt]: c0 (weight row g, activation row 2t), c1 (g, 2t+1), c2 (g+8, 2t),
   // c3 (g+8, 2t+1).
@@ -488,22 +445,30 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
   }
   if (p.max_tiles == 0) return cudaSuccess;
   const int splits = kTileTokens <= 16 && !kDense ? std::max(p.split_k.splits, 1) : 1;
-  if (splits > 1 && (p.split_k.partial == nullptr || p.split_k.counters == nullptr ||
-                     splits > p.k / Cfg::kBK || splits > 64)) {
-    return cudaErrorInvalidValue;
-  }
-  auto launch = [&](auto kernel) {
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    const dim3 grid(p.n / Cfg::kBM * splits, p.max_tiles);  // splits fastest along x
-    return pdl::LaunchKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
-                             p.programmatic, p);
-  };
   if constexpr (kTileTokens <= 16 && !kDense) {
-    if (splits > 1) return launch(WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense, true>);
+    if (splits > 1) {
+      // The few-expert kernel; its splits vary fastest along x, so a tile's splits are adjacent
+      // in launch order and every block of the real tiles (blockIdx.y below tile_offsets[E])
+      // launches before the empty tiles' blocks.
+      const int smem = FewExpertSmemBytes(p.k, splits);
+      if (p.split_k.partial == nullptr || p.split_k.counters == nullptr || splits > p.k / 64 ||
+          splits > kMoeSplitKMaxSplits || smem > kFewExpertMaxSmemBytes) {
+        return cudaErrorInvalidValue;
+      }
+      auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp>;
+      cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      return pdl::LaunchKernel(kernel, dim3(p.n / 128 * splits, p.max_tiles),
+                               dim3(kFewExpertThreads), smem, stream, p.programmatic, p);
+    }
   }
-  return launch(WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>);
+  auto* kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  return pdl::LaunchKernel(kernel, dim3(p.n / Cfg::kBM, p.max_tiles), dim3(Cfg::kThreads),
+                           Cfg::kSmemBytes, stream, p.programmatic, p);
 }
 
 }  // namespace mlaserve::moe_gemm

@@ -399,8 +399,9 @@ void RunCase(const Case& c, uint64_t seed) {
     CUDA_OK(d_shared.Upload(shared));
     CUDA_OK(d_ids.Upload(ids));
     CUDA_OK(d_w.Upload(w));
-    // Split-K (MoeExpertsRunParams::split_k) taken where few experts are active (1 and 3 tokens
-    // at hidden 2048 here); each run twice, so a counter left non-zero by the first would show.
+    // Split-K (MoeExpertsRunParams::split_k: the few-expert kernel) taken where few experts are
+    // active (1, 3 and 16 tokens at hidden 2048 here); each run twice, so a counter left non-zero
+    // by the first would show.
     const std::pair<bool, bool> runs[] = {
         {false, false}, {true, false}, {false, true}, {true, true}, {false, true}};
     for (const auto& [with_shared, split_k] : runs) {
@@ -493,6 +494,10 @@ TEST(MoeExpertsGpuTest, Nvfp4MatchesReference) {
       {true, 96, 32, 16, 4, 8, 2},     {true, 256, 128, 64, 0, 64, 8},
       {true, 256, 128, 64, 40, 24, 8}, {true, 2048, 1408, 16, 0, 16, 4},
       {true, 2048, 1408, 32, 8, 8, 8},
+      // Top 4 of 4 experts: at 16 tokens every expert has 16 rows, so the split (few-expert)
+      // kernel runs tiles of 9-16 rows (its second n-tile) over uneven K ranges (22 chunks of
+      // down's K in 5 splits).
+      {true, 2048, 1408, 4, 0, 4, 4},
   };
   uint64_t seed = 200;
   for (const Case& c : cases) RunCase(c, ++seed);
@@ -509,6 +514,7 @@ TEST(MoeExpertsGpuTest, Int4MatchesReference) {
       {false, 96, 32, 16, 4, 8, 2, true},      {false, 90, 40, 32, 0, 32, 4, true},
       {false, 256, 128, 64, 0, 64, 8, true},   {false, 256, 128, 64, 40, 24, 8, true, 64},
       {false, 2048, 1408, 16, 0, 16, 4, true}, {false, 2048, 1408, 32, 8, 8, 8, true, 1408},
+      {false, 2048, 1408, 4, 0, 4, 4, true},  // the split kernel's 16-row tiles (NVFP4's case)
   };
   uint64_t seed = 300;
   for (const Case& c : cases) RunCase(c, ++seed);
@@ -629,6 +635,7 @@ TEST(MoeExpertsGpuTest, Fp8MatchesReference) {
       {false, 256, 256, 32, 0, 32, 8, false, 192, true},
       {false, 2048, 1408, 16, 0, 16, 4, false, 0, true},
       {false, 2048, 256, 32, 8, 8, 8, false, 1792, true},  // a window at 1792, as rank 7 of 8 holds
+      {false, 2048, 1408, 4, 0, 4, 4, false, 0, true},  // the split kernel's 16-row tiles
   };
   uint64_t seed = 500;
   for (const Case& c : cases) RunCase(c, ++seed);
