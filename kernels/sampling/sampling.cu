@@ -147,20 +147,26 @@ __global__ void __launch_bounds__(kPrepareThreads) SamplingPrepareKernel(Prepare
   uint64_t* keys = a.keys + static_cast<int64_t>(row) * vocab;
 
   // log_z = max + log(sum exp(l - max)): (l - max) in fp32 then exp in double, as sampler.cc.
-  float mx = -INFINITY;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, x[i]);
-  mx = BlockReduce(mx, MaxOp(), s_f32);
-  double sum = 0.0;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    sum = __dadd_rn(sum, exp(static_cast<double>(__fsub_rn(x[i], mx))));
+  // Only rows that report a logprob need it: a vocabulary of double exp() on one block took 29 us
+  // of a batch-1 decode step (H200, Kimi-K2.5's 163,840 ids).
+  const int n_top = min(max(rp.top_logprobs, 0), min(kMaxTopLogprobs, vocab));
+  const bool want_logprob = rp.want_logprob != 0;
+  float log_z = 0.0f;
+  if (want_logprob || n_top > 0) {
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) mx = fmaxf(mx, x[i]);
+    mx = BlockReduce(mx, MaxOp(), s_f32);
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      sum = __dadd_rn(sum, exp(static_cast<double>(__fsub_rn(x[i], mx))));
+    }
+    sum = BlockReduce(sum, SumOp(), s_f64);
+    log_z = __fadd_rn(mx, static_cast<float>(log(sum)));
   }
-  sum = BlockReduce(sum, SumOp(), s_f64);
-  const float log_z = __fadd_rn(mx, static_cast<float>(log(sum)));
   if (threadIdx.x == 0) a.log_z[row] = log_z;
 
   // Top-n of the original logits, best first (ties: lower id): n rounds of a block max over the
   // keys below the previous winner.
-  const int n_top = min(max(rp.top_logprobs, 0), min(kMaxTopLogprobs, vocab));
   uint64_t prev = ~uint64_t{0};
   for (int r = 0; r < kMaxTopLogprobs; ++r) {
     int id = -1;
@@ -231,7 +237,7 @@ __global__ void __launch_bounds__(kPrepareThreads) SamplingPrepareKernel(Prepare
     if (threadIdx.x == 0) {
       const int token = best.id != INT32_MAX ? best.id : 0;  // 0: every logit NaN
       p.tokens[row] = token;
-      if (p.logprobs != nullptr) p.logprobs[row] = __fsub_rn(x[token], log_z);
+      if (p.logprobs != nullptr) p.logprobs[row] = want_logprob ? __fsub_rn(x[token], log_z) : 0.0f;
     }
   }
   if (!sampled) {
@@ -242,7 +248,7 @@ __global__ void __launch_bounds__(kPrepareThreads) SamplingPrepareKernel(Prepare
     if (threadIdx.x == 0) {
       const int token = KeyId(best, a.id_bits);
       p.tokens[row] = token;
-      if (p.logprobs != nullptr) p.logprobs[row] = __fsub_rn(x[token], log_z);
+      if (p.logprobs != nullptr) p.logprobs[row] = want_logprob ? __fsub_rn(x[token], log_z) : 0.0f;
     }
   }
 }
@@ -362,7 +368,8 @@ __global__ void __launch_bounds__(kDrawThreads) SamplingDrawKernel(DrawArgs a) {
     p.tokens[row] = token;
     if (p.logprobs != nullptr) {
       const float* x = p.logits + static_cast<int64_t>(row) * p.logits_stride;
-      p.logprobs[row] = __fsub_rn(x[token], a.log_z[row]);
+      p.logprobs[row] =
+          p.row_params[row].want_logprob != 0 ? __fsub_rn(x[token], a.log_z[row]) : 0.0f;
     }
   }
 }

@@ -34,7 +34,9 @@ struct SamplingRow {
   // -inf (min_tokens not reached: eos + stop ids). Duplicates are harmless.
   int32_t mask_begin = 0, mask_count = 0;
   int32_t top_logprobs = 0;  // 0..kMaxTopLogprobs (larger values are clamped)
-  int32_t want_logprob = 0;  // informational: the logprob is written whenever logprobs != null
+  // Non-zero: logprobs[row] gets the token's log-probability; zero: 0 (the normaliser over the
+  // vocabulary is computed only for rows with want_logprob or top_logprobs).
+  int32_t want_logprob = 0;
 };
 
 // A token in a row's history: the DISTINCT tokens of prompt + output (all get the repetition
@@ -60,6 +62,7 @@ struct SamplingParams {
   bool any_sampled = true;
   int32_t* tokens = nullptr;      // [rows] out
   float* logprobs = nullptr;      // [rows] out (nullable): log softmax(original logits)[token]
+                                  // for rows with want_logprob, else 0
   int32_t* top_ids = nullptr;     // [rows, kMaxTopLogprobs] out (nullable; first top_logprobs
                                   // valid, the rest -1)
   float* top_logprobs = nullptr;  // [rows, kMaxTopLogprobs] out (nullable; the rest 0)

@@ -256,7 +256,11 @@ int CheckAgainstCpu(const std::vector<float>& logits, int64_t stride, int vocab,
                     << " (logit " << x[want.token] << ")";
       continue;
     }
-    EXPECT_NEAR(g.logprobs[r], want.logprob, 1e-4) << "token " << got;
+    if (c.s.want_logprobs) {
+      EXPECT_NEAR(g.logprobs[r], want.logprob, 1e-4) << "token " << got;
+    } else {
+      EXPECT_EQ(g.logprobs[r], 0.0f) << "a row without want_logprob gets 0";
+    }
     EXPECT_EQ(want.top.size(), static_cast<size_t>(std::min(c.s.top_logprobs, vocab)));
     for (int k = 0; k < kMaxTopLogprobs; ++k) {
       const size_t o = r * kMaxTopLogprobs + k;
