@@ -5,7 +5,7 @@
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
-//       [--moe-split-k on] [--fused-prologues on] [--programmatic-small on]
+//       [--moe-few-expert off] [--fused-prologues on] [--programmatic-small on]
 //       [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
@@ -39,8 +39,9 @@
 // defaults: --programmatic off: the skinny projections of batches of up to 4 rows launched
 // without the programmatic dependency on the previous kernel (CudaOps::SetProgrammaticLaunch).
 // --fused-mla-input off: MLA's latent norm, k RoPE and cache write as five ops, not one kernel
-// (CudaOps::SetFusedMlaInput). --moe-split-k on: split-K of the routed experts' decode GEMMs
-// where few experts are active (CudaOps::SetMoeSplitK; off by default). --fused-prologues on:
+// (CudaOps::SetFusedMlaInput). --moe-few-expert off: the routed experts' decode GEMMs always on
+// the tile kernel, not the few-expert kernel where few experts are active
+// (CudaOps::SetMoeFewExpert). --fused-prologues on:
 // the q_a norm with q_b and the shared expert's SiLU with its down projection as one skinny
 // kernel each at batches of up to 4 (CudaOps::SetFusedPrologues; off by default).
 // --programmatic-small on: the norms, RoPE, the fused MLA input, SiLU and the route kernel
@@ -100,9 +101,9 @@ ABSL_FLAG(mlaserve::OnOff, fused_prologues, mlaserve::OnOff{false},
 ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{false},
           "Launch the norms, RoPE, the fused MLA input, SiLU and the route kernel programmatically "
           "dependent on the previous kernel (CudaOps::SetProgrammaticSmallKernels).");
-ABSL_FLAG(mlaserve::OnOff, moe_split_k, mlaserve::OnOff{false},
-          "Split-K of the routed experts' decode GEMMs where few experts are active "
-          "(CudaOps::SetMoeSplitK).");
+ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
+          "The routed experts' decode GEMMs on the few-expert kernel where few experts are active "
+          "(CudaOps::SetMoeFewExpert).");
 ABSL_FLAG(std::string, moe, "expert",
           "How the routed experts are split over --ranks: expert (whole experts a rank) or tensor "
           "(every expert's intermediate slice).");
@@ -279,7 +280,7 @@ int Run(int argc, char** argv) {
     }
     (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
-    (*ops)->SetMoeSplitK(absl::GetFlag(FLAGS_moe_split_k).on);
+    (*ops)->SetMoeFewExpert(absl::GetFlag(FLAGS_moe_few_expert).on);
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);
     (*ops)->SetProgrammaticSmallKernels(absl::GetFlag(FLAGS_programmatic_small).on);
     SingleRankCommunicator comm;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The decode-step A/B of issue 14 on a GPU machine, in one call: the GPU tests of CudaOps'
-# switchable decode optimisations (split-K, programmatic launches, fused MLA input, fused
+# switchable decode optimisations (few-expert MoE kernel, programmatic launches, fused MLA input, fused
 # prologues), moe_bench --decode, then mlaserve-model-bench on Kimi-K2.5's rank-0-of-8 shard
-# shapes with the defaults (split-K and the prologues off, the other two on), each switched, and
+# shapes with the defaults (the prologues off, the other three on), each switched, and
 # all off (the same binary, one process per setting), then the full 61-layer shard.
 #   bench/model/run_decode_ab.sh BIN_DIR [LAYERS]
 # BIN_DIR holds mlaserve-model-bench, libmlaserve_cuda_backend.so, the test binaries and
@@ -28,7 +28,7 @@ if [[ "${TESTS:-1}" == 1 ]]; then
     >"$out/cuda_ops_kvprep.log" 2>&1)
   echo "cuda_ops_test MlaKvPrep rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/cuda_ops_kvprep.log" | tr '\n' ' ')"
 fi
-# The expert kernels alone (layer time, its split-K column), where BIN_DIR has moe_bench.
+# The expert kernels alone (layer time, its few-expert column), where BIN_DIR has moe_bench.
 if [[ -x "$bin/moe_bench" ]]; then
   timeout 120 "$bin/moe_bench" --decode >"$out/moe_bench_decode.log" 2>&1
   echo "moe_bench --decode rc=$?"
@@ -57,10 +57,10 @@ bench() {  # name, model dir, extra flags...
 }
 
 common=(--kv bf16 --batches 1,2,4,8,64)
-none=(--moe-split-k off --programmatic off --fused-mla-input off)
+none=(--moe-few-expert off --programmatic off --fused-mla-input off)
 if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_default "$short" "${common[@]}"
-  bench short_split "$short" "${common[@]}" --moe-split-k on
+  bench short_tile "$short" "${common[@]}" --moe-few-expert off
   bench short_nopdl "$short" "${common[@]}" --programmatic off
   bench short_nofused "$short" "${common[@]}" --fused-mla-input off
   bench short_prologues "$short" "${common[@]}" --fused-prologues on

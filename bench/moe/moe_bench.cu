@@ -29,6 +29,7 @@
 #include "kernels/moe/fp8_moe.h"
 #include "kernels/moe/int4_moe.h"
 #include "common/command_line.h"
+#include "kernels/moe/moe_few_expert.h"
 #include "kernels/moe/nvfp4_moe.h"
 #include "kernels/moe/nvfp4_moe_gemm.h"
 
@@ -152,10 +153,6 @@ int main(int argc, char** argv) {
     CK(cudaFree(a));
     CK(cudaFree(b));
   }
-
-  int sm_count = 0, device = 0;
-  CK(cudaGetDevice(&device));
-  CK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
 
   std::vector<Config> configs = {{"ep8_48_of_384", 384, 48}, {"all_256", 256, 256}};
   std::vector<int> decode_tokens = {1, 2, 4, 8, 32, 64, 128};
@@ -318,34 +315,14 @@ int main(int argc, char** argv) {
       q_plain.plain_launches = true;
       Fp8MoeParams f_plain = f;
       f_plain.plain_launches = true;
-      // Split-K (moe_split_k.h) as InvokeMoeExperts plans it, where it splits.
-      const int max_tiles = tokens * K / p.tile_tokens + std::min(E, tokens * K);
-      const int gu_splits = MoeSplitKFor(sm_count, E, c.num_experts, tokens, K, 2 * I, H);
-      const int dn_splits = MoeSplitKFor(sm_count, E, c.num_experts, tokens, K, H, I);
-      const bool split = gu_splits > 1 || dn_splits > 1;
-      float* split_partials = nullptr;
-      int* split_counters = nullptr;
-      const size_t gu_part = MoeSplitKPartialBytes(2 * I, max_tiles, gu_splits);
-      const size_t dn_part = MoeSplitKPartialBytes(H, max_tiles, dn_splits);
-      const size_t gu_counters = static_cast<size_t>(2 * I / 128) * max_tiles;
-      const size_t dn_counters = static_cast<size_t>(H / 128) * max_tiles;
-      if (split) {
-        CK(cudaMalloc(&split_partials, gu_part + dn_part));
-        CK(cudaMalloc(&split_counters, (gu_counters + dn_counters) * sizeof(int)));
-        CK(cudaMemset(split_counters, 0, (gu_counters + dn_counters) * sizeof(int)));
-      }
-      const MoeSplitK gu_split{gu_splits, split_partials, split_counters};
-      const MoeSplitK dn_split{dn_splits, split_partials + gu_part / sizeof(float),
-                               split_counters + gu_counters};
-      Nvfp4MoeParams p_split = p;
-      p_split.gate_up_split = gu_split;
-      p_split.down_split = dn_split;
-      Int4MoeParams q_split = q;
-      q_split.gate_up_split = gu_split;
-      q_split.down_split = dn_split;
-      Fp8MoeParams f_split = f;
-      f_split.gate_up_split = gu_split;
-      f_split.down_split = dn_split;
+      // The few-expert kernel (moe_few_expert.h) for both GEMMs, and whether InvokeMoeExperts
+      // would pick it here.
+      const bool few_ok = decode && p.tile_tokens == kMoeTileTokensSmall;
+      const bool few_auto = ChooseMoeFewExpert(E, c.num_experts, tokens, K);
+      Nvfp4MoeParams p_few = p;
+      Int4MoeParams q_few = q;
+      Fp8MoeParams f_few = f;
+      p_few.few_expert = q_few.few_expert = f_few.few_expert = true;
       auto stage = [&](int i) {
         if (is_fp8) {
           return i == 0   ? InvokeFp8MoeDispatchStage(f, s)
@@ -406,12 +383,12 @@ int main(int argc, char** argv) {
       };
       const double us_plain = time_layer([&] { CK(layer(true)); });
       const double us_layer = time_layer([&] { CK(layer(false)); });
-      double us_split = 0;
-      if (split) {
-        us_split = time_layer([&] {
-          CK(is_fp8    ? InvokeFp8Moe(f_split, s)
-             : is_int4 ? InvokeInt4Moe(q_split, s)
-                       : InvokeNvfp4Moe(p_split, s));
+      double us_few = 0;
+      if (few_ok) {
+        us_few = time_layer([&] {
+          CK(is_fp8    ? InvokeFp8Moe(f_few, s)
+             : is_int4 ? InvokeInt4Moe(q_few, s)
+                       : InvokeNvfp4Moe(p_few, s));
         });
       }
       double us_graph = 0;
@@ -434,17 +411,13 @@ int main(int argc, char** argv) {
       const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
       std::printf(
           "%-16s %5s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
-          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | split %d/%d %8.1f us %5.1f%%\n",
+          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s\n",
           c.name, is_fp8 ? "fp8" : is_int4 ? "int4" : "nvfp4", tokens, p.tile_tokens, active, rows, Median(t_disp),
           Median(t_gu), Median(t_dn), Median(t_comb), us_total, us_plain, us_layer, us_graph,
           bytes / (us_layer * 1e-6) / 1e9, pct(us_total), pct(us_layer), pct(us_graph), tflops,
-          flop_per_row * rows / (us_layer * 1e-6) / 1e12, gu_splits, dn_splits, us_split,
-          pct(us_split));
+          flop_per_row * rows / (us_layer * 1e-6) / 1e12, us_few, pct(us_few),
+          few_auto ? "(auto)" : "");
       std::fflush(stdout);
-      if (split) {
-        CK(cudaFree(split_partials));
-        CK(cudaFree(split_counters));
-      }
       CK(cudaFree(ws));
       CK(cudaFree(d_ids));
       CK(cudaFree(d_w));
@@ -462,8 +435,9 @@ int main(int argc, char** argv) {
       "\nus: stages = dispatch + gate_up + down + combine timed one by one; plain = one "
       "InvokeNvfp4Moe / InvokeInt4Moe / InvokeFp8Moe call, plain launches; layer = the same call, default "
       "launches (programmatic for tokens * top_k <= 256 in decode); graph = that call replayed as "
-      "a CUDA graph (decode only); split g/d: the layer call with split-K (g gate_up and d down K "
-      "splits, as InvokeMoeExperts plans them; 1/1: not split, no time). GB/s: weight bytes of the active experts (codes + scales) / "
+      "a CUDA graph (decode only); few: the layer call with the few-expert kernel "
+      "(moe_few_expert_gemm.cuh) for both GEMMs (16-token tiles only), (auto) where "
+      "InvokeMoeExperts picks it. GB/s: weight bytes of the active experts (codes + scales) / "
       "layer time; %%stage, %%layer, %%graph: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 "
       "* H * I / (gate_up + down time); TF_layer: the same over the layer time.\n");
   return 0;

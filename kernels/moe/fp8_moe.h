@@ -11,7 +11,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/moe/moe_split_k.h"
 
 namespace mlaserve {
 
@@ -43,9 +42,8 @@ struct Fp8MoeParams {
   __nv_bfloat16* out_bf16;          // [tokens, hidden], or nullptr
   void* workspace;                  // Nvfp4MoeWorkspaceBytes, 256-byte aligned
   size_t workspace_bytes;
-  // Split-K of the decode GEMMs (moe_split_k.h; splits 1: none). The caller owns the partials
-  // (MoeSplitKPartialBytes) and the zeroed counters, one array per GEMM.
-  MoeSplitK gate_up_split, down_split;
+  // 16-token tiles: both GEMMs on the few-expert kernel (moe_few_expert.h).
+  bool few_expert;
 };
 
 // Each stage alone, launched plainly; InvokeFp8Moe runs all four.

@@ -19,7 +19,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/moe/moe_split_k.h"
 
 #include "kernels/moe/nvfp4_moe_gemm.h"  // kMoeTileTokens*, ChooseMoeTileTokens
 
@@ -54,7 +53,9 @@ struct Fp8MoeGemmParams {
   int dense_n;
   float dense_alpha;
   __nv_bfloat16* __restrict__ dense_out;
-  MoeSplitK split_k;  // decode tiles only (moe_split_k.h)
+  // 16-token tiles: run FewExpertMoeGemmKernel (moe_few_expert_gemm.cuh) instead of the tile
+  // kernel (moe_few_expert.h says when each is faster).
+  bool few_expert;
 };
 
 // Fused gate+up projection with SiLU(gate) * up in the epilogue.

@@ -36,7 +36,7 @@ Int4MoeGemmParams GemmParams(const Int4MoeParams& p, const Nvfp4MoeWorkspace& ws
   g.h = ws.h;
   g.topk_weights = p.topk_weights;
   g.y = ws.y;
-  g.split_k = gate_up ? p.gate_up_split : p.down_split;
+  g.few_expert = p.few_expert;
   return g;
 }
 

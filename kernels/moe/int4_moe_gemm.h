@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/moe/moe_split_k.h"
 
 #include "kernels/moe/nvfp4_moe_gemm.h"  // kMoeTileTokens*, ChooseMoeTileTokens
 
@@ -45,7 +44,9 @@ struct Int4MoeGemmParams {
   // down output: y[r][o] = routing weight * down(h[r])[o], fp32 [rows, n].
   const float* __restrict__ topk_weights;  // [tokens * top_k]
   float* __restrict__ y;
-  MoeSplitK split_k;  // decode tiles only (moe_split_k.h)
+  // 16-token tiles: run FewExpertMoeGemmKernel (moe_few_expert_gemm.cuh) instead of the tile
+  // kernel (moe_few_expert.h says when each is faster).
+  bool few_expert;
 };
 
 // Fused gate+up projection with SiLU(gate) * up in the epilogue.

@@ -129,41 +129,30 @@ absl::Status Validate(const MoeExpertsHostWeights& w) {
 }  // namespace
 
 namespace {
-
-// Split-K (moe_split_k.h) is used for decode batches of at most kSplitKMaxRows assignments
-// (max_tiles <= kSplitKMaxRows / 16 + kSplitKMaxRows row tiles).
-constexpr int kSplitKMaxRows = 64;
-constexpr int kSplitKMaxTiles = kSplitKMaxRows / kMoeTileTokensSmall + kSplitKMaxRows;
-
-size_t SplitKCounterCount(int n) { return static_cast<size_t>(n / 128) * kSplitKMaxTiles; }
-
-}  // namespace
-
-int MoeSplitKFor(int sm_count, int local_experts, int routed_experts, int tokens, int top_k, int n,
-                 int k) {
+// Expected active local experts at `tokens` (uniform routing), in [1, min(local, rows)].
+double ExpectedActiveExperts(int local_experts, int routed_experts, int tokens, int top_k) {
   const long long rows = static_cast<long long>(tokens) * top_k;
-  if (rows > kSplitKMaxRows || local_experts <= 0) return 1;
-  if (ChooseMoeTileTokens(tokens, top_k, routed_experts) != kMoeTileTokensSmall) return 1;
   const double p_miss = std::pow(1.0 - static_cast<double>(top_k) / std::max(routed_experts, 1),
                                  tokens);
-  const double active = std::clamp(local_experts * (1.0 - p_miss), 1.0,
-                                   static_cast<double>(std::min<long long>(local_experts, rows)));
-  // Blocks of 8 warps: three a SM keep 24 warps dequantizing (kernels/moe/moe_few_expert_gemm.cuh).
-  const double blocks = n / 128 * active;
-  const int want = static_cast<int>(std::ceil(3.0 * sm_count / blocks));
-  const int chunks = k / 64;
-  const int most = std::min(kMoeSplitKMaxSplits, chunks / 4);  // at least 4 chunks a split
-  if (want <= 1 || most <= 1) return 1;
-  const int least = (chunks + kMoeSplitKMaxChunksPerSplit - 1) / kMoeSplitKMaxChunksPerSplit;
-  return std::clamp(std::max(want, least), 2, std::max(most, least));
+  return std::clamp(local_experts * (1.0 - p_miss), 1.0,
+                    static_cast<double>(std::max<long long>(1, std::min<long long>(local_experts, rows))));
+}
+}  // namespace
+
+bool ChooseMoeFewExpert(int local_experts, int routed_experts, int tokens, int top_k) {
+  const long long rows = static_cast<long long>(tokens) * top_k;
+  if (rows > 64 || local_experts <= 0) return false;
+  if (ChooseMoeTileTokens(tokens, top_k, routed_experts) != kMoeTileTokensSmall) return false;
+  return ExpectedActiveExperts(local_experts, routed_experts, tokens, top_k) <=
+         kMoeFewExpertMaxActive;
 }
 
-void* MoeExpertsGpu::Alloc(size_t bytes, cudaError_t* err, bool weights) {
+void* MoeExpertsGpu::Alloc(size_t bytes, cudaError_t* err) {
   void* p = nullptr;
   *err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
   if (*err != cudaSuccess) return nullptr;
   allocations_.push_back(p);
-  (weights ? device_bytes_ : counter_bytes_) += bytes;
+  device_bytes_ += bytes;
   return p;
 }
 
@@ -255,20 +244,6 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
   }
   if (w.nvfp4 && err == cudaSuccess) {
     g->down_global_scale_ = static_cast<float*>(g->Alloc(sizeof(float) * E, &err));
-  }
-  if (err == cudaSuccess) {
-    const size_t counters = SplitKCounterCount(2 * Ip) + SplitKCounterCount(Hp);
-    g->split_counters_ =
-        static_cast<int*>(g->Alloc(counters * sizeof(int), &err, /*weights=*/false));
-    if (err == cudaSuccess) err = cudaMemset(g->split_counters_, 0, counters * sizeof(int));
-  }
-  if (err == cudaSuccess) {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-        sms > 0) {
-      g->sm_count_ = sms;
-    }
   }
   if (err != cudaSuccess) return CudaStatus(err, what + ": cudaMalloc");
   const bool pad = H != Hp || I != Ip;
@@ -416,8 +391,6 @@ struct Workspace {
   __nv_bfloat16* x_padded;
   __nv_bfloat16* shared_padded;
   __nv_bfloat16* out_padded;
-  float* gate_up_partial;
-  float* down_partial;
 };
 
 size_t CoreBytes(const MoeExpertsGpu& g, int tokens, int top_k) {
@@ -427,34 +400,6 @@ size_t CoreBytes(const MoeExpertsGpu& g, int tokens, int top_k) {
 
 size_t PaddedBytes(const MoeExpertsGpu& g, int tokens) {
   return Align256(static_cast<size_t>(tokens) * g.padded_hidden() * 2);
-}
-
-// The split-K partials of gate_up then down (moe_split_k.h), past the other regions.
-struct SplitPlan {
-  int gate_up = 1, down = 1;
-  size_t gate_up_bytes = 0, down_bytes = 0;
-};
-
-long long MaxTiles(int tokens, int top_k, int local_experts, int tile) {
-  const long long rows = static_cast<long long>(tokens) * top_k;
-  return rows / tile + std::min<long long>(local_experts, rows);
-}
-
-SplitPlan PlanSplits(const MoeExpertsGpu& g, int tokens, int top_k) {
-  SplitPlan s;
-  if (!g.nvfp4() && !g.int4() && !g.fp8()) return s;  // the BF16 GEMMs do not split
-  const int E = g.num_local_experts(), Hp = g.padded_hidden(), Ip = g.padded_intermediate();
-  s.gate_up = MoeSplitKFor(g.sm_count(), E, g.num_routed_experts(), tokens, top_k, 2 * Ip, Hp);
-  s.down = MoeSplitKFor(g.sm_count(), E, g.num_routed_experts(), tokens, top_k, Hp, Ip);
-  const int max_tiles = static_cast<int>(MaxTiles(tokens, top_k, E, kMoeTileTokensSmall));
-  s.gate_up_bytes = Align256(MoeSplitKPartialBytes(2 * Ip, max_tiles, s.gate_up));
-  s.down_bytes = Align256(MoeSplitKPartialBytes(Hp, max_tiles, s.down));
-  return s;
-}
-
-size_t SplitBytes(const MoeExpertsGpu& g, int tokens, int top_k) {
-  const SplitPlan s = PlanSplits(g, tokens, top_k);
-  return s.gate_up_bytes + s.down_bytes;
 }
 
 Workspace CarveWorkspace(const MoeExpertsGpu& g, void* workspace, int tokens, int top_k) {
@@ -469,9 +414,6 @@ Workspace CarveWorkspace(const MoeExpertsGpu& g, void* workspace, int tokens, in
     ws.out_padded = reinterpret_cast<__nv_bfloat16*>(p + 2 * b);
     p += 3 * b;
   }
-  const SplitPlan s = PlanSplits(g, tokens, top_k);
-  ws.gate_up_partial = reinterpret_cast<float*>(p);
-  ws.down_partial = reinterpret_cast<float*>(p + s.gate_up_bytes);
   return ws;
 }
 
@@ -487,11 +429,11 @@ cudaError_t PadRows(void* dst, const void* src, int tokens, int hidden, int hp,
 
 }  // namespace
 
-size_t MoeExpertsGpu::WorkspaceBytes(int tokens, int top_k, bool split_k) const {
+size_t MoeExpertsGpu::WorkspaceBytes(int tokens, int top_k) const {
   if (num_local_experts_ == 0 || tokens <= 0 || top_k <= 0) return 0;
   size_t bytes = CoreBytes(*this, tokens, top_k);
   if (padded_hidden_ != hidden_) bytes += 3 * PaddedBytes(*this, tokens);
-  return bytes + (split_k ? SplitBytes(*this, tokens, top_k) : 0);
+  return bytes;
 }
 
 absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams& p,
@@ -525,25 +467,23 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
                                                    p.top_k, " need ", max_tiles, " row tiles of ",
                                                    tile, " (at most 65535); split the batch"));
   }
-  const size_t need = g.WorkspaceBytes(p.tokens, p.top_k, p.split_k);
+  const size_t need = g.WorkspaceBytes(p.tokens, p.top_k);
   if (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 256 != 0 ||
       p.workspace_bytes < need) {
     return absl::InvalidArgumentError(
         absl::StrCat("MoE experts: workspace must be 256-byte aligned and at least WorkspaceBytes(",
-                     p.tokens, ", ", p.top_k, ", ", p.split_k ? "true" : "false", ") = ", need,
+                     p.tokens, ", ", p.top_k, ") = ", need,
                      " bytes; got ", p.workspace_bytes, " bytes at ",
                      reinterpret_cast<uintptr_t>(p.workspace)));
   }
   const Workspace ws = CarveWorkspace(g, p.workspace, p.tokens, p.top_k);
   const bool padded = Hp != H;
-  // Split-K of the 4-bit and FP8 decode GEMMs where asked for.
-  const SplitPlan plan = PlanSplits(g, p.tokens, p.top_k);
-  const MoeSplitK gate_up_split{p.split_k ? plan.gate_up : 1, ws.gate_up_partial,
-                                g.split_counters_};
-  const MoeSplitK down_split{p.split_k ? plan.down : 1, ws.down_partial,
-                             g.split_counters_ == nullptr
-                                 ? nullptr
-                                 : g.split_counters_ + SplitKCounterCount(2 * g.padded_intermediate())};
+  // The few-expert kernel (moe_few_expert.h) for the 4-bit and FP8 decode GEMMs.
+  const bool few_expert =
+      tile == kMoeTileTokensSmall &&
+      (p.decode_kernel == MoeDecodeKernel::kFewExpert ||
+       (p.decode_kernel == MoeDecodeKernel::kAuto &&
+        ChooseMoeFewExpert(E, g.num_routed_experts(), p.tokens, p.top_k)));
   const auto* x = static_cast<const __nv_bfloat16*>(p.x);
   const auto* shared = static_cast<const __nv_bfloat16*>(p.shared_out);
   auto* out = static_cast<__nv_bfloat16*>(p.out);
@@ -586,8 +526,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     np.out_bf16 = out;
     np.workspace = ws.core;
     np.workspace_bytes = ws.core_bytes;
-    np.gate_up_split = gate_up_split;
-    np.down_split = down_split;
+    np.few_expert = few_expert;
     if (cudaError_t e = InvokeNvfp4Moe(np, stream); e != cudaSuccess) {
       return CudaStatus(e, "NVFP4 experts");
     }
@@ -613,8 +552,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     ip.out_bf16 = out;
     ip.workspace = ws.core;
     ip.workspace_bytes = ws.core_bytes;
-    ip.gate_up_split = gate_up_split;
-    ip.down_split = down_split;
+    ip.few_expert = few_expert;
     if (cudaError_t e = InvokeInt4Moe(ip, stream); e != cudaSuccess) {
       return CudaStatus(e, "INT4 experts");
     }
@@ -640,8 +578,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     fp.out_bf16 = out;
     fp.workspace = ws.core;
     fp.workspace_bytes = ws.core_bytes;
-    fp.gate_up_split = gate_up_split;
-    fp.down_split = down_split;
+    fp.few_expert = few_expert;
     if (cudaError_t e = InvokeFp8Moe(fp, stream); e != cudaSuccess) {
       return CudaStatus(e, "FP8 experts");
     }

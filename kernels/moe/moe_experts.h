@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/moe/moe_few_expert.h"
 
 namespace mlaserve {
 
@@ -79,10 +80,8 @@ class MoeExpertsGpu {
   MoeExpertsGpu(const MoeExpertsGpu&) = delete;
   MoeExpertsGpu& operator=(const MoeExpertsGpu&) = delete;
 
-  // Bytes of the expert weights on the device (codes, scales, global scales); the split-K
-  // counters beside them (a few KB) are counter_bytes().
+  // Bytes of the expert weights on the device (codes, scales, global scales).
   size_t device_bytes() const { return device_bytes_; }
-  size_t counter_bytes() const { return counter_bytes_; }
   int first_expert() const { return first_expert_; }
   int num_local_experts() const { return num_local_experts_; }
   int hidden() const { return hidden_; }
@@ -93,17 +92,16 @@ class MoeExpertsGpu {
   int padded_hidden() const { return padded_hidden_; }
   int padded_intermediate() const { return padded_intermediate_; }
   int num_routed_experts() const { return num_routed_experts_; }
-  int sm_count() const { return sm_count_; }
   // Bytes of workspace for a call with `tokens` tokens of top_k assignments (0 with no local
-  // experts); split_k: with MoeExpertsRunParams::split_k (its partials).
-  size_t WorkspaceBytes(int tokens, int top_k, bool split_k = false) const;
+  // experts).
+  size_t WorkspaceBytes(int tokens, int top_k) const;
 
  private:
   friend absl::Status InvokeMoeExperts(const MoeExpertsGpu&, const MoeExpertsRunParams&,
                                        cudaStream_t);
   MoeExpertsGpu() = default;
-  // cudaMalloc, freed with the object; counted in device_bytes() (weights) or counter_bytes().
-  void* Alloc(size_t bytes, cudaError_t* err, bool weights = true);
+  // cudaMalloc, freed with the object; counted in device_bytes().
+  void* Alloc(size_t bytes, cudaError_t* err);
 
   int first_expert_ = 0, num_local_experts_ = 0, hidden_ = 0, intermediate_ = 0;
   int num_routed_experts_ = 0;
@@ -111,7 +109,7 @@ class MoeExpertsGpu {
   bool nvfp4_ = false;
   bool int4_ = false;
   bool fp8_ = false;
-  size_t device_bytes_ = 0, counter_bytes_ = 0;
+  size_t device_bytes_ = 0;
   std::vector<void*> allocations_;
   // BF16: gate_up [E][2Ip, Hp] and down [E][Hp, Ip] in the layout of bf16_moe_gemm.h.
   void* bf16_gate_up_ = nullptr;
@@ -124,10 +122,6 @@ class MoeExpertsGpu {
   uint8_t* down_codes_ = nullptr;
   uint8_t* down_scales_ = nullptr;
   float* down_global_scale_ = nullptr;
-  // Split-K counters of the 4-bit and FP8 formats' decode GEMMs (zeroed at upload; each launch
-  // leaves them zero): gate_up's, then down's, kSplitKMaxTiles x (rows / 128) each.
-  int* split_counters_ = nullptr;
-  int sm_count_ = 132;
 };
 
 struct MoeExpertsRunParams {
@@ -139,15 +133,12 @@ struct MoeExpertsRunParams {
   // bf16 [tokens, hidden]: sum over local experts of weight * down(silu(gate x) * up x)
   // (+ shared_out). Must not alias x or shared_out.
   void* out = nullptr;
-  void* workspace = nullptr;  // WorkspaceBytes(tokens, top_k, split_k), 256-byte aligned
+  void* workspace = nullptr;  // WorkspaceBytes(tokens, top_k), 256-byte aligned
   size_t workspace_bytes = 0;
-  // Split-K of the NVFP4, INT4 and FP8 decode GEMMs (moe_split_k.h) where few experts are
-  // active. Off: one K loop per tile, so a row's bits do not depend on the batch (the
-  // deterministic mode needs that; split-K is chosen by the expected number of active experts).
-  // moe_experts_gpu_test passes with it (H200, 2026-12-01); CudaOps sets it only with
-  // SetMoeSplitK, off by default, since it measured slower than the unsplit kernel at 1-4 tokens
-  // (bench/RESULTS.md, "The 61-layer shard after the decode-step work").
-  bool split_k = false;
+  // The decode GEMMs' kernel for the NVFP4, INT4 and FP8 formats (moe_few_expert.h): kAuto picks
+  // the few-expert kernel where few experts are active; kTile keeps every batch on the tile
+  // kernel, whose K order does not depend on the batch (the deterministic mode needs that).
+  MoeDecodeKernel decode_kernel = MoeDecodeKernel::kAuto;
 };
 
 // No host syncs, no allocations (graph-capturable). tokens == 0 is a no-op; a rank with no local

@@ -24,7 +24,6 @@
 #include <cstdint>
 
 #include "kernels/moe/moe_few_expert_gemm.cuh"
-#include "kernels/moe/moe_split_k.h"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 
@@ -103,10 +102,10 @@ __device__ __forceinline__ int DenseRows(const Params& p) {
 // p.dense_out, bf16 [dense_rows, dense_n] (dense_n <= n: the weight's rows past it are padding
 // and not stored); expert_offsets, tile_offsets, sorted_assignment and
 // topk_weights are not read. Launched with kGateUp false.
-// Split-K (moe_split_k.h) runs FewExpertMoeGemmKernel instead (moe_few_expert_gemm.cuh). Its
-// code stays out of this kernel: a split-K tail compiled in here, unused, cost the unsplit decode
-// GEMMs 10-15% (H200, moe_bench --decode, the same binary with and without it: ep8 / 64 tokens
-// 350 -> 303 us, all_256 / 8 tokens 546 -> 483 us).
+// Few active experts run FewExpertMoeGemmKernel instead (moe_few_expert.h). Code for them stays
+// out of this kernel: a split-K tail compiled in here, unused, cost the decode GEMMs 10-15%
+// (H200, moe_bench --decode, the same binary with and without it: ep8 / 64 tokens 350 -> 303 us,
+// all_256 / 8 tokens 546 -> 483 us).
 template <class Cfg, bool kGateUp, class Format, bool kDense = false>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     WeightOnlyMoeGemmKernel(const typename Format::Params p) {
@@ -434,6 +433,41 @@ struct FourBitLanes {
   using Tile = TileFor<kTileTokens>;
 };
 
+// The few-expert kernel (moe_few_expert_gemm.cuh) over a persistent grid: as many blocks as the
+// device holds at once, at most one a work item.
+template <class Format, bool kGateUp, int kMT>
+cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
+  auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp, kMT>;
+  const int smem = FewExpertSmemBytes(p.k, p.num_local_experts);
+  if (smem > kFewExpertMaxSmemBytes || p.n % (16 * kMT) != 0) return cudaErrorInvalidValue;
+  // The SM count and the kernel's shared-memory limit, once per instantiation; the blocks an SM
+  // holds depend on this call's shared memory.
+  static const cudaError_t init = [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                kFewExpertMaxSmemBytes);
+  }();
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      return 0;
+    }
+    return n;
+  }();
+  if (init != cudaSuccess) return init;
+  int per_sm = 0;
+  if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                                      kFewExpertThreads, smem);
+      err != cudaSuccess) {
+    return err;
+  }
+  const long long resident = std::max(1, std::max(sms, 1) * per_sm);
+  const long long items = static_cast<long long>(p.max_tiles) * (p.n / (16 * kMT));
+  const int grid = static_cast<int>(std::min<long long>(items, resident));
+  return pdl::LaunchKernel(kernel, dim3(grid), dim3(kFewExpertThreads), smem, stream,
+                           p.programmatic, p);
+}
+
 template <class Format, bool kGateUp, int kTileTokens, bool kDense = false>
 cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
   using Cfg = typename Format::template Tile<kTileTokens>::Cfg;
@@ -444,23 +478,13 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
     return cudaErrorInvalidValue;
   }
   if (p.max_tiles == 0) return cudaSuccess;
-  const int splits = kTileTokens <= 16 && !kDense ? std::max(p.split_k.splits, 1) : 1;
   if constexpr (kTileTokens <= 16 && !kDense) {
-    if (splits > 1) {
-      // The few-expert kernel; its splits vary fastest along x, so a tile's splits are adjacent
-      // in launch order and every block of the real tiles (blockIdx.y below tile_offsets[E])
-      // launches before the empty tiles' blocks.
-      const int smem = FewExpertSmemBytes(p.k, splits);
-      if (p.split_k.partial == nullptr || p.split_k.counters == nullptr || splits > p.k / 64 ||
-          splits > kMoeSplitKMaxSplits || smem > kFewExpertMaxSmemBytes) {
-        return cudaErrorInvalidValue;
+    if (p.few_expert) {
+      switch (FewExpertTilesPerBlock(p.k)) {
+        case 1: return LaunchFewExpertMoeGemm<Format, kGateUp, 1>(p, stream);
+        case 2: return LaunchFewExpertMoeGemm<Format, kGateUp, 2>(p, stream);
+        default: return LaunchFewExpertMoeGemm<Format, kGateUp, 4>(p, stream);
       }
-      auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp>;
-      cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (err != cudaSuccess) return err;
-      return pdl::LaunchKernel(kernel, dim3(p.n / 128 * splits, p.max_tiles),
-                               dim3(kFewExpertThreads), smem, stream, p.programmatic, p);
     }
   }
   auto* kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;

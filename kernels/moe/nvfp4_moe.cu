@@ -32,7 +32,7 @@ Nvfp4MoeGemmParams GemmParams(const Nvfp4MoeParams& p, const Nvfp4MoeWorkspace& 
   g.h = ws.h;
   g.topk_weights = p.topk_weights;
   g.y = ws.y;
-  g.split_k = gate_up ? p.gate_up_split : p.down_split;
+  g.few_expert = p.few_expert;
   return g;
 }
 

@@ -19,7 +19,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/moe/moe_split_k.h"
 
 namespace mlaserve {
 
@@ -57,7 +56,9 @@ struct Nvfp4MoeGemmParams {
   // down output: y[r][o] = routing weight * down(h[r])[o], fp32 [rows, n].
   const float* __restrict__ topk_weights;  // [tokens * top_k]
   float* __restrict__ y;
-  MoeSplitK split_k;  // decode tiles only (moe_split_k.h)
+  // 16-token tiles: run FewExpertMoeGemmKernel (moe_few_expert_gemm.cuh) instead of the tile
+  // kernel (moe_few_expert.h says when each is faster).
+  bool few_expert;
 };
 
 // Fused gate+up projection with SiLU(gate) * up in the epilogue.

@@ -74,7 +74,7 @@ struct CudaOps::Impl {
   std::unique_ptr<LinearGemm> gemm;
   bool batch_invariant = false;  // SetBatchInvariant
   bool fused_mla_input = true;  // SetFusedMlaInput
-  bool moe_split_k = false;     // SetMoeSplitK
+  bool moe_few_expert = true;   // SetMoeFewExpert
   bool fused_prologues = false;  // SetFusedPrologues
   bool programmatic_small = false;  // SetProgrammaticSmallKernels
   absl::Status error;  // the first failure since the last check
@@ -246,7 +246,7 @@ void CudaOps::SetPhaseTiming(bool on) {
 
 void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunch(on); }
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
-void CudaOps::SetMoeSplitK(bool on) { impl_->moe_split_k = on; }
+void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
 
@@ -1140,8 +1140,9 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
   p.topk_weights = weights.data<float>();
   p.shared_out = shared.empty() ? nullptr : shared.data<void>();
   p.out = out.data<void>();
-  p.split_k = impl_->moe_split_k && !impl_->batch_invariant;
-  p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k, p.split_k);
+  p.decode_kernel = impl_->moe_few_expert && !impl_->batch_invariant ? MoeDecodeKernel::kAuto
+                                                                       : MoeDecodeKernel::kTile;
+  p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
   p.workspace = impl_->ArenaAlloc(p.workspace_bytes);
   MLASERVE_SKIP_IF_FAILED();
   impl_->Check(InvokeMoeExperts(gpu, p, impl_->stream), what);

@@ -101,10 +101,11 @@ class CudaOps : public Ops {
   // events summed per phase name (ms, synchronising first), then starts a new account. The
   // events add ~2 us of launch work per phase to the host side.
   void SetPhaseTiming(bool on);
-  // Three decode-step optimisations with switches for A/B runs (mlaserve-model-bench
-  // --programmatic / --fused-mla-input / --moe-split-k; bench/RESULTS.md, "Decode at batch 1-8"
-  // and "The 61-layer shard after the decode-step work"): the first two on by default, split-K
-  // off. Set them before the first step: captured graphs keep what they were captured with.
+  // Decode-step optimisations with switches for A/B runs (mlaserve-model-bench --programmatic /
+  // --fused-mla-input / --moe-few-expert / --fused-prologues / --programmatic-small;
+  // bench/RESULTS.md, "Decode at batch 1-8", "The 61-layer shard after the decode-step work" and
+  // "The few-expert kernel"): the first three on by default. Set them before the first step:
+  // captured graphs keep what they were captured with.
   // The skinny projections of decode steps launched programmatically dependent on the previous
   // kernel (LinearGemm::SetProgrammaticLaunch).
   void SetProgrammaticLaunch(bool on);
@@ -119,11 +120,10 @@ class CudaOps : public Ops {
   // their launch overlaps the previous kernel's tail. Off by default (written 2026-12-01, session
   // 6; compiled, not yet run on a GPU).
   void SetProgrammaticSmallKernels(bool on);
-  // Split-K of the routed experts' decode GEMMs where few experts are active
-  // (MoeExpertsRunParams::split_k; never in the batch-invariant mode). Off by default: against
-  // the unsplit kernel without the split code (H200, moe_bench --decode) it was slower at 1-4
-  // tokens (all_256 / 1 token 100 against 84 us) and 5% faster only at ep8 / 8 tokens.
-  void SetMoeSplitK(bool on);
+  // The routed experts' decode GEMMs on the few-expert kernel where few experts are active
+  // (kernels/moe/moe_few_expert.h, MoeDecodeKernel::kAuto); off: always the tile kernel (as the
+  // batch-invariant mode runs). On by default.
+  void SetMoeFewExpert(bool on);
   void Phase(const char* name) override;
   std::vector<std::pair<std::string, double>> PhaseTimes();
   void ScratchRelease(uint64_t mark) override;

@@ -392,19 +392,22 @@ void RunCase(const Case& c, uint64_t seed) {
     DeviceBuffer<uint16_t> d_x(n_out), d_shared(n_out), d_out(n_out);
     DeviceBuffer<int32_t> d_ids(ids.size());
     DeviceBuffer<float> d_w(w.size());
-    const size_t ws_bytes = experts.WorkspaceBytes(tokens, c.top_k, /*split_k=*/true);
+    const size_t ws_bytes = experts.WorkspaceBytes(tokens, c.top_k);
     DeviceBuffer<uint8_t> d_ws(ws_bytes);
     ASSERT_TRUE(d_x.ptr && d_shared.ptr && d_out.ptr && d_ids.ptr && d_w.ptr && d_ws.ptr);
     CUDA_OK(d_x.Upload(x));
     CUDA_OK(d_shared.Upload(shared));
     CUDA_OK(d_ids.Upload(ids));
     CUDA_OK(d_w.Upload(w));
-    // Split-K (MoeExpertsRunParams::split_k: the few-expert kernel) taken where few experts are
-    // active (1, 3 and 16 tokens at hidden 2048 here); each run twice, so a counter left non-zero
-    // by the first would show.
-    const std::pair<bool, bool> runs[] = {
-        {false, false}, {true, false}, {false, true}, {true, true}, {false, true}};
-    for (const auto& [with_shared, split_k] : runs) {
+    // Each decode kernel of 16-token tiles (MoeExpertsRunParams::decode_kernel): the tile
+    // kernel, the few-expert kernel (both forced) and kAuto's pick; each run twice, so state a
+    // first run leaves behind would show.
+    constexpr MoeDecodeKernel kTile = MoeDecodeKernel::kTile, kFew = MoeDecodeKernel::kFewExpert,
+                              kAuto = MoeDecodeKernel::kAuto;
+    const std::pair<bool, MoeDecodeKernel> runs[] = {
+        {false, kTile}, {true, kTile}, {false, kFew}, {true, kFew}, {false, kFew}, {true, kAuto}};
+    for (const auto& [with_shared, kernel] : runs) {
+      const int kernel_id = kernel == kFew ? 1 : kernel == kAuto ? 2 : 0;  // for the messages
       CUDA_OK(d_out.Poison());  // 0xffff: bf16 NaN, so unwritten elements fail
       CUDA_OK(d_ws.Poison());   // nothing may rely on a zeroed workspace
       MoeExpertsRunParams p;
@@ -417,7 +420,7 @@ void RunCase(const Case& c, uint64_t seed) {
       p.out = d_out.ptr;
       p.workspace = d_ws.ptr;
       p.workspace_bytes = ws_bytes;
-      p.split_k = split_k;
+      p.decode_kernel = kernel;
       const absl::Status st = InvokeMoeExperts(experts, p, stream);
       ASSERT_TRUE(st.ok()) << st;
       CUDA_OK(cudaStreamSynchronize(stream));
@@ -453,19 +456,19 @@ void RunCase(const Case& c, uint64_t seed) {
       }
       const double rel_l2 = std::sqrt(d2 / std::max(r2, 1e-30));
       std::printf(
-          "[moe_experts] %s tokens=%d shared=%d split_k=%d: max_abs_err=%.3g max_err/tol=%.3f "
+          "[moe_experts] %s tokens=%d shared=%d kernel=%d (0 tile, 1 few-expert, 2 auto): max_abs_err=%.3g max_err/tol=%.3f "
           "rel_l2=%.3g non_finite=%d bad=%d\n",
-          Name(c).c_str(), tokens, with_shared, split_k, max_err, max_ratio, rel_l2, non_finite, bad);
-      EXPECT_EQ(non_finite, 0) << "tokens " << tokens << " shared " << with_shared << " split_k "
-                               << split_k << ": unwritten or NaN outputs";
-      EXPECT_EQ(bad, 0) << "tokens " << tokens << " shared " << with_shared << " split_k "
-                        << split_k << ": worst element t=" << worst / H << " o=" << worst % H << " got "
+          Name(c).c_str(), tokens, with_shared, kernel_id, max_err, max_ratio, rel_l2, non_finite, bad);
+      EXPECT_EQ(non_finite, 0) << "tokens " << tokens << " shared " << with_shared << " kernel "
+                               << kernel_id << ": unwritten or NaN outputs";
+      EXPECT_EQ(bad, 0) << "tokens " << tokens << " shared " << with_shared << " kernel "
+                        << kernel_id << ": worst element t=" << worst / H << " o=" << worst % H << " got "
                         << Bf16ToFloat(got[worst]) << " ref " << ref[worst] << " (+shared "
                         << (with_shared ? Bf16ToFloat(shared[worst]) : 0.0f) << ") bound "
                         << bound[worst];
       // Rounding errors of h and of the output are each ~2^-9 relative in rms.
       EXPECT_LT(rel_l2, std::ldexp(1.0, -7))
-          << "tokens " << tokens << " shared " << with_shared << " split_k " << split_k;
+          << "tokens " << tokens << " shared " << with_shared << " kernel " << kernel_id;
     }
   }
   CUDA_OK(cudaStreamDestroy(stream));
@@ -494,10 +497,12 @@ TEST(MoeExpertsGpuTest, Nvfp4MatchesReference) {
       {true, 96, 32, 16, 4, 8, 2},     {true, 256, 128, 64, 0, 64, 8},
       {true, 256, 128, 64, 40, 24, 8}, {true, 2048, 1408, 16, 0, 16, 4},
       {true, 2048, 1408, 32, 8, 8, 8},
-      // Top 4 of 4 experts: at 16 tokens every expert has 16 rows, so the split (few-expert)
-      // kernel runs tiles of 9-16 rows (its second n-tile) over uneven K ranges (22 chunks of
-      // down's K in 5 splits).
+      // Top 4 of 4 experts: at 16 tokens every expert has 16 rows, so the few-expert kernel
+      // takes each tile in 4 passes of 4 rows, its K slices uneven (down: 22 chunks in
+      // 2 slices of 4 m-tiles' blocks; gate_up: 32 chunks, 4 slices of 2).
       {true, 2048, 1408, 4, 0, 4, 4},
+      // gate_up over 64 chunks: the few-expert kernel's one-m-tile blocks (8 slices).
+      {true, 4096, 256, 8, 0, 8, 4},
   };
   uint64_t seed = 200;
   for (const Case& c : cases) RunCase(c, ++seed);
@@ -514,7 +519,7 @@ TEST(MoeExpertsGpuTest, Int4MatchesReference) {
       {false, 96, 32, 16, 4, 8, 2, true},      {false, 90, 40, 32, 0, 32, 4, true},
       {false, 256, 128, 64, 0, 64, 8, true},   {false, 256, 128, 64, 40, 24, 8, true, 64},
       {false, 2048, 1408, 16, 0, 16, 4, true}, {false, 2048, 1408, 32, 8, 8, 8, true, 1408},
-      {false, 2048, 1408, 4, 0, 4, 4, true},  // the split kernel's 16-row tiles (NVFP4's case)
+      {false, 2048, 1408, 4, 0, 4, 4, true},  // the few-expert kernel's passes (NVFP4's case)
   };
   uint64_t seed = 300;
   for (const Case& c : cases) RunCase(c, ++seed);
@@ -523,7 +528,7 @@ TEST(MoeExpertsGpuTest, Int4MatchesReference) {
 // A quantized path's output is the BF16 path's, bit for bit, when the BF16 experts hold the
 // quantized experts' GPU weights (INT4: bf16(q * s); FP8: bf16(fp32(e4m3 * s))): the kernels feed
 // the same bf16 A fragments and activation rows to the same mma.sync sequence (ascending K in
-// 16-column steps for every accumulator, no split-K; the K step of a pipeline stage does not
+// 16-column steps for every accumulator, the tile kernel; the K step of a pipeline stage does not
 // change that order) and share the epilogues (INT4 and FP8 have no scale left to apply there),
 // dispatch and combine. A difference means the format's decode does not produce those weights in
 // the fragment slots the BF16 layout uses.
@@ -585,8 +590,9 @@ void ExpectBf16PathBitForBit(const Case& c, uint64_t seed) {
     p.shared_out = d_shared.ptr;
     p.workspace = d_ws.ptr;
     p.workspace_bytes = ws_bytes;
-    // No split-K (MoeExpertsRunParams::split_k, off by default): it changes the fp32 sum order;
-    // both paths then run the one K loop they share.
+    // The tile kernel (the few-expert kernel's fp32 sum order differs, and the BF16 GEMMs have
+    // none): both paths then run the one K loop they share.
+    p.decode_kernel = MoeDecodeKernel::kTile;
     p.out = d_out_q.ptr;
     absl::Status st = InvokeMoeExperts(**gq, p, stream);
     ASSERT_TRUE(st.ok()) << st;
@@ -635,7 +641,7 @@ TEST(MoeExpertsGpuTest, Fp8MatchesReference) {
       {false, 256, 256, 32, 0, 32, 8, false, 192, true},
       {false, 2048, 1408, 16, 0, 16, 4, false, 0, true},
       {false, 2048, 256, 32, 8, 8, 8, false, 1792, true},  // a window at 1792, as rank 7 of 8 holds
-      {false, 2048, 1408, 4, 0, 4, 4, false, 0, true},  // the split kernel's 16-row tiles
+      {false, 2048, 1408, 4, 0, 4, 4, false, 0, true},  // the few-expert kernel's passes
   };
   uint64_t seed = 500;
   for (const Case& c : cases) RunCase(c, ++seed);
