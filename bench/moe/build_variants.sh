@@ -30,4 +30,7 @@ build P3S "$P" -DMLASERVE_MOE_PREFILL_STAGES=3
 F="fp8_moe_gemm_gate_up_bn16 fp8_moe_gemm_down_bn16"
 build FP8_BK128 "$F" -DMLASERVE_FP8_MOE_DECODE_BK=128 -DMLASERVE_FP8_MOE_DECODE_STAGES=3 -DMLASERVE_FP8_MOE_DECODE_MIN_BLOCKS=3
 build FP8_BITS "$F" -DMLASERVE_FP8_DECODE_BITS
+# The few-expert kernel (moe_few_expert_gemm.cuh; its column of moe_bench --decode): a ring of 8
+# chunks a warp with two blocks an SM instead of 4 with three.
+build FEW8 "$D" -DMLASERVE_FEW_EXPERT_DEPTH=8 -DMLASERVE_FEW_EXPERT_MIN_BLOCKS=2
 ls -la build-moe/variants/ | grep bench

@@ -36,7 +36,15 @@ namespace mlaserve::moe_gemm {
 
 inline constexpr int kFewExpertWarps = 8;
 inline constexpr int kFewExpertThreads = 32 * kFewExpertWarps;
-inline constexpr int kFewExpertDepth = 4;  // chunks in flight per warp
+// Chunks in flight per warp, and blocks an SM for the 4-bit formats (the register budget); both
+// overridable for tuning builds (bench/moe/build_variants.sh).
+#ifndef MLASERVE_FEW_EXPERT_DEPTH
+#define MLASERVE_FEW_EXPERT_DEPTH 4
+#endif
+#ifndef MLASERVE_FEW_EXPERT_MIN_BLOCKS
+#define MLASERVE_FEW_EXPERT_MIN_BLOCKS 3
+#endif
+inline constexpr int kFewExpertDepth = MLASERVE_FEW_EXPERT_DEPTH;
 // Activation rows held at once (a tile's rows are taken in passes of this many; at decode batches
 // of up to 4 tokens an expert has at most 4 rows, its top-k picks being distinct).
 inline constexpr int kFewExpertPassRows = 4;
@@ -54,9 +62,11 @@ inline int FewExpertSmemBytes(int k, int num_local_experts) {
 }
 inline constexpr int kFewExpertMaxSmemBytes = 96 * 1024;  // SM120 allows 99 KB a block
 
-// Three blocks an SM for the 4-bit formats, two for FP8 (whose ring holds twice the code bytes).
+// Three blocks an SM for the 4-bit formats (80 registers), two for FP8 (whose ring holds twice the
+// code bytes).
 template <class Format>
-inline constexpr int kFewExpertMinBlocks = Format::kChunkCodeBytes <= 512 ? 3 : 2;
+inline constexpr int kFewExpertMinBlocks =
+    Format::kChunkCodeBytes <= 512 ? MLASERVE_FEW_EXPERT_MIN_BLOCKS : 2;
 
 // m-tiles a block: the fewest that leave every warp at least 8 chunks of K (gate_up at Kimi's
 // hidden 7168: 1, 8 slices of 14 chunks; down at intermediate 2048: 2, 4 slices of 8).
