@@ -13,7 +13,8 @@ enum class MoeDecodeKernel {
   kAuto,       // ChooseMoeFewExpert decides
   kTile,       // always the tile kernel (its K order is the same for every batch: the
                // batch-invariant mode needs it)
-  kFewExpert,  // the few-expert kernel for every 16-token tile
+  kFewExpert,  // the few-expert kernel for every 16-token tile (where its shared memory, 4
+               // activation rows over the whole K, fits: K up to ~23,000)
 };
 
 // Whether the few-expert kernel is the faster at `tokens` tokens of top_k picks over

@@ -439,31 +439,17 @@ template <class Format, bool kGateUp, int kMT>
 cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
   auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp, kMT>;
   const int smem = FewExpertSmemBytes(p.k, p.num_local_experts);
-  if (smem > kFewExpertMaxSmemBytes || p.n % (16 * kMT) != 0) return cudaErrorInvalidValue;
-  // The SM count and the kernel's shared-memory limit, once per instantiation; the blocks an SM
-  // holds depend on this call's shared memory.
-  static const cudaError_t init = [&] {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                kFewExpertMaxSmemBytes);
-  }();
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      return 0;
-    }
-    return n;
-  }();
-  if (init != cudaSuccess) return init;
-  int per_sm = 0;
-  if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
-                                                                      kFewExpertThreads, smem);
-      err != cudaSuccess) {
-    return err;
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess) err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFewExpertThreads, smem);
   }
-  const long long resident = std::max(1, std::max(sms, 1) * per_sm);
+  if (err != cudaSuccess) return err;
   const long long items = static_cast<long long>(p.max_tiles) * (p.n / (16 * kMT));
-  const int grid = static_cast<int>(std::min<long long>(items, resident));
+  const int grid = static_cast<int>(std::min<long long>(items, std::max(1, sms * per_sm)));
   return pdl::LaunchKernel(kernel, dim3(grid), dim3(kFewExpertThreads), smem, stream,
                            p.programmatic, p);
 }
@@ -479,7 +465,9 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
   }
   if (p.max_tiles == 0) return cudaSuccess;
   if constexpr (kTileTokens <= 16 && !kDense) {
-    if (p.few_expert) {
+    // The few-expert kernel where asked for and its shared memory (a tile's 4 activation rows
+    // over the whole K) fits; the tile kernel computes the same function otherwise.
+    if (p.few_expert && FewExpertSmemBytes(p.k, p.num_local_experts) <= kFewExpertMaxSmemBytes) {
       switch (FewExpertTilesPerBlock(p.k)) {
         case 1: return LaunchFewExpertMoeGemm<Format, kGateUp, 1>(p, stream);
         case 2: return LaunchFewExpertMoeGemm<Format, kGateUp, 2>(p, stream);
