@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
   const int g = lane >> 2, t4 = lane & 3;
   const int k_chunks = p.k / 64;
   const int x_stride = k_chunks * kFewExpertChunkXBytes + kFewExpertRowPad;
-  float* s_sum = reinterpret_cast<float*>(smem + kFewExpertPassRows * x_stride);  // [8][32][4]
+  float* s_sum = reinterpret_cast<float*>(smem + kFewExpertPassRows * x_stride);   // [8][32][4]
   int* s_tile_offsets = reinterpret_cast<int*>(s_sum + kFewExpertWarps * 32 * 4);  // [E + 1]
 
   if constexpr (kGateUp) {  // the dispatch offsets and x come from predecessors
@@ -94,7 +94,8 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
   }
   // Down reads the offsets before its wait: dispatch finished before gate_up let down start.
   const int num_e = p.num_local_experts;
-  for (int i = tid; i <= num_e; i += kFewExpertThreads) s_tile_offsets[i] = __ldcg(p.tile_offsets + i);
+  for (int i = tid; i <= num_e; i += kFewExpertThreads)
+    s_tile_offsets[i] = __ldcg(p.tile_offsets + i);
   __syncthreads();
   const int m_blocks = p.n / (16 * kMT);
   const int items = s_tile_offsets[num_e] * m_blocks;  // (tile, m-block), tile-major
@@ -129,8 +130,8 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
     it.valid_rows = min(it.row_begin + 16, __ldcg(p.expert_offsets + lo + 1)) - it.row_begin;
     const size_t chunk0 = static_cast<size_t>(it.m_block * kMT + mt_in_block) * k_chunks + c0;
     it.codes = p.w_codes + lo * expert_code_bytes + chunk0 * kChunkCode;
-    it.scales = p.w_scales + lo * (expert_code_bytes / (kChunkCode / kChunkScale)) +
-                chunk0 * kChunkScale;
+    it.scales =
+        p.w_scales + lo * (expert_code_bytes / (kChunkCode / kChunkScale)) + chunk0 * kChunkScale;
     return it;
   };
 
@@ -224,7 +225,8 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
         float sum[4] = {acc[0], acc[1], acc[2], acc[3]};
 #pragma unroll
         for (int s = 1; s < kSlices; ++s) {
-          const float4 v = *reinterpret_cast<const float4*>(s_sum + ((s * kMT + warp) * 32 + lane) * 4);
+          const float4 v =
+              *reinterpret_cast<const float4*>(s_sum + ((s * kMT + warp) * 32 + lane) * 4);
           sum[0] += v.x;
           sum[1] += v.y;
           sum[2] += v.z;
@@ -244,8 +246,8 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
               const float hval = gate / (1.0f + __expf(-gate)) * up;
               p.h[static_cast<size_t>(row) * (p.n / 2) + mt * 8 + g] = __float2bfloat16_rn(hval);
             } else {
-              const float wt =
-                  __ldg(p.topk_weights + __ldg(p.sorted_assignment + row)) * Format::DownAlpha(p, it.e);
+              const float wt = __ldg(p.topk_weights + __ldg(p.sorted_assignment + row)) *
+                               Format::DownAlpha(p, it.e);
               float* yrow = p.y + static_cast<size_t>(row) * p.n + mt * 16;
               yrow[g] = sum[half] * wt;
               yrow[g + 8] = sum[2 + half] * wt;
