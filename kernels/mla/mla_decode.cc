@@ -46,9 +46,25 @@ struct VariantEntry {
 // The instantiated kernels (instantiations/*.cu): the same kernel with two cp.async ring depths.
 // (The first kernel of this directory, 16-token tiles with a shared-memory fp8 dequantize pass,
 // lost to these in every case measured and was removed; bench/RESULTS.md keeps its figures.)
+// SM90a warpgroup-MMA kernel (mla_decode_wgmma.cuh), 64 rows per block: tile tokens and raw
+// ring depth per format.
+#define MLASERVE_MLA_WGMMA(NAME, T, SB, S8, ST)                             \
+  VariantEntry {                                                            \
+    NAME, 64,                                                               \
+        {&mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kBf16, T, SB>,      \
+         &mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kFp8, T, S8>,       \
+         &mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST>}, \
+    {                                                                       \
+      &mla::LaunchMlaDecodeWgmma<KvCacheFormat::kBf16, T, SB>,              \
+          &mla::LaunchMlaDecodeWgmma<KvCacheFormat::kFp8, T, S8>,           \
+          &mla::LaunchMlaDecodeWgmma<KvCacheFormat::kFp8Tiled, T, ST>       \
+    }                                                                       \
+  }
+
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3),
+    MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 2, 4, 4),
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -76,6 +92,11 @@ WorkspaceLayout Layout(int batch, int rows, int num_workers) {
 }  // namespace
 
 int MlaDecodeVariantCount() { return kNumVariants; }
+
+bool MlaDecodeVariantAvailable(int variant, KvCacheFormat format) {
+  if (variant < 0 || variant >= kNumVariants || format == KvCacheFormat::kF32) return false;
+  return kVariants[variant].blocks_per_sm[static_cast<int>(format)]() > 0;
+}
 
 std::string MlaDecodeVariantName(int variant) {
   if (variant < 0 || variant >= kNumVariants) return "auto";

@@ -74,6 +74,8 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
 // Kernel variants (cp.async ring depths), for tests and benchmarks that cover each one.
 int MlaDecodeVariantCount();
 std::string MlaDecodeVariantName(int variant);
+// Whether the variant can run on the current device (the wgmma variant needs SM 9.0).
+bool MlaDecodeVariantAvailable(int variant, KvCacheFormat format);
 
 // Runs [schedule,] split decode and combine on `stream` (2-3 kernels, graph-capturable).
 absl::Status InvokeMlaDecode(const MlaDecodeParams& params, cudaStream_t stream);

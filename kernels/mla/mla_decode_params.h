@@ -58,6 +58,13 @@ cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cuda
 template <KvCacheFormat kFormat, int kTile, int kStages>
 int MlaDecodeSlicedBlocksPerSm();
 
+// SM90a warpgroup-MMA split decode kernel (mla_decode_wgmma.cuh): 64 query rows per block,
+// kTile KV tokens per tile, a kRawStages-deep ring of raw tiles. BlocksPerSm is 0 off SM 9.0.
+template <KvCacheFormat kFormat, int kTile, int kRawStages>
+cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
+template <KvCacheFormat kFormat, int kTile, int kRawStages>
+int MlaDecodeWgmmaBlocksPerSm();
+
 // Cache write: one warp per token (kv_cache_write.cu).
 cudaError_t LaunchKvCacheWrite(KvCacheFormat format, float fp8_scale, const uint16_t* latent,
                                int64_t latent_stride, const uint16_t* rope, int64_t rope_stride,

@@ -47,6 +47,7 @@
 #include <cstdint>
 
 #include "kernels/mla/mla_decode_params.h"
+#include "kernels/mla/mla_decode_schedule.cuh"
 #include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::mla {
@@ -158,68 +159,14 @@ __global__ void __launch_bounds__(sliced::kThreads,
   // combine kernel); larger ones read what the schedule kernel wrote.
   const int32_t* prefix = p.schedule;
   if (p.inline_schedule) {
-    int32_t* sched = reinterpret_cast<int32_t*>(smem + Cfg::kSmemBytes - Cfg::kSchedBytes);
-    constexpr int kPer = (kInlineScheduleMaxBatch + kThreads - 1) / kThreads;  // 4
-    const int tid = threadIdx.x;
-    int cost[kPer], local = 0;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int bb = tid * kPer + i;
-      cost[i] = bb < p.batch ? MlaScheduledCost(p.seq_lens[bb], p.fixed_share) : 0;
-      local += cost[i];
-    }
-    int incl = local;  // inclusive scan over the warp, then over the 4 warp totals
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
-    }
-    int* warp_tot = sched;  // scratch for the 4 warp totals, overwritten after the next barrier
-    if (lane == 31) warp_tot[w] = incl;
-    __syncthreads();
-    int base = 0, total = 0;
-#pragma unroll
-    for (int ww = 0; ww < kWarps; ++ww) {
-      const int t = warp_tot[ww];
-      base += ww < w ? t : 0;
-      total += t;
-    }
-    __syncthreads();  // warp_tot read before sched is written
-    int run = base + incl - local;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int bb = tid * kPer + i;
-      if (bb < p.batch) sched[bb] = run;
-      run += cost[i];
-    }
-    if (tid == 0) {
-      sched[p.batch] = total;
-      sched[p.batch + 1] =
-          p.fixed_share > 0 ? p.fixed_share
-                            : max((total + p.num_workers - 1) / p.num_workers, kMinTilesPerWorker);
-    }
-    __syncthreads();
-    if (blockIdx.x == 0) {
-      for (int i = tid; i < p.batch + 2; i += kThreads) p.schedule[i] = sched[i];
-    }
-    prefix = sched;
+    prefix = InlineSchedule<kThreads>(
+        p, reinterpret_cast<int32_t*>(smem + Cfg::kSmemBytes - Cfg::kSchedBytes));
   }
   const int total = prefix[p.batch], share = prefix[p.batch + 1];
   const int cost_begin = worker * share;
   const int cost_end = min(cost_begin + share, total);
   if (cost_begin >= cost_end) return;
-  int first_seq = 0;  // Last sequence whose cost range starts at or before cost_begin.
-  {
-    int lo = 0, hi = p.batch - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (prefix[mid] <= cost_begin)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    first_seq = lo;
-  }
+  const int first_seq = FirstSequence(prefix, p.batch, cost_begin);
 
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t part_base = smem_base + kStages * Cfg::kStageBytes;  // [4][16][kTileP] f32

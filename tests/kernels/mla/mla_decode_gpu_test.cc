@@ -200,6 +200,7 @@ TEST(MlaDecodeGpuTest, Small) {  // Also the compute-sanitizer case.
   uint32_t seed = 1;
   for (KvCacheFormat f : kFormats) {
     for (int v = 0; v < MlaDecodeVariantCount(); ++v) {  // every loop shape under the sanitizer
+      if (!MlaDecodeVariantAvailable(v, f)) continue;    // (the wgmma kernel needs SM 9.0)
       RunDecodeCase({f, 16, 2, {2, 63, 65, 130}, v}, seed++);
     }
   }
@@ -224,10 +225,29 @@ TEST(MlaDecodeGpuTest, EveryVariant) {
   uint32_t seed = 200;
   for (KvCacheFormat f : kFormats) {
     for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
+      if (!MlaDecodeVariantAvailable(v, f)) continue;
       RunDecodeCase({f, 64, 1, {300, 1000, 5}, v}, seed++);
       RunDecodeCase({f, 8, 3, {300, 1000, 5, 3000}, v}, seed++);
       RunDecodeCase({f, 16, 4, {9000}, v}, seed++);  // Batch 1: many pieces, 32-token tiles
                                                      // straddling 16-token shares.
+    }
+  }
+}
+
+// Every variant over the head counts and query lengths (64-row blocks: padded rows at 1-40 heads,
+// two row tiles at 128 heads x s_q 1, eight at 128 x 4), shuffled tables, split and whole pieces.
+TEST(MlaDecodeGpuTest, EveryVariantHeadsSq) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 500;
+  for (KvCacheFormat f : kFormats) {
+    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
+      if (!MlaDecodeVariantAvailable(v, f)) continue;
+      for (int heads : {1, 16, 40, 64, 128}) {
+        for (int s_q : {1, 2, 4}) {
+          RunDecodeCase({f, heads, s_q, {1 + s_q, 63, 64, 65, 4096 + 17}, v}, seed++);
+        }
+      }
+      RunDecodeCase({f, 128, 1, {20000}, v}, seed++);  // batch 1 split over every SM
     }
   }
 }

@@ -1,0 +1,81 @@
+// The split decode kernels' in-kernel schedule (MlaDecodeScheduleKernel's arithmetic, for batches
+// up to kInlineScheduleMaxBatch): the cost prefix over sequences and the per-worker share, computed
+// by every block of the split kernel into shared memory (block 0 also stores it for the combine
+// kernel), and the search for a worker's first sequence. Shared by mla_decode_sliced.cuh and
+// mla_decode_wgmma.cuh.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/mla/mla_decode_params.h"
+
+namespace mlaserve::mla {
+
+// sched: >= kInlineScheduleMaxBatch + 2 int32 of shared memory. Returns sched (the prefix
+// P[0..batch], then total at [batch] and the share at [batch + 1]). Call from every thread.
+template <int kThreads>
+__device__ __forceinline__ const int32_t* InlineSchedule(const MlaDecodeKernelParams& p,
+                                                         int32_t* sched) {
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kPer = (kInlineScheduleMaxBatch + kThreads - 1) / kThreads;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  int cost[kPer], local = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int bb = tid * kPer + i;
+    cost[i] = bb < p.batch ? MlaScheduledCost(p.seq_lens[bb], p.fixed_share) : 0;
+    local += cost[i];
+  }
+  int incl = local;  // inclusive scan over the warp, then over the warp totals
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += v;
+  }
+  int* warp_tot = sched;  // scratch for the warp totals, overwritten after the next barrier
+  if (lane == 31) warp_tot[w] = incl;
+  __syncthreads();
+  int base = 0, total = 0;
+#pragma unroll
+  for (int ww = 0; ww < kWarps; ++ww) {
+    const int t = warp_tot[ww];
+    base += ww < w ? t : 0;
+    total += t;
+  }
+  __syncthreads();  // warp_tot read before sched is written
+  int run = base + incl - local;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int bb = tid * kPer + i;
+    if (bb < p.batch) sched[bb] = run;
+    run += cost[i];
+  }
+  if (tid == 0) {
+    sched[p.batch] = total;
+    sched[p.batch + 1] =
+        p.fixed_share > 0 ? p.fixed_share
+                          : max((total + p.num_workers - 1) / p.num_workers, kMinTilesPerWorker);
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    for (int i = tid; i < p.batch + 2; i += kThreads) p.schedule[i] = sched[i];
+  }
+  return sched;
+}
+
+// The last sequence whose cost range starts at or before cost_begin.
+__device__ __forceinline__ int FirstSequence(const int32_t* prefix, int batch, int cost_begin) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (prefix[mid] <= cost_begin)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace mlaserve::mla

@@ -1,0 +1,509 @@
+// SM90a split-KV MLA decode kernel on warpgroup MMA (wgmma): 64 query rows (heads x s_q) per
+// block, so one copy of each KV tile serves up to 64 heads; included by one small .cu per
+// instantiation. Same schedule, partial outputs and combine as the warp-sliced kernel
+// (mla_decode_sliced.cuh); only the per-tile work differs.
+//
+// Why (kernels/mla/NOTES.md): the sliced kernel computes 16 rows per block, so 64 heads run as
+// 4 blocks that each copy, convert and multiply every KV byte (0.18-0.27 of copy bandwidth at 64
+// heads, 0.07-0.14 at 128). Here a block of two warpgroups (256 threads) owns 64 rows:
+//
+// * Q (64 x 576) sits in shared memory once per sequence piece, in the 128-byte-swizzled K-major
+//   layout wgmma reads (kernels/wgmma_ptx.cuh), as bf16 (bf16 cache) or f16 (fp8 caches, each
+//   row times a power of two 2^e so its largest value lies in [2^14, 2^15); e is divided out of
+//   the fp32 scores exactly, as in the sliced kernel).
+// * A KV tile of kTile = 32 tokens is copied raw (cp.async, a ring of kRawStages tiles; a tile is
+//   kTile consecutive rows of one 64-token cache block, i.e. contiguous bytes) and converted by
+//   all threads into one array of [9 blocks of 64 dims][kTile tokens][128 B] (swizzled):
+//   bf16 copied, e4m3 -> f16 exactly (cvt.rn.f16x2.e4m3x2), fp8_tiled's tile scale multiplied in
+//   (a power of two >= 2^-14: exact in f16 as long as the latent's magnitude stays below 32768,
+//   which an RMS-normed latent does by orders of magnitude), fp8_tiled's bf16 RoPE to f16 (exact
+//   for |x| >= 2^-14, absolute error < 2^-25 below). The same array is S's K-major B operand and
+//   P.V's MN-major B operand.
+// * S = Q K^T: warpgroup g computes the partial over k-steps [18g, 18g + 18) (of 36) with
+//   m64n32k16 from shared memory; the two partials are exchanged through shared memory and
+//   added (a + b = b + a: both warpgroups hold the same bits), so both run the identical online
+//   softmax (log2 domain, lazy max as the sliced kernel: P <= 2^8).
+// * O += P V: P stays in registers (the accumulator layout repacks into the A fragment) and
+//   warpgroup g multiplies it by output dims [256g, 256g + 256) with m64n256k16, V transposed
+//   by the descriptor. O is 128 fp32 registers per thread.
+//
+// Arithmetic per 32-token tile: 4.7 MFLOP (2176 x 64 rows x 32 / 2 x 2) against 18-37 KB of
+// cache: at 64 rows the H200's ~4.3 TB/s asks for ~0.8 PFLOP/s with fp8 caches, near the bf16
+// tensor peak; this kernel's limit at 64-128 heads is the tensor core, not memory.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/mla/mla_decode_params.h"
+#include "kernels/mla/mla_decode_schedule.cuh"
+#include "kernels/warp_ptx.cuh"
+#include "kernels/wgmma_ptx.cuh"
+
+namespace mlaserve::mla {
+
+namespace wg {
+
+constexpr int kRows = 64;
+constexpr int kThreads = 256;  // Two warpgroups.
+constexpr int kQkSteps = kMlaQkDim / 16;  // 36 k16 steps of q.k.
+constexpr int kDimBlocks = kMlaQkDim / 64;  // 9 blocks of 64 dims (8 latent, 1 RoPE).
+
+template <KvCacheFormat kFormat, int kTile, int kRawStages>
+struct Config {
+  static constexpr bool kBf16 = kFormat == KvCacheFormat::kBf16;
+  static constexpr bool kTiled = kFormat == KvCacheFormat::kFp8Tiled;
+  static constexpr int kRowBytes = static_cast<int>(KvCacheBytesPerToken(kFormat));
+  static constexpr int kQBytes = kDimBlocks * kRows * 128;        // 73,728
+  static constexpr int kKvBlockBytes = kTile * 128;               // one 64-dim block of the tile
+  static constexpr int kKvBytes = kDimBlocks * kKvBlockBytes;     // 36,864 at 32 tokens
+  static constexpr int kRawBytes = kTile * kRowBytes;             // one raw tile
+  static constexpr int kSRegs = kTile / 2;                        // S accumulators per thread
+  static constexpr int kSxBytes = 2 * kSRegs * 128 * 4;           // both partials
+  static constexpr int kQOff = 0;
+  static constexpr int kKvOff = kQOff + kQBytes;
+  static constexpr int kRawOff = kKvOff + kKvBytes;
+  static constexpr int kSxOff = kRawOff + kRawStages * kRawBytes;
+  static constexpr int kQScaleOff = kSxOff + kSxBytes;            // 64 floats
+  static constexpr int kSchedOff = kQScaleOff + 4 * kRows;
+  static constexpr int kSchedBytes = 4 * (kInlineScheduleMaxBatch + 2);
+  static constexpr int kSmemBytes = kSchedOff + kSchedBytes + 1024;  // + alignment slack
+  static constexpr int kOutChunks = kTile * kDimBlocks * 8;  // 16-B chunks of a converted tile
+  static_assert(kTile == 32 || kTile == 64, "tiles inside one 64-token cache block");
+  static_assert(kOutChunks % kThreads == 0, "whole conversion rounds");
+  static_assert(kRawStages >= 2, "need a ring");
+  static_assert(kRowBytes % 16 == 0, "16-B copies");
+  static_assert(kSmemBytes <= 227 * 1024, "H200: 227 KB per block");
+};
+
+// Four e4m3 (byte i = element i) to two f16x2, exactly (as the sliced kernel).
+__device__ __forceinline__ void E4m3x4ToF16x2x2(uint32_t four, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(four));
+}
+__device__ __forceinline__ uint32_t HMul2(uint32_t a, __half2 s) {
+  __half2 v = __hmul2(*reinterpret_cast<__half2*>(&a), s);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <bool kF16>
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  if constexpr (kF16) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+__device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ uint32_t Bf16x2ToF16x2(uint32_t v) {
+  return Pack<true>(Bf16Lo(v), Bf16Hi(v));
+}
+__device__ __forceinline__ void Sts128(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ uint4 Lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 Lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
+}  // namespace wg
+
+template <KvCacheFormat kFormat, int kTile, int kRawStages>
+__global__ void __launch_bounds__(wg::kThreads, 1)
+    MlaDecodeWgmmaKernel(const MlaDecodeKernelParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace wg;
+  using Cfg = Config<kFormat, kTile, kRawStages>;
+  constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;
+  constexpr bool kF16 = !kBf16;
+  constexpr int kSRegs = Cfg::kSRegs;
+  extern __shared__ uint8_t smem_raw[];
+  // 1024-B aligned base: the swizzle atoms of the wgmma operands must be.
+  const uint32_t smem_raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (smem_raw_addr + 1023u) & ~1023u;
+  uint8_t* smem = smem_raw + (base - smem_raw_addr);
+  const uint32_t q_smem = base + Cfg::kQOff, kv_smem = base + Cfg::kKvOff;
+  const uint32_t raw_smem = base + Cfg::kRawOff, sx_smem = base + Cfg::kSxOff;
+  float* qscale = reinterpret_cast<float*>(smem + Cfg::kQScaleOff);
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wgi = tid >> 7;               // warpgroup
+  const int tw = tid & 127;               // thread in warpgroup
+  const int wq = tw >> 5;                 // warp in warpgroup: rows 16wq .. 16wq + 15
+  const int g = lane >> 2, c = lane & 3;  // accumulator row / column group
+  const int row_tiles = (p.rows + kRows - 1) / kRows;
+  const int worker = blockIdx.x / row_tiles, mt = blockIdx.x % row_tiles;
+
+  const int32_t* prefix = p.schedule;
+  if (p.inline_schedule) {
+    prefix = InlineSchedule<kThreads>(p, reinterpret_cast<int32_t*>(smem + Cfg::kSchedOff));
+  }
+  const int total = prefix[p.batch], share = prefix[p.batch + 1];
+  const int cost_begin = worker * share;
+  const int cost_end = min(cost_begin + share, total);
+  if (cost_begin >= cost_end) return;
+  const int first_seq = FirstSequence(prefix, p.batch, cost_begin);
+
+  // This thread's two rows (of the block's 64) and their global indices in the sequence.
+  const int lrow_lo = 16 * wq + g, lrow_hi = lrow_lo + 8;
+  const int row_lo = mt * kRows + lrow_lo, row_hi = mt * kRows + lrow_hi;
+
+  for (int b = first_seq; b < p.batch && prefix[b] < cost_end; ++b) {
+    const int seq_cost_begin = prefix[b], seq_cost_end = prefix[b + 1];
+    const int len = p.seq_lens[b];
+    const int ncost = (len + kCostTokens - 1) / kCostTokens;
+    const int local_begin = max(cost_begin, seq_cost_begin) - seq_cost_begin;
+    const int local_end = min(cost_end, seq_cost_end) - seq_cost_begin;
+    const int tok_begin = min(max(local_begin - kSeqFixedCost, 0), ncost) * kCostTokens;
+    const int tok_end = min(min(max(local_end - kSeqFixedCost, 0), ncost) * kCostTokens, len);
+    const int t_begin = tok_begin / kTile;
+    const int t_end = tok_end > tok_begin ? (tok_end + kTile - 1) / kTile : t_begin;
+    const bool whole = seq_cost_begin >= cost_begin && seq_cost_end <= cost_end;
+    const int32_t* __restrict__ blocks =
+        p.block_table + static_cast<size_t>(b) * p.max_blocks_per_seq;
+
+    // Raw copy of tile t into ring slot `slot`: kTile consecutive rows of one cache block are
+    // contiguous bytes; rows past the sequence's end are zero-filled (never stale NaN bytes).
+    constexpr int kTilesPerBlock = kKvBlockTokens / kTile;
+    constexpr int kCopyChunks = Cfg::kRawBytes / 16;
+    auto issue = [&](int t, int slot) {
+      const int32_t block = blocks[t / kTilesPerBlock];
+      const uint8_t* src =
+          p.kv_pool + (static_cast<size_t>(block) * kKvBlockTokens + (t % kTilesPerBlock) * kTile) *
+                          Cfg::kRowBytes;
+      const uint32_t dst = raw_smem + slot * Cfg::kRawBytes;
+      const int valid_bytes = (len - t * kTile) * Cfg::kRowBytes;  // > 0 for every issued tile
+#pragma unroll
+      for (int i = tid; i < kCopyChunks; i += kThreads) {
+        const bool valid = 16 * i < valid_bytes;
+        ptx::CpAsync16(dst + 16 * i, valid ? src + 16 * i : p.kv_pool, valid);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < kRawStages - 1; ++s) {
+      if (t_begin + s < t_end) issue(t_begin + s, s);
+      ptx::CpAsyncCommit();
+    }
+
+    // Q rows of this block into shared memory (swizzled, K-major). fp8 caches: f16 with a
+    // power-of-two scale per row; its inverse goes to qscale[] for the scores.
+    {
+      const uint16_t* qb = p.q + static_cast<size_t>(b) * p.rows * kMlaQkDim;
+      const int lr = tid >> 2, part = tid & 3;  // 4 threads per row, 18 chunks each
+      const int row = mt * kRows + lr;
+      const bool ok = row < p.rows;
+      const uint4* src = reinterpret_cast<const uint4*>(qb + static_cast<size_t>(row) * kMlaQkDim);
+      float sc = 1.0f;
+      if constexpr (kF16) {
+        float amax = 0.0f;
+        if (ok) {
+#pragma unroll 6
+          for (int k = 0; k < 18; ++k) {
+            const uint4 v = src[part + 4 * k];
+            const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              amax = fmaxf(amax, fmaxf(fabsf(Bf16Lo(w4[i])), fabsf(Bf16Hi(w4[i]))));
+            }
+          }
+        }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        int e = 0;
+        if (amax > 0.0f && isfinite(amax)) {
+          const int ex = ((__float_as_int(amax) >> 23) & 0xff) - 127;
+          e = max(-100, min(100, 14 - ex));
+        }
+        sc = exp2f(static_cast<float>(e));
+        if (part == 0) qscale[lr] = exp2f(static_cast<float>(-e));
+      }
+#pragma unroll 6
+      for (int k = 0; k < 18; ++k) {
+        const int cc = part + 4 * k, kb = cc >> 3, ch = cc & 7;
+        uint4 v = ok ? src[cc] : make_uint4(0, 0, 0, 0);
+        if constexpr (kF16) {
+          v.x = Pack<true>(Bf16Lo(v.x) * sc, Bf16Hi(v.x) * sc);
+          v.y = Pack<true>(Bf16Lo(v.y) * sc, Bf16Hi(v.y) * sc);
+          v.z = Pack<true>(Bf16Lo(v.z) * sc, Bf16Hi(v.z) * sc);
+          v.w = Pack<true>(Bf16Lo(v.w) * sc, Bf16Hi(v.w) * sc);
+        }
+        Sts128(q_smem + kb * (kRows * 128) + lr * 128 + ((ch ^ (lr & 7)) << 4), v);
+      }
+    }
+    // (Published to the async proxy by the first tile's fence + barrier below.)
+
+    const int lim_lo =
+        min(row_lo < p.rows ? len - p.s_q + row_lo / p.heads : len - 1, tok_end - 1);
+    const int lim_hi =
+        min(row_hi < p.rows ? len - p.s_q + row_hi / p.heads : len - 1, tok_end - 1);
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+    float qd_lo = 1.0f, qd_hi = 1.0f;
+
+    for (int t = t_begin; t < t_end; ++t) {
+      const int it = t - t_begin;
+      ptx::CpAsyncWait<kRawStages - 2>();
+      __syncthreads();  // (1) tile t's raw bytes landed; the previous tile's KV reads are done.
+      if (it == 0 && kF16) {
+        qd_lo = qscale[lrow_lo];
+        qd_hi = qscale[lrow_hi];
+      }
+      {
+        const int tn = t + kRawStages - 1;
+        if (tn < t_end) issue(tn, (it + kRawStages - 1) % kRawStages);
+        ptx::CpAsyncCommit();
+      }
+      // Convert tile t into the swizzled operand array.
+      {
+        const uint32_t raw = raw_smem + (it % kRawStages) * Cfg::kRawBytes;
+#pragma unroll
+        for (int j = 0; j < Cfg::kOutChunks / kThreads; ++j) {
+          const int i = tid + kThreads * j;
+          const int tok = i / 72, cc = i % 72, kb = cc >> 3, ch = cc & 7;
+          const uint32_t src_row = raw + tok * Cfg::kRowBytes;
+          uint4 v;
+          if constexpr (kBf16) {
+            v = Lds128(src_row + kb * 128 + ch * 16);
+          } else if constexpr (kTiled) {
+            if (kb < 8) {
+              const uint2 e = Lds64(src_row + kb * 64 + ch * 8);
+              const float s = ptx::LdsF32(src_row + kFp8TiledScaleOffset + 4 * (kb >> 1));
+              const __half2 s2 = __float2half2_rn(s);
+              E4m3x4ToF16x2x2(e.x, v.x, v.y);
+              E4m3x4ToF16x2x2(e.y, v.z, v.w);
+              v.x = HMul2(v.x, s2);
+              v.y = HMul2(v.y, s2);
+              v.z = HMul2(v.z, s2);
+              v.w = HMul2(v.w, s2);
+            } else {
+              const uint4 r = Lds128(src_row + kFp8TiledRopeOffset + ch * 16);
+              v = make_uint4(Bf16x2ToF16x2(r.x), Bf16x2ToF16x2(r.y), Bf16x2ToF16x2(r.z),
+                             Bf16x2ToF16x2(r.w));
+            }
+          } else {
+            const uint2 e = Lds64(src_row + kb * 64 + ch * 8);
+            E4m3x4ToF16x2x2(e.x, v.x, v.y);
+            E4m3x4ToF16x2x2(e.y, v.z, v.w);
+          }
+          Sts128(kv_smem + kb * Cfg::kKvBlockBytes + tok * 128 + ((ch ^ (tok & 7)) << 4), v);
+        }
+      }
+      wgmma::FenceProxyAsyncShared();
+      __syncthreads();  // (2) the converted tile (and, on the first tile, Q) is visible to wgmma.
+
+      // ---- Partial S over this warpgroup's 18 k-steps.
+      float s[kSRegs];
+#pragma unroll
+      for (int i = 0; i < kSRegs; ++i) s[i] = 0.0f;
+      wgmma::FenceRegs(s);
+      wgmma::Fence();
+#pragma unroll
+      for (int k = 0; k < kQkSteps / 2; ++k) {
+        const int ks = wgi * (kQkSteps / 2) + k;
+        const uint32_t koff = (ks & 3) * 32;  // k16 step inside the 128-B row
+        const uint64_t da =
+            wgmma::Desc128B(q_smem + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
+        const uint64_t db =
+            wgmma::Desc128B(kv_smem + (ks >> 2) * Cfg::kKvBlockBytes + koff, 16, 1024);
+        if constexpr (kTile == 32) {
+          wgmma::WgmmaM64N32K16SS<kF16>(s, da, db, k > 0 ? 1 : 0);
+        } else {
+          wgmma::WgmmaM64N64K16SS<kF16>(s, da, db, k > 0 ? 1 : 0);
+        }
+      }
+      wgmma::Commit();
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(s);
+      // Exchange partials: [warpgroup][register][thread] floats.
+#pragma unroll
+      for (int i = 0; i < kSRegs; ++i) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sx_smem + ((wgi * kSRegs + i) * 128 + tw) * 4),
+                     "f"(s[i])
+                     : "memory");
+      }
+      __syncthreads();  // (3) both partials are in shared memory.
+#pragma unroll
+      for (int i = 0; i < kSRegs; ++i) {
+        s[i] += ptx::LdsF32(sx_smem + (((1 - wgi) * kSRegs + i) * 128 + tw) * 4);
+      }
+
+      // ---- Online softmax (log2 domain), identical in both warpgroups.
+      const float sl_lo = qd_lo * p.score_scale_log2, sl_hi = qd_hi * p.score_scale_log2;
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kSRegs / 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int pos = t * kTile + 8 * j + 2 * c + (e & 1);
+          const bool hi = e >= 2;
+          const bool vis = pos >= tok_begin && pos <= (hi ? lim_hi : lim_lo);
+          const float x = vis ? s[4 * j + e] * (hi ? sl_hi : sl_lo) : -INFINITY;
+          s[4 * j + e] = x;
+          if (hi) {
+            mx_hi = fmaxf(mx_hi, x);
+          } else {
+            mx_lo = fmaxf(mx_lo, x);
+          }
+        }
+      }
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      constexpr float kLazyLog2 = 8.0f;  // see mla_decode_sliced.cuh
+      const float new_lo = mx_lo > m_lo + kLazyLog2 ? mx_lo : m_lo;
+      const float new_hi = mx_hi > m_hi + kLazyLog2 ? mx_hi : m_hi;
+      const float base_lo = new_lo == -INFINITY ? 0.0f : new_lo;
+      const float base_hi = new_hi == -INFINITY ? 0.0f : new_hi;
+      const float alpha_lo = exp2f(m_lo - base_lo), alpha_hi = exp2f(m_hi - base_hi);
+      m_lo = new_lo;
+      m_hi = new_hi;
+      float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSRegs / 4; ++j) {
+        s[4 * j + 0] = exp2f(s[4 * j + 0] - base_lo);
+        s[4 * j + 1] = exp2f(s[4 * j + 1] - base_lo);
+        s[4 * j + 2] = exp2f(s[4 * j + 2] - base_hi);
+        s[4 * j + 3] = exp2f(s[4 * j + 3] - base_hi);
+        sum_lo += s[4 * j + 0] + s[4 * j + 1];
+        sum_hi += s[4 * j + 2] + s[4 * j + 3];
+      }
+      sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 1);
+      sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 2);
+      sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 1);
+      sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 2);
+      l_lo = l_lo * alpha_lo + sum_lo;
+      l_hi = l_hi * alpha_hi + sum_hi;
+      if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          o[4 * n + 0] *= alpha_lo;
+          o[4 * n + 1] *= alpha_lo;
+          o[4 * n + 2] *= alpha_hi;
+          o[4 * n + 3] *= alpha_hi;
+        }
+      }
+
+      // ---- O += P V over this warpgroup's 256 output dims.
+      uint32_t pa[kTile / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        pa[kk][0] = Pack<kF16>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = Pack<kF16>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = Pack<kF16>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = Pack<kF16>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      wgmma::FenceRegs(o);
+      wgmma::Fence();
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        const uint64_t dv = wgmma::Desc128B(
+            kv_smem + (4 * wgi) * Cfg::kKvBlockBytes + kk * 16 * 128, Cfg::kKvBlockBytes, 1024);
+        wgmma::WgmmaM64N256K16RSTransB<kF16>(o, pa[kk], dv, 1);
+      }
+      wgmma::Commit();
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(o);
+    }
+    ptx::CpAsyncWait<0>();
+    __syncthreads();  // The next piece's prologue reuses Q, the ring and the exchange buffer.
+
+    const float inv_lo = l_lo > 0.0f ? p.out_scale / l_lo : 0.0f;
+    const float inv_hi = l_hi > 0.0f ? p.out_scale / l_hi : 0.0f;
+    const float lse2_lo = l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY;  // log2 units
+    const float lse2_hi = l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY;
+    constexpr float kLn2 = 0.693147180559945309f;
+    const size_t slot = static_cast<size_t>(worker) + b;  // Unique per (sequence, worker).
+    auto store_row = [&](int row, int half, float inv, float lse2) {
+      const int col0 = 256 * wgi + 2 * c;
+      if (whole) {
+        uint16_t* out = p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          *reinterpret_cast<uint32_t*>(out + col0 + 8 * n) =
+              Pack<false>(o[4 * n + 2 * half] * inv, o[4 * n + 2 * half + 1] * inv);
+        }
+        if (wgi == 0 && c == 0 && p.lse != nullptr) {
+          p.lse[static_cast<size_t>(b) * p.rows + row] = lse2 * kLn2;
+        }
+      } else {
+        float* part = p.o_part + (slot * p.rows + row) * kMlaLatentDim;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          *reinterpret_cast<float2*>(part + col0 + 8 * n) =
+              make_float2(o[4 * n + 2 * half] * inv, o[4 * n + 2 * half + 1] * inv);
+        }
+        if (wgi == 0 && c == 0) p.lse_part[slot * p.rows + row] = lse2;
+      }
+    };
+    if (row_lo < p.rows) store_row(row_lo, 0, inv_lo, lse2_lo);
+    if (row_hi < p.rows) store_row(row_hi, 1, inv_hi, lse2_hi);
+  }
+#endif
+}
+
+// 1 on an SM90 device (the kernel fits one block per SM), 0 elsewhere: the plan then refuses
+// this variant (MlaDecodeVariantAvailable).
+template <KvCacheFormat kFormat, int kTile, int kRawStages>
+int MlaDecodeWgmmaBlocksPerSm() {
+  using Cfg = wg::Config<kFormat, kTile, kRawStages>;
+  static const int blocks = [] {
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+        major != 9 || minor != 0) {
+      return 0;
+    }
+    auto kernel = MlaDecodeWgmmaKernel<kFormat, kTile, kRawStages>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg::kSmemBytes) != cudaSuccess) {
+      return 0;
+    }
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, wg::kThreads, Cfg::kSmemBytes) !=
+        cudaSuccess) {
+      return 0;
+    }
+    return n;
+  }();
+  return blocks;
+}
+
+template <KvCacheFormat kFormat, int kTile, int kRawStages>
+cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
+  using Cfg = wg::Config<kFormat, kTile, kRawStages>;
+  if (MlaDecodeWgmmaBlocksPerSm<kFormat, kTile, kRawStages>() == 0) {
+    return cudaErrorInvalidConfiguration;
+  }
+  MlaDecodeWgmmaKernel<kFormat, kTile, kRawStages>
+      <<<grid, wg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+#define MLASERVE_INSTANTIATE_MLA_DECODE_WGMMA(FORMAT, TILE, STAGES)                             \
+  template cudaError_t LaunchMlaDecodeWgmma<FORMAT, TILE, STAGES>(const MlaDecodeKernelParams&, \
+                                                                  int, cudaStream_t);           \
+  template int MlaDecodeWgmmaBlocksPerSm<FORMAT, TILE, STAGES>();
+
+}  // namespace mlaserve::mla
