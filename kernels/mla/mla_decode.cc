@@ -64,7 +64,7 @@ struct VariantEntry {
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3),
-    MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 2, 4, 4),
+    MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 3, 3, 3),
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 

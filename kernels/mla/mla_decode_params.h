@@ -59,10 +59,10 @@ template <KvCacheFormat kFormat, int kTile, int kStages>
 int MlaDecodeSlicedBlocksPerSm();
 
 // SM90a warpgroup-MMA split decode kernel (mla_decode_wgmma.cuh): 64 query rows per block,
-// kTile KV tokens per tile, a kRawStages-deep ring of raw tiles. BlocksPerSm is 0 off SM 9.0.
-template <KvCacheFormat kFormat, int kTile, int kRawStages>
+// kTile KV tokens per tile, a kStages-deep ring. BlocksPerSm is 0 off SM 9.0.
+template <KvCacheFormat kFormat, int kTile, int kStages>
 cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kTile, int kRawStages>
+template <KvCacheFormat kFormat, int kTile, int kStages>
 int MlaDecodeWgmmaBlocksPerSm();
 
 // Cache write: one warp per token (kv_cache_write.cu).

@@ -52,29 +52,31 @@ constexpr int kThreads = 256;  // Two warpgroups.
 constexpr int kQkSteps = kMlaQkDim / 16;  // 36 k16 steps of q.k.
 constexpr int kDimBlocks = kMlaQkDim / 64;  // 9 blocks of 64 dims (8 latent, 1 RoPE).
 
-template <KvCacheFormat kFormat, int kTile, int kRawStages>
+template <KvCacheFormat kFormat, int kTile, int kStages>
 struct Config {
   static constexpr bool kBf16 = kFormat == KvCacheFormat::kBf16;
   static constexpr bool kTiled = kFormat == KvCacheFormat::kFp8Tiled;
   static constexpr int kRowBytes = static_cast<int>(KvCacheBytesPerToken(kFormat));
-  static constexpr int kQBytes = kDimBlocks * kRows * 128;        // 73,728
-  static constexpr int kKvBlockBytes = kTile * 128;               // one 64-dim block of the tile
-  static constexpr int kKvBytes = kDimBlocks * kKvBlockBytes;     // 36,864 at 32 tokens
-  static constexpr int kRawBytes = kTile * kRowBytes;             // one raw tile
-  static constexpr int kSRegs = kTile / 2;                        // S accumulators per thread
-  static constexpr int kSxBytes = 2 * kSRegs * 128 * 4;           // both partials
+  // bf16: cp.async straight into a ring of kStages operand tiles. fp8: a ring of kStages raw
+  // tiles, converted into two operand tiles (tile t + 1 converted while tile t's S runs).
+  static constexpr int kKvBufs = kBf16 ? kStages : 2;
+  static constexpr int kRawBufs = kBf16 ? 0 : kStages;
+  static constexpr int kQBytes = kDimBlocks * kRows * 128;     // 73,728
+  static constexpr int kKvBlockBytes = kTile * 128;            // one 64-dim block of a tile
+  static constexpr int kKvBytes = kDimBlocks * kKvBlockBytes;  // 36,864 at 32 tokens
+  static constexpr int kRawBytes = kTile * kRowBytes;          // one raw tile
+  static constexpr int kSRegs = kTile / 2;                     // S accumulators per thread
+  static constexpr int kSxBytes = 2 * kSRegs * 128 * 4;        // both partials
   static constexpr int kQOff = 0;
   static constexpr int kKvOff = kQOff + kQBytes;
-  static constexpr int kRawOff = kKvOff + kKvBytes;
-  static constexpr int kSxOff = kRawOff + kRawStages * kRawBytes;
-  static constexpr int kQScaleOff = kSxOff + kSxBytes;            // 64 floats
+  static constexpr int kRawOff = kKvOff + kKvBufs * kKvBytes;
+  static constexpr int kSxOff = kRawOff + kRawBufs * kRawBytes;
+  static constexpr int kQScaleOff = kSxOff + kSxBytes;  // 64 floats
   static constexpr int kSchedOff = kQScaleOff + 4 * kRows;
   static constexpr int kSchedBytes = 4 * (kInlineScheduleMaxBatch + 2);
   static constexpr int kSmemBytes = kSchedOff + kSchedBytes + 1024;  // + alignment slack
-  static constexpr int kOutChunks = kTile * kDimBlocks * 8;  // 16-B chunks of a converted tile
-  static_assert(kTile == 32 || kTile == 64, "tiles inside one 64-token cache block");
-  static_assert(kOutChunks % kThreads == 0, "whole conversion rounds");
-  static_assert(kRawStages >= 2, "need a ring");
+  static_assert(kTile == 32, "a thread copies / converts one 16-B chunk of each 64-dim block");
+  static_assert(kStages >= 2, "need a ring");
   static_assert(kRowBytes % 16 == 0, "16-B copies");
   static_assert(kSmemBytes <= 227 * 1024, "H200: 227 KB per block");
 };
@@ -125,12 +127,12 @@ __device__ __forceinline__ uint2 Lds64(uint32_t addr) {
 
 }  // namespace wg
 
-template <KvCacheFormat kFormat, int kTile, int kRawStages>
+template <KvCacheFormat kFormat, int kTile, int kStages>
 __global__ void __launch_bounds__(wg::kThreads, 1)
     MlaDecodeWgmmaKernel(const MlaDecodeKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wg;
-  using Cfg = Config<kFormat, kTile, kRawStages>;
+  using Cfg = Config<kFormat, kTile, kStages>;
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;
   constexpr bool kF16 = !kBf16;
   constexpr int kSRegs = Cfg::kSRegs;
@@ -161,9 +163,22 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   if (cost_begin >= cost_end) return;
   const int first_seq = FirstSequence(prefix, p.batch, cost_begin);
 
-  // This thread's two rows (of the block's 64) and their global indices in the sequence.
+  // This thread's two rows (of the block's 64) and their indices in the sequence's rows.
   const int lrow_lo = 16 * wq + g, lrow_hi = lrow_lo + 8;
   const int row_lo = mt * kRows + lrow_lo, row_hi = mt * kRows + lrow_hi;
+
+  // Tile copy / conversion: thread (token ct, 16-B chunk cch) of each 64-dim block kb: one
+  // 128-B row of a block is 8 consecutive threads. Destination chunk swizzled (cch ^ ct % 8).
+  const int ct = tid >> 3, cch = tid & 7;
+  const uint32_t op_off = ct * 128 + ((cch ^ (ct & 7)) << 4);  // + kb * kKvBlockBytes
+
+  // Descriptors (kernels/wgmma_ptx.cuh): bases here; per k-step offsets are compile-time
+  // constants added to the low half. Warpgroup g takes the q.k k-steps 2k + g (k = 0..17): step
+  // 2k + g lies in 64-dim block k / 2 at byte 32 (2 (k % 2) + g) of the 128-B row.
+  const wgmma::Desc dq = wgmma::Desc128B(q_smem + 32 * wgi, 16, 1024);
+  const wgmma::Desc dk = wgmma::Desc128B(kv_smem + 32 * wgi, 16, 1024);
+  const wgmma::Desc dv = wgmma::Desc128B(kv_smem + 4 * wgi * Cfg::kKvBlockBytes,
+                                         Cfg::kKvBlockBytes, 1024);
 
   for (int b = first_seq; b < p.batch && prefix[b] < cost_end; ++b) {
     const int seq_cost_begin = prefix[b], seq_cost_end = prefix[b + 1];
@@ -174,32 +189,83 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     const int tok_begin = min(max(local_begin - kSeqFixedCost, 0), ncost) * kCostTokens;
     const int tok_end = min(min(max(local_end - kSeqFixedCost, 0), ncost) * kCostTokens, len);
     const int t_begin = tok_begin / kTile;
-    const int t_end = tok_end > tok_begin ? (tok_end + kTile - 1) / kTile : t_begin;
+    const int n_tiles = tok_end > tok_begin ? (tok_end + kTile - 1) / kTile - t_begin : 0;
     const bool whole = seq_cost_begin >= cost_begin && seq_cost_end <= cost_end;
     const int32_t* __restrict__ blocks =
         p.block_table + static_cast<size_t>(b) * p.max_blocks_per_seq;
-
-    // Raw copy of tile t into ring slot `slot`: kTile consecutive rows of one cache block are
-    // contiguous bytes; rows past the sequence's end are zero-filled (never stale NaN bytes).
     constexpr int kTilesPerBlock = kKvBlockTokens / kTile;
-    constexpr int kCopyChunks = Cfg::kRawBytes / 16;
-    auto issue = [&](int t, int slot) {
-      const int32_t block = blocks[t / kTilesPerBlock];
-      const uint8_t* src =
-          p.kv_pool + (static_cast<size_t>(block) * kKvBlockTokens + (t % kTilesPerBlock) * kTile) *
-                          Cfg::kRowBytes;
-      const uint32_t dst = raw_smem + slot * Cfg::kRawBytes;
-      const int valid_bytes = (len - t * kTile) * Cfg::kRowBytes;  // > 0 for every issued tile
+    auto tile_src = [&](int t) {  // kTile consecutive rows of one cache block: contiguous bytes
+      return p.kv_pool +
+             (static_cast<size_t>(blocks[t / kTilesPerBlock]) * kKvBlockTokens +
+              (t % kTilesPerBlock) * kTile) *
+                 Cfg::kRowBytes;
+    };
+    // Rows past the sequence's end are zero-filled (never stale NaN bytes).
+    auto copy_operand = [&](int t, int buf) {  // bf16: straight into the swizzled operand tile
+      const uint8_t* src = tile_src(t) + ct * Cfg::kRowBytes + cch * 16;
+      const bool valid = t * kTile + ct < len;
+      const uint32_t dst = kv_smem + buf * Cfg::kKvBytes + op_off;
 #pragma unroll
-      for (int i = tid; i < kCopyChunks; i += kThreads) {
-        const bool valid = 16 * i < valid_bytes;
-        ptx::CpAsync16(dst + 16 * i, valid ? src + 16 * i : p.kv_pool, valid);
+      for (int kb = 0; kb < kDimBlocks; ++kb) {
+        ptx::CpAsync16(dst + kb * Cfg::kKvBlockBytes, valid ? src + kb * 128 : p.kv_pool, valid);
       }
     };
+    auto copy_raw = [&](int t, int slot) {  // fp8: raw bytes
+      constexpr int kChunks = Cfg::kRawBytes / 16;
+      const uint8_t* src = tile_src(t);
+      const uint32_t dst = raw_smem + slot * Cfg::kRawBytes;
+      const int valid_bytes = (len - t * kTile) * Cfg::kRowBytes;
 #pragma unroll
-    for (int s = 0; s < kRawStages - 1; ++s) {
-      if (t_begin + s < t_end) issue(t_begin + s, s);
-      ptx::CpAsyncCommit();
+      for (int j = 0; j < (kChunks + kThreads - 1) / kThreads; ++j) {
+        const int i = tid + kThreads * j;
+        if (j + 1 < (kChunks + kThreads - 1) / kThreads || i < kChunks) {
+          const bool valid = 16 * i < valid_bytes;
+          ptx::CpAsync16(dst + 16 * i, valid ? src + 16 * i : p.kv_pool, valid);
+        }
+      }
+    };
+    // fp8: raw slot -> operand buffer: e4m3 -> f16 exactly, fp8_tiled's power-of-two tile scale
+    // multiplied in (exact, see the top), fp8_tiled's bf16 RoPE -> f16.
+    auto convert = [&](int slot, int buf) {
+      const uint32_t src = raw_smem + slot * Cfg::kRawBytes + ct * Cfg::kRowBytes;
+      const uint32_t dst = kv_smem + buf * Cfg::kKvBytes + op_off;
+#pragma unroll
+      for (int kb = 0; kb < kDimBlocks; ++kb) {
+        uint4 v;
+        if (kTiled && kb == 8) {
+          const uint4 r = Lds128(src + kFp8TiledRopeOffset + cch * 16);
+          v = make_uint4(Bf16x2ToF16x2(r.x), Bf16x2ToF16x2(r.y), Bf16x2ToF16x2(r.z),
+                         Bf16x2ToF16x2(r.w));
+        } else {
+          const uint2 e = Lds64(src + kb * 64 + cch * 8);
+          E4m3x4ToF16x2x2(e.x, v.x, v.y);
+          E4m3x4ToF16x2x2(e.y, v.z, v.w);
+          if constexpr (kTiled) {
+            const __half2 s2 =
+                __float2half2_rn(ptx::LdsF32(src + kFp8TiledScaleOffset + 4 * (kb >> 1)));
+            v.x = HMul2(v.x, s2);
+            v.y = HMul2(v.y, s2);
+            v.z = HMul2(v.z, s2);
+            v.w = HMul2(v.w, s2);
+          }
+        }
+        Sts128(dst + kb * Cfg::kKvBlockBytes, v);
+      }
+    };
+
+    // Prologue copies (one commit group per tile slot, empty groups past the end).
+    if constexpr (kBf16) {
+#pragma unroll
+      for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_tiles) copy_operand(t_begin + s, s);
+        ptx::CpAsyncCommit();
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        if (s < n_tiles) copy_raw(t_begin + s, s);
+        ptx::CpAsyncCommit();
+      }
     }
 
     // Q rows of this block into shared memory (swizzled, K-major). fp8 caches: f16 with a
@@ -247,12 +313,18 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
         Sts128(q_smem + kb * (kRows * 128) + lr * 128 + ((ch ^ (lr & 7)) << 4), v);
       }
     }
-    // (Published to the async proxy by the first tile's fence + barrier below.)
+    if constexpr (!kBf16) {
+      ptx::CpAsyncWait<kStages - 1>();  // this thread's part of raw tile 0
+      __syncthreads();                  // everyone's part
+      if (n_tiles > 0) convert(0, 0);
+    }
+    // (Q and the first operand tile reach the async proxy through the loop's first fence.)
 
     const int lim_lo =
         min(row_lo < p.rows ? len - p.s_q + row_lo / p.heads : len - 1, tok_end - 1);
     const int lim_hi =
         min(row_hi < p.rows ? len - p.s_q + row_hi / p.heads : len - 1, tok_end - 1);
+    const int lim_min = min(lim_lo, lim_hi);
 
     float o[128];
 #pragma unroll
@@ -260,58 +332,22 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
     float qd_lo = 1.0f, qd_hi = 1.0f;
 
-    for (int t = t_begin; t < t_end; ++t) {
-      const int it = t - t_begin;
-      ptx::CpAsyncWait<kRawStages - 2>();
-      __syncthreads();  // (1) tile t's raw bytes landed; the previous tile's KV reads are done.
-      if (it == 0 && kF16) {
+    for (int it = 0; it < n_tiles; ++it) {
+      const int t = t_begin + it;
+      // (1) bf16: tile it landed; fp8: raw tile it + 1 landed and tile it's operand converted.
+      // Both: the previous tile's operand reads are done.
+      ptx::CpAsyncWait<kStages - 2>();
+      wgmma::FenceProxyAsyncShared();
+      __syncthreads();
+      if (kF16 && it == 0) {
         qd_lo = qscale[lrow_lo];
         qd_hi = qscale[lrow_hi];
       }
-      {
-        const int tn = t + kRawStages - 1;
-        if (tn < t_end) issue(tn, (it + kRawStages - 1) % kRawStages);
-        ptx::CpAsyncCommit();
-      }
-      // Convert tile t into the swizzled operand array.
-      {
-        const uint32_t raw = raw_smem + (it % kRawStages) * Cfg::kRawBytes;
-#pragma unroll
-        for (int j = 0; j < Cfg::kOutChunks / kThreads; ++j) {
-          const int i = tid + kThreads * j;
-          const int tok = i / 72, cc = i % 72, kb = cc >> 3, ch = cc & 7;
-          const uint32_t src_row = raw + tok * Cfg::kRowBytes;
-          uint4 v;
-          if constexpr (kBf16) {
-            v = Lds128(src_row + kb * 128 + ch * 16);
-          } else if constexpr (kTiled) {
-            if (kb < 8) {
-              const uint2 e = Lds64(src_row + kb * 64 + ch * 8);
-              const float s = ptx::LdsF32(src_row + kFp8TiledScaleOffset + 4 * (kb >> 1));
-              const __half2 s2 = __float2half2_rn(s);
-              E4m3x4ToF16x2x2(e.x, v.x, v.y);
-              E4m3x4ToF16x2x2(e.y, v.z, v.w);
-              v.x = HMul2(v.x, s2);
-              v.y = HMul2(v.y, s2);
-              v.z = HMul2(v.z, s2);
-              v.w = HMul2(v.w, s2);
-            } else {
-              const uint4 r = Lds128(src_row + kFp8TiledRopeOffset + ch * 16);
-              v = make_uint4(Bf16x2ToF16x2(r.x), Bf16x2ToF16x2(r.y), Bf16x2ToF16x2(r.z),
-                             Bf16x2ToF16x2(r.w));
-            }
-          } else {
-            const uint2 e = Lds64(src_row + kb * 64 + ch * 8);
-            E4m3x4ToF16x2x2(e.x, v.x, v.y);
-            E4m3x4ToF16x2x2(e.y, v.z, v.w);
-          }
-          Sts128(kv_smem + kb * Cfg::kKvBlockBytes + tok * 128 + ((ch ^ (tok & 7)) << 4), v);
-        }
-      }
-      wgmma::FenceProxyAsyncShared();
-      __syncthreads();  // (2) the converted tile (and, on the first tile, Q) is visible to wgmma.
+      const int buf = kBf16 ? it % kStages : it & 1;
+      const uint32_t buf_units = static_cast<uint32_t>(buf * Cfg::kKvBytes) >> 4;
 
-      // ---- Partial S over this warpgroup's 18 k-steps.
+      // ---- Partial S over this warpgroup's 18 k-steps (in flight while the next tile is
+      // converted or copied).
       float s[kSRegs];
 #pragma unroll
       for (int i = 0; i < kSRegs; ++i) s[i] = 0.0f;
@@ -319,52 +355,65 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       wgmma::Fence();
 #pragma unroll
       for (int k = 0; k < kQkSteps / 2; ++k) {
-        const int ks = wgi * (kQkSteps / 2) + k;
-        const uint32_t koff = (ks & 3) * 32;  // k16 step inside the 128-B row
-        const uint64_t da =
-            wgmma::Desc128B(q_smem + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
-        const uint64_t db =
-            wgmma::Desc128B(kv_smem + (ks >> 2) * Cfg::kKvBlockBytes + koff, 16, 1024);
-        if constexpr (kTile == 32) {
-          wgmma::WgmmaM64N32K16SS<kF16>(s, da, db, k > 0 ? 1 : 0);
-        } else {
-          wgmma::WgmmaM64N64K16SS<kF16>(s, da, db, k > 0 ? 1 : 0);
-        }
+        const uint32_t qoff = ((k >> 1) * (kRows * 128) + (k & 1) * 64) >> 4;
+        const uint32_t koff = ((k >> 1) * Cfg::kKvBlockBytes + (k & 1) * 64) >> 4;
+        wgmma::WgmmaM64N32K16SS<kF16>(s, dq.lo + qoff, dq.hi, dk.lo + buf_units + koff, dk.hi,
+                                      k > 0 ? 1 : 0);
       }
       wgmma::Commit();
+      if constexpr (kBf16) {
+        const int tn = it + kStages - 1;
+        if (tn < n_tiles) copy_operand(t_begin + tn, tn % kStages);
+        ptx::CpAsyncCommit();
+      } else {
+        if (it + 1 < n_tiles) convert((it + 1) % kStages, (it + 1) & 1);
+        const int tn = it + kStages;
+        if (tn < n_tiles) copy_raw(t_begin + tn, it % kStages);
+        ptx::CpAsyncCommit();
+      }
       wgmma::Wait<0>();
       wgmma::FenceRegs(s);
-      // Exchange partials: [warpgroup][register][thread] floats.
+      // Exchange partials: float4 [warpgroup][4][128 threads].
 #pragma unroll
-      for (int i = 0; i < kSRegs; ++i) {
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sx_smem + ((wgi * kSRegs + i) * 128 + tw) * 4),
-                     "f"(s[i])
-                     : "memory");
+      for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
+        Sts128(sx_smem + ((wgi * (kSRegs / 4) + q4) * 128 + tw) * 16,
+               make_uint4(__float_as_uint(s[4 * q4]), __float_as_uint(s[4 * q4 + 1]),
+                          __float_as_uint(s[4 * q4 + 2]), __float_as_uint(s[4 * q4 + 3])));
       }
-      __syncthreads();  // (3) both partials are in shared memory.
+      __syncthreads();  // (2) both partials are in shared memory.
 #pragma unroll
-      for (int i = 0; i < kSRegs; ++i) {
-        s[i] += ptx::LdsF32(sx_smem + (((1 - wgi) * kSRegs + i) * 128 + tw) * 4);
+      for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
+        const uint4 v = Lds128(sx_smem + (((1 - wgi) * (kSRegs / 4) + q4) * 128 + tw) * 16);
+        s[4 * q4] += __uint_as_float(v.x);
+        s[4 * q4 + 1] += __uint_as_float(v.y);
+        s[4 * q4 + 2] += __uint_as_float(v.z);
+        s[4 * q4 + 3] += __uint_as_float(v.w);
       }
 
       // ---- Online softmax (log2 domain), identical in both warpgroups.
       const float sl_lo = qd_lo * p.score_scale_log2, sl_hi = qd_hi * p.score_scale_log2;
+#pragma unroll
+      for (int j = 0; j < kSRegs / 4; ++j) {
+        s[4 * j + 0] *= sl_lo;
+        s[4 * j + 1] *= sl_lo;
+        s[4 * j + 2] *= sl_hi;
+        s[4 * j + 3] *= sl_hi;
+      }
+      if (!(t * kTile >= tok_begin && t * kTile + kTile - 1 <= lim_min)) {  // edge tiles only
+#pragma unroll
+        for (int j = 0; j < kSRegs / 4; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int pos = t * kTile + 8 * j + 2 * c + (e & 1);
+            if (pos < tok_begin || pos > (e >= 2 ? lim_hi : lim_lo)) s[4 * j + e] = -INFINITY;
+          }
+        }
+      }
       float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
       for (int j = 0; j < kSRegs / 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int pos = t * kTile + 8 * j + 2 * c + (e & 1);
-          const bool hi = e >= 2;
-          const bool vis = pos >= tok_begin && pos <= (hi ? lim_hi : lim_lo);
-          const float x = vis ? s[4 * j + e] * (hi ? sl_hi : sl_lo) : -INFINITY;
-          s[4 * j + e] = x;
-          if (hi) {
-            mx_hi = fmaxf(mx_hi, x);
-          } else {
-            mx_lo = fmaxf(mx_lo, x);
-          }
-        }
+        mx_lo = fmaxf(mx_lo, fmaxf(s[4 * j + 0], s[4 * j + 1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[4 * j + 2], s[4 * j + 3]));
       }
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
@@ -417,16 +466,15 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       wgmma::Fence();
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
-        const uint64_t dv = wgmma::Desc128B(
-            kv_smem + (4 * wgi) * Cfg::kKvBlockBytes + kk * 16 * 128, Cfg::kKvBlockBytes, 1024);
-        wgmma::WgmmaM64N256K16RSTransB<kF16>(o, pa[kk], dv, 1);
+        wgmma::WgmmaM64N256K16RSTransB<kF16>(o, pa[kk], dv.lo + buf_units + ((kk * 16 * 128) >> 4),
+                                             dv.hi, 1);
       }
       wgmma::Commit();
       wgmma::Wait<0>();
       wgmma::FenceRegs(o);
     }
     ptx::CpAsyncWait<0>();
-    __syncthreads();  // The next piece's prologue reuses Q, the ring and the exchange buffer.
+    __syncthreads();  // The next piece's prologue reuses Q, the buffers and the exchange.
 
     const float inv_lo = l_lo > 0.0f ? p.out_scale / l_lo : 0.0f;
     const float inv_hi = l_hi > 0.0f ? p.out_scale / l_hi : 0.0f;
@@ -464,9 +512,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
 
 // 1 on an SM90 device (the kernel fits one block per SM), 0 elsewhere: the plan then refuses
 // this variant (MlaDecodeVariantAvailable).
-template <KvCacheFormat kFormat, int kTile, int kRawStages>
+template <KvCacheFormat kFormat, int kTile, int kStages>
 int MlaDecodeWgmmaBlocksPerSm() {
-  using Cfg = wg::Config<kFormat, kTile, kRawStages>;
+  using Cfg = wg::Config<kFormat, kTile, kStages>;
   static const int blocks = [] {
     int device = 0, major = 0, minor = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
@@ -475,7 +523,7 @@ int MlaDecodeWgmmaBlocksPerSm() {
         major != 9 || minor != 0) {
       return 0;
     }
-    auto kernel = MlaDecodeWgmmaKernel<kFormat, kTile, kRawStages>;
+    auto kernel = MlaDecodeWgmmaKernel<kFormat, kTile, kStages>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg::kSmemBytes) != cudaSuccess) {
       return 0;
@@ -490,13 +538,13 @@ int MlaDecodeWgmmaBlocksPerSm() {
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kTile, int kRawStages>
+template <KvCacheFormat kFormat, int kTile, int kStages>
 cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  using Cfg = wg::Config<kFormat, kTile, kRawStages>;
-  if (MlaDecodeWgmmaBlocksPerSm<kFormat, kTile, kRawStages>() == 0) {
+  using Cfg = wg::Config<kFormat, kTile, kStages>;
+  if (MlaDecodeWgmmaBlocksPerSm<kFormat, kTile, kStages>() == 0) {
     return cudaErrorInvalidConfiguration;
   }
-  MlaDecodeWgmmaKernel<kFormat, kTile, kRawStages>
+  MlaDecodeWgmmaKernel<kFormat, kTile, kStages>
       <<<grid, wg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -234,20 +234,20 @@ TEST(MlaDecodeGpuTest, EveryVariant) {
   }
 }
 
-// Every variant over the head counts and query lengths (64-row blocks: padded rows at 1-40 heads,
-// two row tiles at 128 heads x s_q 1, eight at 128 x 4), shuffled tables, split and whole pieces.
+// Every variant over head counts and query lengths (64-row blocks: padded rows at 1 and 40 heads,
+// two row tiles at 128 heads x s_q 1, eight at 128 x 4), split and whole pieces.
 TEST(MlaDecodeGpuTest, EveryVariantHeadsSq) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 500;
   for (KvCacheFormat f : kFormats) {
     for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
       if (!MlaDecodeVariantAvailable(v, f)) continue;
-      for (int heads : {1, 16, 40, 64, 128}) {
-        for (int s_q : {1, 2, 4}) {
-          RunDecodeCase({f, heads, s_q, {1 + s_q, 63, 64, 65, 4096 + 17}, v}, seed++);
+      for (int heads : {1, 40, 128}) {
+        for (int s_q : {1, 4}) {
+          RunDecodeCase({f, heads, s_q, {1 + s_q, 63, 65, 2048 + 17}, v}, seed++);
         }
       }
-      RunDecodeCase({f, 128, 1, {20000}, v}, seed++);  // batch 1 split over every SM
+      RunDecodeCase({f, 128, 1, {9000}, v}, seed++);  // batch 1 split over every SM
     }
   }
 }
