@@ -68,10 +68,21 @@ const VariantEntry kVariants[] = {
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-// Measured on the H200 (bench/RESULTS.md, 2026-11-29 session 2): the deep ring (fp8: 4 stages,
-// 2 blocks/SM) wins at batch 1 (0.167 vs 0.144 of copy bandwidth at 32k), the shallow one
-// (3 stages, 3 blocks/SM) from batch 64 (0.65 vs 0.60).
-int DefaultVariant(int batch, int /*rows*/, KvCacheFormat /*format*/) { return batch < 8 ? 1 : 0; }
+constexpr int kWgmmaVariant = 2;
+
+// Measured on the H200 (bench/RESULTS.md):
+// * sliced kernels (2026-11-29 session 2): the deep ring (fp8: 4 stages, 2 blocks/SM) wins at
+//   batch 1 (0.167 vs 0.144 of copy bandwidth at 32k), the shallow one (3 stages, 3 blocks/SM)
+//   from batch 64 (0.65 vs 0.60);
+// * the wgmma kernel (2026-12-03 session 8, one run, every format): from 64 query rows it is
+//   1.1-2.6x faster wherever the call reads >= 32k tokens (64 heads x batch 64 x 32k: bf16 2.33x,
+//   fp8 1.65x, fp8_tiled 1.74x; 128 heads 1.63-2.57x) and 0.77-0.88x at batch 1 x 1k (3-4 us);
+//   below 64 rows it pads to 64 and loses (8-16 heads: 0.46-0.99x). The plan cannot see lengths
+//   (graphs replay it), so rows decide: >= 64 rows take the wgmma kernel where the device has it.
+int DefaultVariant(int batch, int rows, KvCacheFormat format) {
+  if (rows >= 64 && MlaDecodeVariantAvailable(kWgmmaVariant, format)) return kWgmmaVariant;
+  return batch < 8 ? 1 : 0;
+}
 
 size_t AlignUp(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -154,14 +165,13 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
   if (max_workers > 0) plan.num_workers = std::min(plan.num_workers, max_workers);
   if (invariant_max_seq_len > 0) {
     // One worker per piece of every sequence, as long as the longest may be.
-    const int64_t pieces =
-        mla::MlaScheduledCost(invariant_max_seq_len, mla::kInvariantShareCost) /
-        mla::kInvariantShareCost;
+    const int64_t pieces = mla::MlaScheduledCost(invariant_max_seq_len, mla::kInvariantShareCost) /
+                           mla::kInvariantShareCost;
     const int64_t workers = pieces * batch;
     if (workers > (int64_t{1} << 24)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MLA decode: batch-invariant schedule of ", batch, " sequences of up to ",
-          invariant_max_seq_len, " tokens needs ", workers, " workers (limit 2^24)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("MLA decode: batch-invariant schedule of ", batch, " sequences of up to ",
+                       invariant_max_seq_len, " tokens needs ", workers, " workers (limit 2^24)"));
     }
     plan.num_workers = static_cast<int>(workers);
   }

@@ -1,20 +1,27 @@
 // Absorbed-MLA decode on the GPU over a paged latent KV cache in any KvCacheFormat.
 //
-// One portable implementation for SM90, SM100 and SM120 (mla_decode_sliced.cuh): warp-level
-// mma.sync (fp32 accumulate), cp.async loads, < 99 KB of shared memory per block; no wgmma/TMA.
-// Each of a block's 4 warps owns a 128-dim slice of every cache row. FP8 bytes are converted in
-// registers straight into f16 mma fragments (exact: e4m3 fits f16; fp8's per-layer scale is
-// applied to the fp32 scores and outputs, fp8_tiled's tile scales to each token's partial score
-// and P entry), so the only rounding beyond the CPU reference (mla_decode_ref.h) is P = softmax
-// weights in bf16 (bf16 cache) or f16 (fp8 caches) for the P.V product.
+// Two kernels behind one plan:
+// * the portable warp-sliced kernel (mla_decode_sliced.cuh) for SM90, SM100 and SM120: 16 query
+//   rows per block, warp-level mma.sync (fp32 accumulate), cp.async loads, < 99 KB of shared
+//   memory per block. Each of a block's 4 warps owns a 128-dim slice of every cache row. FP8 bytes
+//   are converted in registers straight into f16 mma fragments (exact: e4m3 fits f16; fp8's
+//   per-layer scale is applied to the fp32 scores and outputs, fp8_tiled's tile scales to each
+//   token's partial score and P entry);
+// * on SM 9.0 from 64 query rows (heads x s_q), the warpgroup-MMA kernel (mla_decode_wgmma.cuh):
+//   64 rows per block, so each KV tile is read and converted once for up to 64 heads (fp8
+//   converted exactly to f16 operand tiles in shared memory, fp8_tiled's power-of-two tile scales
+//   multiplied in).
+// The only rounding beyond the CPU reference (mla_decode_ref.h) is P = softmax weights in bf16
+// (bf16 cache) or f16 (fp8 caches) for the P.V product (and, in the wgmma kernel, fp8_tiled's
+// bf16 RoPE values below 2^-14 in f16).
 //
 // Work split: the KV tokens of the whole batch are cut into equal shares, one per persistent
-// worker (a worker = one block per 16 query rows), so a single 128k sequence among short ones,
-// or batch 1, still fills every SM. A sequence that spans several workers gets one partial result
-// per worker (fp32, normalized, with its log-sum-exp), merged by a combine kernel. The per-call
-// schedule is computed on the device from seq_lens (inside the split kernel for batch <= 512,
-// else by a schedule kernel), so the kernels of a call can be captured in a CUDA graph once and
-// replayed with new lengths.
+// worker (a worker = one block per 16 or 64 query rows), so a single 128k sequence among short
+// ones, or batch 1, still fills every SM. A sequence that spans several workers gets one partial
+// result per worker (fp32, normalized, with its log-sum-exp), merged by a combine kernel. The
+// per-call schedule is computed on the device from seq_lens (inside the split kernel for batch <=
+// 512, else by a schedule kernel), so the kernels of a call can be captured in a CUDA graph once
+// and replayed with new lengths.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -44,7 +51,7 @@ struct MlaDecodeParams {
   void* workspace = nullptr;   // MlaDecodePlan::workspace_bytes, 256-B aligned (cudaMalloc).
   size_t workspace_bytes = 0;
   int variant = -1;  // Kernel variant; -1 chooses from the batch size (tests, benchmarks).
-  // Cap on the persistent workers per 16 query rows (0: every resident block slot of the GPU).
+  // Cap on the persistent workers per row tile (0: every resident block slot of the GPU).
   // A lower cap leaves SMs to kernels running beside the decode (communication overlap) and
   // means fewer partial outputs; PlanMlaDecode must be given the same value.
   int max_workers = 0;
@@ -61,7 +68,7 @@ struct MlaDecodeParams {
 
 struct MlaDecodePlan {
   int variant;             // Index of the kernel variant (MlaDecodeVariantName).
-  int rows_per_cta;        // 16 query rows (of heads * s_q) per block.
+  int rows_per_cta;        // 16 (sliced) or 64 (wgmma) query rows (of heads * s_q) per block.
   int num_workers;         // Persistent workers; the grid is num_workers * row tiles blocks.
   size_t workspace_bytes;  // Schedule + partial outputs: ~ (num_workers + batch) * rows * 2 KiB.
 };
@@ -71,7 +78,8 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
                                             int variant = -1, int max_workers = 0,
                                             int invariant_max_seq_len = 0);
 
-// Kernel variants (cp.async ring depths), for tests and benchmarks that cover each one.
+// Kernel variants (sliced with two cp.async ring depths, wgmma), for tests and benchmarks that
+// cover each one.
 int MlaDecodeVariantCount();
 std::string MlaDecodeVariantName(int variant);
 // Whether the variant can run on the current device (the wgmma variant needs SM 9.0).

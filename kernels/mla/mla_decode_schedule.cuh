@@ -54,9 +54,9 @@ __device__ __forceinline__ const int32_t* InlineSchedule(const MlaDecodeKernelPa
   }
   if (tid == 0) {
     sched[p.batch] = total;
-    sched[p.batch + 1] =
-        p.fixed_share > 0 ? p.fixed_share
-                          : max((total + p.num_workers - 1) / p.num_workers, kMinTilesPerWorker);
+    sched[p.batch + 1] = p.fixed_share > 0
+                             ? p.fixed_share
+                             : max((total + p.num_workers - 1) / p.num_workers, kMinTilesPerWorker);
   }
   __syncthreads();
   if (blockIdx.x == 0) {

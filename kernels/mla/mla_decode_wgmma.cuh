@@ -11,15 +11,16 @@
 //   layout wgmma reads (kernels/wgmma_ptx.cuh), as bf16 (bf16 cache) or f16 (fp8 caches, each
 //   row times a power of two 2^e so its largest value lies in [2^14, 2^15); e is divided out of
 //   the fp32 scores exactly, as in the sliced kernel).
-// * A KV tile of kTile = 32 tokens is copied raw (cp.async, a ring of kRawStages tiles; a tile is
-//   kTile consecutive rows of one 64-token cache block, i.e. contiguous bytes) and converted by
-//   all threads into one array of [9 blocks of 64 dims][kTile tokens][128 B] (swizzled):
-//   bf16 copied, e4m3 -> f16 exactly (cvt.rn.f16x2.e4m3x2), fp8_tiled's tile scale multiplied in
-//   (a power of two >= 2^-14: exact in f16 as long as the latent's magnitude stays below 32768,
-//   which an RMS-normed latent does by orders of magnitude), fp8_tiled's bf16 RoPE to f16 (exact
-//   for |x| >= 2^-14, absolute error < 2^-25 below). The same array is S's K-major B operand and
-//   P.V's MN-major B operand.
-// * S = Q K^T: warpgroup g computes the partial over k-steps [18g, 18g + 18) (of 36) with
+// * A KV tile is kTile = 32 consecutive rows of one 64-token cache block (contiguous bytes). Its
+//   operand form is [9 blocks of 64 dims][32 tokens][128 B] (swizzled), which serves as S's
+//   K-major B operand and as P.V's MN-major B operand. bf16: cp.async straight into a 3-deep
+//   ring of operand tiles. fp8: cp.async into a 3-deep ring of raw tiles; tile t + 1 is
+//   converted into the other of two operand tiles while tile t's q.k runs on the tensor cores:
+//   e4m3 -> f16 exactly (cvt.rn.f16x2.e4m3x2), fp8_tiled's tile scale multiplied in (a power of
+//   two >= 2^-14: exact in f16 as long as the latent's magnitude stays below 32768, which an
+//   RMS-normed latent does by orders of magnitude), fp8_tiled's bf16 RoPE to f16 (exact for
+//   |x| >= 2^-14, absolute error < 2^-25 below).
+// * S = Q K^T: warpgroup g computes the partial over k-steps 2k + g (k = 0..17, of 36) with
 //   m64n32k16 from shared memory; the two partials are exchanged through shared memory and
 //   added (a + b = b + a: both warpgroups hold the same bits), so both run the identical online
 //   softmax (log2 domain, lazy max as the sliced kernel: P <= 2^8).
@@ -27,9 +28,11 @@
 //   warpgroup g multiplies it by output dims [256g, 256g + 256) with m64n256k16, V transposed
 //   by the descriptor. O is 128 fp32 registers per thread.
 //
-// Arithmetic per 32-token tile: 4.7 MFLOP (2176 x 64 rows x 32 / 2 x 2) against 18-37 KB of
-// cache: at 64 rows the H200's ~4.3 TB/s asks for ~0.8 PFLOP/s with fp8 caches, near the bf16
-// tensor peak; this kernel's limit at 64-128 heads is the tensor core, not memory.
+// Where it stands (H200, bench/RESULTS.md "The wgmma MLA decode kernel"): 64 heads x batch 64 x
+// 32k at 0.61 (bf16) / 0.29 (fp8) / 0.31 (fp8_tiled) of copy bandwidth, 1.65-2.3x the sliced
+// kernel; ncu (fp8_tiled): shared-memory wavefronts at 59% of peak, tensor pipe 31%, stalls on
+// shared-memory results and the two barriers per tile. Each 32-token tile re-reads Q (72 KB) for
+// the m64n32 q.k: at 32 tokens the q.k is shared-memory-bound before it is tensor-bound.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,8 +51,8 @@ namespace mlaserve::mla {
 namespace wg {
 
 constexpr int kRows = 64;
-constexpr int kThreads = 256;  // Two warpgroups.
-constexpr int kQkSteps = kMlaQkDim / 16;  // 36 k16 steps of q.k.
+constexpr int kThreads = 256;               // Two warpgroups.
+constexpr int kQkSteps = kMlaQkDim / 16;    // 36 k16 steps of q.k.
 constexpr int kDimBlocks = kMlaQkDim / 64;  // 9 blocks of 64 dims (8 latent, 1 RoPE).
 
 template <KvCacheFormat kFormat, int kTile, int kStages>
@@ -112,18 +115,6 @@ __device__ __forceinline__ void Sts128(uint32_t addr, uint4 v) {
                "r"(v.z), "r"(v.w)
                : "memory");
 }
-__device__ __forceinline__ uint4 Lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint2 Lds64(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
 
 }  // namespace wg
 
@@ -142,11 +133,13 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   const uint32_t base = (smem_raw_addr + 1023u) & ~1023u;
   uint8_t* smem = smem_raw + (base - smem_raw_addr);
   const uint32_t q_smem = base + Cfg::kQOff, kv_smem = base + Cfg::kKvOff;
-  const uint32_t raw_smem = base + Cfg::kRawOff, sx_smem = base + Cfg::kSxOff;
+  const uint32_t raw_smem = base + Cfg::kRawOff;
   float* qscale = reinterpret_cast<float*>(smem + Cfg::kQScaleOff);
 
   const int tid = threadIdx.x, lane = tid & 31;
-  const int wgi = tid >> 7;               // warpgroup
+  // Warpgroup index, broadcast from lane 0 so the compiler knows it is warp-uniform and keeps the
+  // wgmma descriptors in uniform registers (as CUTLASS's canonical_warp_group_idx).
+  const int wgi = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int tw = tid & 127;               // thread in warpgroup
   const int wq = tw >> 5;                 // warp in warpgroup: rows 16wq .. 16wq + 15
   const int g = lane >> 2, c = lane & 3;  // accumulator row / column group
@@ -177,8 +170,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // 2k + g lies in 64-dim block k / 2 at byte 32 (2 (k % 2) + g) of the 128-B row.
   const wgmma::Desc dq = wgmma::Desc128B(q_smem + 32 * wgi, 16, 1024);
   const wgmma::Desc dk = wgmma::Desc128B(kv_smem + 32 * wgi, 16, 1024);
-  const wgmma::Desc dv = wgmma::Desc128B(kv_smem + 4 * wgi * Cfg::kKvBlockBytes,
-                                         Cfg::kKvBlockBytes, 1024);
+  const wgmma::Desc dv =
+      wgmma::Desc128B(kv_smem + 4 * wgi * Cfg::kKvBlockBytes, Cfg::kKvBlockBytes, 1024);
 
   for (int b = first_seq; b < p.batch && prefix[b] < cost_end; ++b) {
     const int seq_cost_begin = prefix[b], seq_cost_end = prefix[b + 1];
@@ -195,10 +188,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
         p.block_table + static_cast<size_t>(b) * p.max_blocks_per_seq;
     constexpr int kTilesPerBlock = kKvBlockTokens / kTile;
     auto tile_src = [&](int t) {  // kTile consecutive rows of one cache block: contiguous bytes
-      return p.kv_pool +
-             (static_cast<size_t>(blocks[t / kTilesPerBlock]) * kKvBlockTokens +
-              (t % kTilesPerBlock) * kTile) *
-                 Cfg::kRowBytes;
+      return p.kv_pool + (static_cast<size_t>(blocks[t / kTilesPerBlock]) * kKvBlockTokens +
+                          (t % kTilesPerBlock) * kTile) *
+                             Cfg::kRowBytes;
     };
     // Rows past the sequence's end are zero-filled (never stale NaN bytes).
     auto copy_operand = [&](int t, int buf) {  // bf16: straight into the swizzled operand tile
@@ -227,29 +219,45 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     // fp8: raw slot -> operand buffer: e4m3 -> f16 exactly, fp8_tiled's power-of-two tile scale
     // multiplied in (exact, see the top), fp8_tiled's bf16 RoPE -> f16.
     auto convert = [&](int slot, int buf) {
-      const uint32_t src = raw_smem + slot * Cfg::kRawBytes + ct * Cfg::kRowBytes;
-      const uint32_t dst = kv_smem + buf * Cfg::kKvBytes + op_off;
+      const uint8_t* src = smem + Cfg::kRawOff + slot * Cfg::kRawBytes + ct * Cfg::kRowBytes;
+      uint8_t* dst = smem + Cfg::kKvOff + buf * Cfg::kKvBytes + op_off;
+      uint4 v[kDimBlocks];
+#pragma unroll
+      for (int kb = 0; kb < kDimBlocks; ++kb) {  // all loads first (latency overlap)
+        if (kTiled && kb == 8) {
+          v[kb] = *reinterpret_cast<const uint4*>(src + kFp8TiledRopeOffset + cch * 16);
+        } else {
+          const uint2 e = *reinterpret_cast<const uint2*>(src + kb * 64 + cch * 8);
+          v[kb].x = e.x;
+          v[kb].y = e.y;
+        }
+      }
+      float sc[kFp8TilesPerRow];
+      if constexpr (kTiled) {
+        const float4 s4 = *reinterpret_cast<const float4*>(src + kFp8TiledScaleOffset);
+        sc[0] = s4.x;
+        sc[1] = s4.y;
+        sc[2] = s4.z;
+        sc[3] = s4.w;
+      }
 #pragma unroll
       for (int kb = 0; kb < kDimBlocks; ++kb) {
-        uint4 v;
+        uint4 w;
         if (kTiled && kb == 8) {
-          const uint4 r = Lds128(src + kFp8TiledRopeOffset + cch * 16);
-          v = make_uint4(Bf16x2ToF16x2(r.x), Bf16x2ToF16x2(r.y), Bf16x2ToF16x2(r.z),
-                         Bf16x2ToF16x2(r.w));
+          w = make_uint4(Bf16x2ToF16x2(v[kb].x), Bf16x2ToF16x2(v[kb].y), Bf16x2ToF16x2(v[kb].z),
+                         Bf16x2ToF16x2(v[kb].w));
         } else {
-          const uint2 e = Lds64(src + kb * 64 + cch * 8);
-          E4m3x4ToF16x2x2(e.x, v.x, v.y);
-          E4m3x4ToF16x2x2(e.y, v.z, v.w);
+          E4m3x4ToF16x2x2(v[kb].x, w.x, w.y);
+          E4m3x4ToF16x2x2(v[kb].y, w.z, w.w);
           if constexpr (kTiled) {
-            const __half2 s2 =
-                __float2half2_rn(ptx::LdsF32(src + kFp8TiledScaleOffset + 4 * (kb >> 1)));
-            v.x = HMul2(v.x, s2);
-            v.y = HMul2(v.y, s2);
-            v.z = HMul2(v.z, s2);
-            v.w = HMul2(v.w, s2);
+            const __half2 s2 = __float2half2_rn(sc[kb >> 1]);
+            w.x = HMul2(w.x, s2);
+            w.y = HMul2(w.y, s2);
+            w.z = HMul2(w.z, s2);
+            w.w = HMul2(w.w, s2);
           }
         }
-        Sts128(dst + kb * Cfg::kKvBlockBytes, v);
+        *reinterpret_cast<uint4*>(dst + kb * Cfg::kKvBlockBytes) = w;
       }
     };
 
@@ -320,10 +328,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     }
     // (Q and the first operand tile reach the async proxy through the loop's first fence.)
 
-    const int lim_lo =
-        min(row_lo < p.rows ? len - p.s_q + row_lo / p.heads : len - 1, tok_end - 1);
-    const int lim_hi =
-        min(row_hi < p.rows ? len - p.s_q + row_hi / p.heads : len - 1, tok_end - 1);
+    const int lim_lo = min(row_lo < p.rows ? len - p.s_q + row_lo / p.heads : len - 1, tok_end - 1);
+    const int lim_hi = min(row_hi < p.rows ? len - p.s_q + row_hi / p.heads : len - 1, tok_end - 1);
     const int lim_min = min(lim_lo, lim_hi);
 
     float o[128];
@@ -374,20 +380,20 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       wgmma::Wait<0>();
       wgmma::FenceRegs(s);
       // Exchange partials: float4 [warpgroup][4][128 threads].
+      float4* sx = reinterpret_cast<float4*>(smem + Cfg::kSxOff);
 #pragma unroll
       for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
-        Sts128(sx_smem + ((wgi * (kSRegs / 4) + q4) * 128 + tw) * 16,
-               make_uint4(__float_as_uint(s[4 * q4]), __float_as_uint(s[4 * q4 + 1]),
-                          __float_as_uint(s[4 * q4 + 2]), __float_as_uint(s[4 * q4 + 3])));
+        sx[(wgi * (kSRegs / 4) + q4) * 128 + tw] =
+            make_float4(s[4 * q4], s[4 * q4 + 1], s[4 * q4 + 2], s[4 * q4 + 3]);
       }
       __syncthreads();  // (2) both partials are in shared memory.
 #pragma unroll
       for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
-        const uint4 v = Lds128(sx_smem + (((1 - wgi) * (kSRegs / 4) + q4) * 128 + tw) * 16);
-        s[4 * q4] += __uint_as_float(v.x);
-        s[4 * q4 + 1] += __uint_as_float(v.y);
-        s[4 * q4 + 2] += __uint_as_float(v.z);
-        s[4 * q4 + 3] += __uint_as_float(v.w);
+        const float4 v = sx[((1 - wgi) * (kSRegs / 4) + q4) * 128 + tw];
+        s[4 * q4] += v.x;
+        s[4 * q4 + 1] += v.y;
+        s[4 * q4 + 2] += v.z;
+        s[4 * q4 + 3] += v.w;
       }
 
       // ---- Online softmax (log2 domain), identical in both warpgroups.
@@ -544,8 +550,7 @@ cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaS
   if (MlaDecodeWgmmaBlocksPerSm<kFormat, kTile, kStages>() == 0) {
     return cudaErrorInvalidConfiguration;
   }
-  MlaDecodeWgmmaKernel<kFormat, kTile, kStages>
-      <<<grid, wg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  MlaDecodeWgmmaKernel<kFormat, kTile, kStages><<<grid, wg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

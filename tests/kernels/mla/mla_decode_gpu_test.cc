@@ -25,10 +25,10 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
-#include "tests/kernels/device_buffer.h"
 #include "kernels/mla/kv_cache_format.h"
 #include "kernels/mla/mla_decode.h"
 #include "kernels/mla/mla_decode_ref.h"
+#include "tests/kernels/device_buffer.h"
 
 namespace mlaserve {
 namespace {
@@ -48,8 +48,8 @@ struct DecodeCase {
   KvCacheFormat format;
   int heads, s_q;
   std::vector<int32_t> lens;
-  int variant = -1;     // -1: the launcher's choice.
-  int max_workers = 0;  // 0: no cap.
+  int variant = -1;        // -1: the launcher's choice.
+  int max_workers = 0;     // 0: no cap.
   bool invariant = false;  // the batch-invariant schedule (for the longest sequence's length)
 };
 
@@ -113,8 +113,8 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   MlaDecodeRef(rp);
 
   const int invariant_len = c.invariant ? max_blocks * 64 : 0;
-  auto plan = PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant, c.max_workers,
-                            invariant_len);
+  auto plan =
+      PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant, c.max_workers, invariant_len);
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<uint8_t> d_pool(pool.size()), d_ws(plan->workspace_bytes);
   DeviceBuffer<int32_t> d_table(table.size()), d_lens(c.lens.size());
@@ -309,8 +309,9 @@ TEST(MlaDecodeGpuTest, InvariantScheduleDoesNotDependOnTheBatch) {
       for (int i = 0; i < S; ++i) {
         for (int t = 0; t < lens[i]; ++t) {
           RandomRow(rng, latent.data(), rope.data());
-          KvCacheEncodeRow(f, latent.data(), rope.data(), 0.05f,
-                           pool.data() + (static_cast<size_t>(first_block[i]) * 64 + t) * row_bytes);
+          KvCacheEncodeRow(
+              f, latent.data(), rope.data(), 0.05f,
+              pool.data() + (static_cast<size_t>(first_block[i]) * 64 + t) * row_bytes);
         }
       }
       std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -338,7 +339,8 @@ TEST(MlaDecodeGpuTest, InvariantScheduleDoesNotDependOnTheBatch) {
         auto plan = PlanMlaDecode(B, 1, heads, f, -1, 0, inv);
         EXPECT_TRUE(plan.ok()) << plan.status();
         DeviceBuffer<int32_t> d_table(table.size()), d_lens(blens.size());
-        DeviceBuffer<uint16_t> d_q(bq.size()), d_out(static_cast<size_t>(B) * heads * kMlaLatentDim);
+        DeviceBuffer<uint16_t> d_q(bq.size()),
+            d_out(static_cast<size_t>(B) * heads * kMlaLatentDim);
         DeviceBuffer<uint8_t> d_ws(plan.ok() ? plan->workspace_bytes : 1);
         d_table.Upload(table);
         d_lens.Upload(blens);
@@ -369,8 +371,8 @@ TEST(MlaDecodeGpuTest, InvariantScheduleDoesNotDependOnTheBatch) {
         }
         return by_id;
       };
-      std::vector<std::vector<int>> batches = {{0, 1, 2, 3, 4, 5, 6, 7}, {7, 6, 5, 4, 3, 2, 1, 0},
-                                               {3, 0}, {5, 1, 0, 6}, {4, 2}};
+      std::vector<std::vector<int>> batches = {
+          {0, 1, 2, 3, 4, 5, 6, 7}, {7, 6, 5, 4, 3, 2, 1, 0}, {3, 0}, {5, 1, 0, 6}, {4, 2}};
       std::vector<int> forty;
       for (int i = 0; i < 40; ++i) forty.push_back((i * 5 + 3) % S);
       batches.push_back(forty);
