@@ -22,9 +22,9 @@ fi
 if [ -n "${TUNE:-}" ]; then
   # Every variant on a subset, then the full sweep per (format, heads) with the variant that had
   # the highest mean fraction of copy bandwidth on the subset (written to tuned.txt).
-  timeout 60 $D/mla_decode_bench --batch 64 --context 32768 --variant 0,1 \
+  timeout 60 $D/mla_decode_bench --batch 64 --context 32768 --variant 0,1,2 \
     > $OUT/variants.csv 2>> $OUT/bench.log; echo "variant sweep rc=$?"
-  timeout 60 $D/mla_decode_bench --batch 1 --context 131072 --variant 0,1 \
+  timeout 60 $D/mla_decode_bench --batch 1 --context 131072 --variant 0,1,2 \
     2>> $OUT/bench.log | tail -n +2 >> $OUT/variants.csv; echo "variant sweep 2 rc=$?"
   python3 - $OUT/variants.csv > $OUT/tuned.txt <<'PY'
 import csv, sys, collections
@@ -36,7 +36,7 @@ for (f, h, v), xs in acc.items():
     m = sum(xs) / len(xs)
     if (f, h) not in best or m > best[(f, h)][1]:
         best[(f, h)] = (v, m)
-names = ["sliced_tile32_shallow", "sliced_tile32_deep"]  # variant indices (mla_decode.cc)
+names = ["sliced_tile32_shallow", "sliced_tile32_deep", "wgmma_rows64_tile32"]  # variant indices (mla_decode.cc)
 for (f, h), (v, m) in sorted(best.items()):
     print(f, h, names.index(v), v, f"{m:.3f}")
 PY
