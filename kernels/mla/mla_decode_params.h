@@ -51,6 +51,21 @@ struct MlaDecodeKernelParams {
   float* __restrict__ lse_part;    // [num_workers + batch, rows]: their log2-sum-exp (log2 units)
 };
 
+// Resident blocks per SM of a split-decode kernel with `smem_bytes` of dynamic shared memory
+// (after opting in to that much); 0 when the opt-in or the query fails.
+inline int DecodeKernelBlocksPerSm(const void* kernel, int threads, int smem_bytes) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) !=
+      cudaSuccess) {
+    return 0;
+  }
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes) !=
+      cudaSuccess) {
+    return 0;
+  }
+  return n;
+}
+
 // Warp-sliced split decode kernel (mla_decode_sliced.cuh): 16 query rows per block, kTile KV
 // tokens per stage, kStages-deep cp.async ring per warp.
 template <KvCacheFormat kFormat, int kTile, int kStages>

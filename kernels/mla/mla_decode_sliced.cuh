@@ -677,19 +677,9 @@ __global__ void __launch_bounds__(sliced::kThreads,
 template <KvCacheFormat kFormat, int kTile, int kStages>
 int MlaDecodeSlicedBlocksPerSm() {
   using Cfg = sliced::Config<kFormat, kTile, kStages>;
-  static const int blocks = [] {
-    auto kernel = MlaDecodeSlicedKernel<kFormat, kTile, kStages>;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Cfg::kSmemBytes) != cudaSuccess) {
-      return 0;
-    }
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, sliced::kThreads,
-                                                      Cfg::kSmemBytes) != cudaSuccess) {
-      return 0;
-    }
-    return n;
-  }();
+  static const int blocks = DecodeKernelBlocksPerSm(
+      reinterpret_cast<const void*>(&MlaDecodeSlicedKernel<kFormat, kTile, kStages>),
+      sliced::kThreads, Cfg::kSmemBytes);
   return blocks;
 }
 

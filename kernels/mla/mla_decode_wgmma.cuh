@@ -529,17 +529,9 @@ int MlaDecodeWgmmaBlocksPerSm() {
         major != 9 || minor != 0) {
       return 0;
     }
-    auto kernel = MlaDecodeWgmmaKernel<kFormat, kTile, kStages>;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Cfg::kSmemBytes) != cudaSuccess) {
-      return 0;
-    }
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, wg::kThreads, Cfg::kSmemBytes) !=
-        cudaSuccess) {
-      return 0;
-    }
-    return n;
+    return DecodeKernelBlocksPerSm(
+        reinterpret_cast<const void*>(&MlaDecodeWgmmaKernel<kFormat, kTile, kStages>), wg::kThreads,
+        Cfg::kSmemBytes);
   }();
   return blocks;
 }
