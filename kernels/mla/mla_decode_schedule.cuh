@@ -1,8 +1,8 @@
 // The split decode kernels' in-kernel schedule (MlaDecodeScheduleKernel's arithmetic, for batches
 // up to kInlineScheduleMaxBatch): the cost prefix over sequences and the per-worker share, computed
 // by every block of the split kernel into shared memory (block 0 also stores it for the combine
-// kernel), and the search for a worker's first sequence. Shared by mla_decode_sliced.cuh and
-// mla_decode_wgmma.cuh.
+// kernel), the search for a worker's first sequence and a sequence's piece of a worker's range.
+// Shared by mla_decode_sliced.cuh and mla_decode_wgmma.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -76,6 +76,28 @@ __device__ __forceinline__ int FirstSequence(const int32_t* prefix, int batch, i
       hi = mid - 1;
   }
   return lo;
+}
+
+// Sequence b's piece of a worker's cost range [cost_begin, cost_end): its tokens [tok_begin,
+// tok_end) (the range's 16-token units after the sequence's fixed cost) and whether the worker
+// holds the whole sequence (it then writes the output itself, else a partial for the combine).
+struct SeqPiece {
+  int len, tok_begin, tok_end;
+  bool whole;
+};
+__device__ __forceinline__ SeqPiece PieceOfSequence(const MlaDecodeKernelParams& p,
+                                                    const int32_t* prefix, int b, int cost_begin,
+                                                    int cost_end) {
+  const int seq_cost_begin = prefix[b], seq_cost_end = prefix[b + 1];
+  SeqPiece s;
+  s.len = p.seq_lens[b];
+  const int ncost = (s.len + kCostTokens - 1) / kCostTokens;
+  const int local_begin = max(cost_begin, seq_cost_begin) - seq_cost_begin;
+  const int local_end = min(cost_end, seq_cost_end) - seq_cost_begin;
+  s.tok_begin = min(max(local_begin - kSeqFixedCost, 0), ncost) * kCostTokens;
+  s.tok_end = min(min(max(local_end - kSeqFixedCost, 0), ncost) * kCostTokens, s.len);
+  s.whole = seq_cost_begin >= cost_begin && seq_cost_end <= cost_end;
+  return s;
 }
 
 }  // namespace mlaserve::mla

@@ -174,16 +174,11 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       wgmma::Desc128B(kv_smem + 4 * wgi * Cfg::kKvBlockBytes, Cfg::kKvBlockBytes, 1024);
 
   for (int b = first_seq; b < p.batch && prefix[b] < cost_end; ++b) {
-    const int seq_cost_begin = prefix[b], seq_cost_end = prefix[b + 1];
-    const int len = p.seq_lens[b];
-    const int ncost = (len + kCostTokens - 1) / kCostTokens;
-    const int local_begin = max(cost_begin, seq_cost_begin) - seq_cost_begin;
-    const int local_end = min(cost_end, seq_cost_end) - seq_cost_begin;
-    const int tok_begin = min(max(local_begin - kSeqFixedCost, 0), ncost) * kCostTokens;
-    const int tok_end = min(min(max(local_end - kSeqFixedCost, 0), ncost) * kCostTokens, len);
+    const SeqPiece piece = PieceOfSequence(p, prefix, b, cost_begin, cost_end);
+    const int len = piece.len, tok_begin = piece.tok_begin, tok_end = piece.tok_end;
+    const bool whole = piece.whole;
     const int t_begin = tok_begin / kTile;
     const int n_tiles = tok_end > tok_begin ? (tok_end + kTile - 1) / kTile - t_begin : 0;
-    const bool whole = seq_cost_begin >= cost_begin && seq_cost_end <= cost_end;
     const int32_t* __restrict__ blocks =
         p.block_table + static_cast<size_t>(b) * p.max_blocks_per_seq;
     constexpr int kTilesPerBlock = kKvBlockTokens / kTile;
