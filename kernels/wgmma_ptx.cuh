@@ -71,6 +71,17 @@ __device__ __forceinline__ void FenceRegs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Keeps registers live, and unmodified by anything else, up to this point: after the
+// wgmma.wait_group that retires the last wgmma reading them as A (their writes before that are
+// undefined behaviour, and the compiler would otherwise treat them as dead after the wgmma).
+template <int N>
+__device__ __forceinline__ void UseRegs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
 // Accumulator operand lists of the shapes below (generated; 16 and 128 fp32 registers).
 #define MLASERVE_WGMMA_D16                                               \
   "{"                                                                    \
@@ -154,6 +165,82 @@ __device__ __forceinline__ void WgmmaM64N256K16RSTransB(float (&d)[128], const u
     MLASERVE_WGMMA_M64N256K16_RS_TRANS_B("f16");
   } else {
     MLASERVE_WGMMA_M64N256K16_RS_TRANS_B("bf16");
+  }
+#endif
+}
+
+// Accumulator operand lists of m64n64 (32 fp32 registers) and m64n128 (64).
+#define MLASERVE_WGMMA_D32                                                         \
+  "{"                                                                              \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "         \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  "}"
+#define MLASERVE_WGMMA_D32_OUT                                                                    \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define MLASERVE_WGMMA_D64                                                           \
+  "{"                                                                                \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"   \
+  "}"
+#define MLASERVE_WGMMA_D64_OUT                                                                    \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),  \
+      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),  \
+      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),  \
+      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+// D[64 x 128] (+)= A[64 x 16] * B[16 x 128], A from registers (mma.m16n8k16 A layout per warp),
+// B from shared memory, K-major (imm-trans-b = 0): B[k][j] is element k of row j of a
+// [128 rows][16-bit K] array, e.g. the activation rows of the weight-only MoE GEMM.
+#define MLASERVE_WGMMA_M64N128K16_RS(T)                                              \
+  asm volatile(                                                                      \
+      "{\n .reg .pred p;\n .reg .b64 db;\n setp.ne.b32 p, %70, 0;\n"                 \
+      " mov.b64 db, {%68, %69};\n"                                                   \
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " " MLASERVE_WGMMA_D64 \
+      ", {%64, %65, %66, %67}, db, p, 1, 1, 0;\n}\n"                                 \
+      : MLASERVE_WGMMA_D64_OUT                                                       \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b_lo), "r"(b_hi), "r"(accumulate))
+template <bool kF16>
+__device__ __forceinline__ void WgmmaM64N128K16RS(float (&d)[64], const uint32_t (&a)[4],
+                                                  uint32_t b_lo, uint32_t b_hi, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kF16) {
+    MLASERVE_WGMMA_M64N128K16_RS("f16");
+  } else {
+    MLASERVE_WGMMA_M64N128K16_RS("bf16");
+  }
+#endif
+}
+
+// D[64 x 64] (+)= A[64 x 16] * B[16 x 64], A from registers (mma.m16n8k16 A layout per warp),
+// B from shared memory, K-major (imm-trans-b = 0): B[k][j] is element k of row j of a
+// [64 rows][16-bit K] array, e.g. the activation rows of the weight-only MoE GEMM.
+#define MLASERVE_WGMMA_M64N64K16_RS(T)                                              \
+  asm volatile(                                                                     \
+      "{\n .reg .pred p;\n .reg .b64 db;\n setp.ne.b32 p, %38, 0;\n"                \
+      " mov.b64 db, {%36, %37};\n"                                                  \
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MLASERVE_WGMMA_D32 \
+      ", {%32, %33, %34, %35}, db, p, 1, 1, 0;\n}\n"                                \
+      : MLASERVE_WGMMA_D32_OUT                                                      \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b_lo), "r"(b_hi), "r"(accumulate))
+template <bool kF16>
+__device__ __forceinline__ void WgmmaM64N64K16RS(float (&d)[32], const uint32_t (&a)[4],
+                                                 uint32_t b_lo, uint32_t b_hi, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kF16) {
+    MLASERVE_WGMMA_M64N64K16_RS("f16");
+  } else {
+    MLASERVE_WGMMA_M64N64K16_RS("bf16");
   }
 #endif
 }

@@ -159,10 +159,7 @@ int main(int argc, char** argv) {
   std::vector<int> prefill_tokens = {2048, 8192, 32768};
   if (quick) prefill_tokens = {2048};
   if (decode_only) prefill_tokens = {};
-  if (prefill_only) {
-    decode_tokens = {};
-    prefill_tokens = {8192};
-  }
+  if (prefill_only) decode_tokens = {};
   if (int4) {
     configs = {{"ep8_48_of_384", 384, 48, Format::kNvfp4}, {"ep8_48_of_384", 384, 48, Format::kInt4}};
     if (!prefill_only) decode_tokens = {1, 8, 64, 256};
@@ -391,6 +388,14 @@ int main(int argc, char** argv) {
                        : InvokeNvfp4Moe(p_few, s));
         });
       }
+      // Prefill tiles (NVFP4) on the mma.sync kernel, against the default (the SM90 wgmma kernel
+      // where the device has it, moe_weight_only_wgmma.cuh): the layer, plain launches.
+      double us_mma = 0;
+      if (!is_fp8 && !is_int4 && p.tile_tokens == kMoeTileTokensLarge) {
+        Nvfp4MoeParams p_mma = plain;
+        p_mma.prefill_wgmma = false;
+        us_mma = time_layer([&] { CK(InvokeNvfp4Moe(p_mma, s)); });
+      }
       double us_graph = 0;
       if (decode) {
         cudaGraph_t graph;
@@ -411,12 +416,14 @@ int main(int argc, char** argv) {
       const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
       std::printf(
           "%-16s %5s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
-          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s\n",
+          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s| mma.sync %8.1f us "
+          "%6.1f TF\n",
           c.name, is_fp8 ? "fp8" : is_int4 ? "int4" : "nvfp4", tokens, p.tile_tokens, active, rows, Median(t_disp),
           Median(t_gu), Median(t_dn), Median(t_comb), us_total, us_plain, us_layer, us_graph,
           bytes / (us_layer * 1e-6) / 1e9, pct(us_total), pct(us_layer), pct(us_graph), tflops,
           flop_per_row * rows / (us_layer * 1e-6) / 1e12, us_few, pct(us_few),
-          few_auto ? "(auto)" : "");
+          few_auto ? "(auto) " : "", us_mma,
+          us_mma > 0 ? flop_per_row * rows / (us_mma * 1e-6) / 1e12 : 0.0);
       std::fflush(stdout);
       CK(cudaFree(ws));
       CK(cudaFree(d_ids));
@@ -437,7 +444,9 @@ int main(int argc, char** argv) {
       "launches (programmatic for tokens * top_k <= 256 in decode); graph = that call replayed as "
       "a CUDA graph (decode only); few: the layer call with the few-expert kernel "
       "(moe_few_expert_gemm.cuh) for both GEMMs (16-token tiles only), (auto) where "
-      "InvokeMoeExperts picks it. GB/s: weight bytes of the active experts (codes + scales) / "
+      "InvokeMoeExperts picks it; mma.sync: the layer (plain launches) with 128-token tiles on "
+      "the mma.sync kernel instead of the default (SM90: wgmma, moe_weight_only_wgmma.cuh), and "
+      "its TFLOP/s. GB/s: weight bytes of the active experts (codes + scales) / "
       "layer time; %%stage, %%layer, %%graph: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 "
       "* H * I / (gate_up + down time); TF_layer: the same over the layer time.\n");
   return 0;

@@ -527,6 +527,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     np.workspace = ws.core;
     np.workspace_bytes = ws.core_bytes;
     np.few_expert = few_expert;
+    np.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeNvfp4Moe(np, stream); e != cudaSuccess) {
       return CudaStatus(e, "NVFP4 experts");
     }

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/moe/moe_weight_only_gemm.cuh"
+#include "kernels/moe/moe_weight_only_wgmma.cuh"
 #include "kernels/moe/nvfp4_moe_gemm.h"
 
 namespace mlaserve::moe_gemm {
@@ -59,8 +60,20 @@ struct Nvfp4Format : FourBitLanes {
   }
 };
 
+// Prefill tiles on SM90: the wgmma kernel with 256 weight rows a block (two warpgroups of two
+// 64-row m-blocks) where it applies; the mma.sync tile kernel otherwise.
+inline constexpr int kWgmmaPrefillMBlocks = 2;
+
 template <bool kGateUp, int kTileTokens>
 cudaError_t Launch(const Nvfp4MoeGemmParams& p, cudaStream_t stream) {
+  if constexpr (kTileTokens == kMoeTileTokensLarge) {
+    cudaError_t err = cudaSuccess;
+    if (p.prefill_wgmma &&
+        LaunchWeightOnlyMoeGemmWgmma<Nvfp4Format, kGateUp, kWgmmaPrefillMBlocks>(p, stream,
+                                                                                &err)) {
+      return err;
+    }
+  }
   return LaunchWeightOnlyMoeGemm<Nvfp4Format, kGateUp, kTileTokens>(p, stream);
 }
 

@@ -1,5 +1,6 @@
 // NVFP4 weight-only grouped GEMMs of the routed experts (bf16 activations, NVFP4 weights
-// dequantized in registers, mma.sync m16n8k16 bf16 with fp32 accumulation; SM80 through SM120).
+// dequantized in registers, mma.sync m16n8k16 bf16 with fp32 accumulation; SM80 through SM120;
+// on SM90 the 128-token prefill tiles run on warpgroup MMA, moe_weight_only_wgmma.cuh).
 //
 // Rows are expert-grouped assignments (token, slot) made by InvokeMoeDispatch: rows
 // expert_offsets[e] .. expert_offsets[e+1]-1 belong to local expert e, in ascending assignment
@@ -59,6 +60,10 @@ struct Nvfp4MoeGemmParams {
   // 16-token tiles: run FewExpertMoeGemmKernel (moe_few_expert_gemm.cuh) instead of the tile
   // kernel (moe_few_expert.h says when each is faster).
   bool few_expert;
+  // 128-token tiles: run WeightOnlyMoeGemmWgmmaKernel (moe_weight_only_wgmma.cuh) where the
+  // device is SM 9.0 and n is a multiple of 256; false keeps the mma.sync kernel, whose K order
+  // is the decode tiles' (the batch-invariant mode needs that).
+  bool prefill_wgmma;
 };
 
 // Fused gate+up projection with SiLU(gate) * up in the epilogue.

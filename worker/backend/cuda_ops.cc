@@ -1142,6 +1142,7 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
   p.out = out.data<void>();
   p.decode_kernel = impl_->moe_few_expert && !impl_->batch_invariant ? MoeDecodeKernel::kAuto
                                                                        : MoeDecodeKernel::kTile;
+  p.prefill_wgmma = !impl_->batch_invariant;
   p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
   p.workspace = impl_->ArenaAlloc(p.workspace_bytes);
   MLASERVE_SKIP_IF_FAILED();

@@ -411,8 +411,20 @@ TEST(MoeGpuTest, GroupedGemmsMatchCpuForEveryTileSize) {
   const Experts x = MakeExperts(hidden, inter, E, 5);
   const DeviceExperts dx(x);
   std::mt19937 rng(6);
+  // Every tile size on the mma.sync kernel, and the 128-token tiles also on the SM90 wgmma kernel
+  // (moe_weight_only_wgmma.cuh; on other devices that run repeats the mma.sync one). 300 tokens
+  // with a hot expert give full 128-row tiles and last tiles of <= 64 rows (its m64n64 path).
+  struct TileRun {
+    int tile;
+    bool wgmma;
+  };
+  const TileRun runs[] = {{kMoeTileTokensSmall, false},
+                          {kMoeTileTokensMedium, false},
+                          {kMoeTileTokensLarge, false},
+                          {kMoeTileTokensLarge, true}};
   for (int tokens : {1, 7, 300}) {
-    for (int tile : {kMoeTileTokensSmall, kMoeTileTokensMedium, kMoeTileTokensLarge}) {
+    for (const TileRun& run : runs) {
+      const int tile = run.tile;
       const std::vector<int32_t> ids = RandomIds(tokens, top_k, E, rng, tokens == 300 ? 3 : -1);
       std::vector<float> w(ids.size());
       std::uniform_real_distribution<float> ud(0.1f, 1.0f);
@@ -429,6 +441,7 @@ TEST(MoeGpuTest, GroupedGemmsMatchCpuForEveryTileSize) {
       p.tokens = tokens;
       p.top_k = top_k;
       p.tile_tokens = tile;
+      p.prefill_wgmma = run.wgmma;
       p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.p);
       p.topk_ids = d_ids.p;
       p.topk_weights = d_w.p;
@@ -483,9 +496,10 @@ TEST(MoeGpuTest, GroupedGemmsMatchCpuForEveryTileSize) {
       // down: inputs identical (the GPU's h), weights exact in bf16: only fp32 summation
       // differs from the fp64 reference, ~sqrt(K) * 2^-24. Bound 1e-5.
       const double e_y = RelErr(y, y_ref);
-      EXPECT_LT(e_h, 3e-3) << "tokens " << tokens << " tile " << tile;
-      EXPECT_LT(e_y, 1e-5) << "tokens " << tokens << " tile " << tile;
-      std::printf("gemms tokens %d tile %d: rel err h %.2e, y %.2e\n", tokens, tile, e_h, e_y);
+      EXPECT_LT(e_h, 3e-3) << "tokens " << tokens << " tile " << tile << " wgmma " << run.wgmma;
+      EXPECT_LT(e_y, 1e-5) << "tokens " << tokens << " tile " << tile << " wgmma " << run.wgmma;
+      std::printf("gemms tokens %d tile %d%s: rel err h %.2e, y %.2e\n", tokens, tile,
+                  run.wgmma ? " (wgmma)" : "", e_h, e_y);
     }
   }
 }
@@ -641,14 +655,16 @@ TEST(MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
   const Experts x = MakeExperts(hidden, inter, E, 44);
   const DeviceExperts dx(x);
   std::mt19937 rng(12);
-  const std::vector<int32_t> ids = RandomIds(tokens, K, E, rng);
+  // Every token picks expert 5: its 96 rows fill a tile past 64 rows (the wgmma kernel's m64n128
+  // path) while a token alone is a one-row tile (m64n64).
+  const std::vector<int32_t> ids = RandomIds(tokens, K, E, rng, /*hot=*/5);
   std::vector<float> w(ids.size());
   std::uniform_real_distribution<float> ud(0.1f, 1.0f);
   for (float& v : w) v = ud(rng);
   const std::vector<uint16_t> xb = RandomBf16(static_cast<size_t>(tokens) * hidden, rng, 1.0f);
   // Runs a batch given as a list of token indices of the base batch.
   // Explicit stream, as in serving: programmatic launches (sm_90+) for small decode batches.
-  auto run = [&](const std::vector<int>& order, int tile) {
+  auto run = [&](const std::vector<int>& order, int tile, bool wgmma = false) {
     const int n = static_cast<int>(order.size());
     std::vector<uint16_t> bx(static_cast<size_t>(n) * hidden);
     std::vector<int32_t> bids(static_cast<size_t>(n) * K);
@@ -669,6 +685,7 @@ TEST(MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
     p.tokens = n;
     p.top_k = K;
     p.tile_tokens = tile;
+    p.prefill_wgmma = wgmma;
     p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.p);
     p.topk_ids = d_ids.p;
     p.topk_weights = d_w.p;
@@ -685,6 +702,7 @@ TEST(MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
   };
   std::vector<int> base(tokens);
   for (int i = 0; i < tokens; ++i) base[i] = i;
+  // The mma.sync kernel at every tile size (the batch-invariant mode's path).
   const std::vector<float> ref = run(base, kMoeTileTokensLarge);
   std::vector<int> shuffled = base;
   std::shuffle(shuffled.begin(), shuffled.end(), rng);
@@ -706,6 +724,19 @@ TEST(MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
               0)
         << "token " << few[i];
   }
+  // The wgmma prefill kernel (SM90; elsewhere this repeats the mma.sync runs): a token's bits do
+  // not depend on the other rows of its tiles, their order, or whether its tile runs m64n128 or
+  // m64n64 (a token alone has a tile of one row per expert).
+  const std::vector<float> wref = run(base, kMoeTileTokensLarge, true);
+  const std::vector<float> wsh = run(shuffled, kMoeTileTokensLarge, true);
+  for (int i = 0; i < tokens; ++i) {
+    ASSERT_EQ(std::memcmp(wsh.data() + static_cast<size_t>(i) * hidden,
+                          wref.data() + static_cast<size_t>(shuffled[i]) * hidden, hidden * 4),
+              0)
+        << "wgmma, token " << shuffled[i];
+  }
+  const std::vector<float> wone = run({17}, kMoeTileTokensLarge, true);
+  EXPECT_EQ(std::memcmp(wone.data(), wref.data() + 17 * hidden, hidden * 4), 0) << "wgmma alone";
 }
 
 }  // namespace
