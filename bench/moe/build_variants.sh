@@ -24,6 +24,10 @@ build D8W "$D" -DMLASERVE_MOE_DECODE_WARPS_M=8 -DMLASERVE_MOE_DECODE_MIN_BLOCKS=
 # Prefill: 3 stages with the 8 x 1 warp layout (all_256 / 8192 tokens, 2026-11-29: 271.0 GEMM
 # TFLOP/s against 269.2 for the default, within noise).
 build P3S "$P" -DMLASERVE_MOE_PREFILL_STAGES=3
+# The SM90 wgmma prefill kernel (moe_weight_only_wgmma.cuh; the default column of --prefill):
+# 128-row blocks, two an SM, instead of 256-row blocks, one an SM; 7 stages instead of 5.
+build W1 "$P" -DMLASERVE_MOE_WGMMA_MBLOCKS=1
+build W7 "$P" -DMLASERVE_MOE_WGMMA_STAGES=7
 # FP8 decode (fp8_moe_gemm.cuh; run with --fp8 --decode): K step 128 with 3 stages (16 KB of codes
 # a stage, 60 KB of shared memory); the bit-manipulation e4m3 decode instead of the cvt path (is
 # the cvt path bound by the conversion pipe?). Neither measured yet.

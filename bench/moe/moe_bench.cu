@@ -388,13 +388,15 @@ int main(int argc, char** argv) {
                        : InvokeNvfp4Moe(p_few, s));
         });
       }
-      // Prefill tiles (NVFP4) on the mma.sync kernel, against the default (the SM90 wgmma kernel
+      // Prefill tiles (NVFP4, INT4) on the mma.sync kernel, against the default (the SM90 wgmma kernel
       // where the device has it, moe_weight_only_wgmma.cuh): the layer, plain launches.
       double us_mma = 0;
-      if (!is_fp8 && !is_int4 && p.tile_tokens == kMoeTileTokensLarge) {
+      if (!is_fp8 && p.tile_tokens == kMoeTileTokensLarge) {
         Nvfp4MoeParams p_mma = plain;
-        p_mma.prefill_wgmma = false;
-        us_mma = time_layer([&] { CK(InvokeNvfp4Moe(p_mma, s)); });
+        Int4MoeParams q_mma = q_plain;
+        p_mma.prefill_wgmma = q_mma.prefill_wgmma = false;
+        us_mma = time_layer(
+            [&] { CK(is_int4 ? InvokeInt4Moe(q_mma, s) : InvokeNvfp4Moe(p_mma, s)); });
       }
       double us_graph = 0;
       if (decode) {

@@ -44,6 +44,9 @@ struct Int4MoeParams {
   size_t workspace_bytes;
   // 16-token tiles: both GEMMs on the few-expert kernel (moe_few_expert.h).
   bool few_expert;
+  // 128-token tiles on the SM90 warpgroup-MMA kernel where the device has it (as
+  // Nvfp4MoeParams::prefill_wgmma; false: the mma.sync kernel, bit-identical to decode tiles).
+  bool prefill_wgmma = true;
 };
 
 // Each stage alone, launched plainly; InvokeInt4Moe runs all four.

@@ -19,6 +19,7 @@
 #include "kernels/moe/int4_moe_gemm.h"
 #include "kernels/moe/int4_moe_layout.h"
 #include "kernels/moe/moe_weight_only_gemm.cuh"
+#include "kernels/moe/moe_weight_only_wgmma.cuh"
 
 namespace mlaserve::moe_gemm {
 
@@ -61,8 +62,17 @@ struct Int4Format : FourBitLanes {
   static __device__ __forceinline__ float DownAlpha(const Params&, int) { return 1.0f; }
 };
 
+// Prefill tiles on SM90: the wgmma kernel (moe_weight_only_wgmma.cuh, 256 weight rows a block)
+// where it applies, as NVFP4; the mma.sync tile kernel otherwise.
 template <bool kGateUp, int kTileTokens>
 cudaError_t Launch(const Int4MoeGemmParams& p, cudaStream_t stream) {
+  if constexpr (kTileTokens == kMoeTileTokensLarge) {
+    cudaError_t err = cudaSuccess;
+    if (p.prefill_wgmma &&
+        LaunchWeightOnlyMoeGemmWgmma<Int4Format, kGateUp, kWgmmaPrefillMBlocks>(p, stream, &err)) {
+      return err;
+    }
+  }
   return LaunchWeightOnlyMoeGemm<Int4Format, kGateUp, kTileTokens>(p, stream);
 }
 

@@ -554,6 +554,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     ip.workspace = ws.core;
     ip.workspace_bytes = ws.core_bytes;
     ip.few_expert = few_expert;
+    ip.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeInt4Moe(ip, stream); e != cudaSuccess) {
       return CudaStatus(e, "INT4 experts");
     }

@@ -1,7 +1,8 @@
 // The prefill (128-token tile) weight-only grouped GEMM of the routed experts on SM90a warpgroup
-// MMA (wgmma). Same function, inputs, tiles and epilogues as WeightOnlyMoeGemmKernel
-// (moe_weight_only_gemm.cuh), which stays the path on every other architecture, for decode tiles,
-// and in the batch-invariant mode (the two paths add a row's products in different orders).
+// MMA (wgmma), for the 4-bit formats (NVFP4, INT4: FourBitLanes). Same function, inputs, tiles and
+// epilogues as WeightOnlyMoeGemmKernel (moe_weight_only_gemm.cuh), which stays the path on every
+// other architecture, for decode tiles, and in the batch-invariant mode (the two paths add a row's
+// products in different orders).
 //
 // Why: the mma.sync kernel reaches ~300 GEMM TFLOP/s at 8k-32k tokens (bench/RESULTS.md, issue 4),
 // 0.70-0.89x a cuBLAS BF16 grouped peer. Its 8 warps each read all 128 activation rows of a stage
@@ -43,6 +44,14 @@
 
 namespace mlaserve::moe_gemm {
 
+// Tuning knobs (bench/moe/build_variants.sh builds moe_bench with others).
+#ifndef MLASERVE_MOE_WGMMA_STAGES
+#define MLASERVE_MOE_WGMMA_STAGES 5
+#endif
+#ifndef MLASERVE_MOE_WGMMA_MBLOCKS
+#define MLASERVE_MOE_WGMMA_MBLOCKS 2
+#endif
+
 template <int kMT_>
 struct WgmmaTileConfig {
   static constexpr int kMT = kMT_;          // 64-row m-blocks per warpgroup
@@ -50,10 +59,10 @@ struct WgmmaTileConfig {
   static constexpr int kBM = 2 * 64 * kMT;  // weight rows per block
   static constexpr int kBN = 128;           // tokens per tile (kMoeTileTokensLarge)
   static constexpr int kBK = 64;            // one layout chunk (16 x 64) per stage
-  static constexpr int kStages = 5;
-  static constexpr int kTiles16 = kBM / 16;                   // 16-row layout tiles
-  static constexpr int kXBytes = kBN * kBK * 2;               // 16 KB, 128-B rows
-  static constexpr int kCodeBytes = kTiles16 * 512;           // 4-bit layouts' chunk bytes
+  static constexpr int kStages = MLASERVE_MOE_WGMMA_STAGES;
+  static constexpr int kTiles16 = kBM / 16;          // 16-row layout tiles
+  static constexpr int kXBytes = kBN * kBK * 2;      // 16 KB, 128-B rows
+  static constexpr int kCodeBytes = kTiles16 * 512;  // 4-bit layouts' chunk bytes
   static constexpr int kScaleBytes = kTiles16 * 64;
   static constexpr int kStageBytes = (kXBytes + kCodeBytes + kScaleBytes + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + base alignment slack
@@ -66,12 +75,20 @@ struct WgmmaTileConfig {
   static_assert(kSmemBytes <= 227 * 1024, "H100/H200: 227 KB per block");
 };
 
+// The m-blocks per warpgroup of the launched instantiations: 256 weight rows a block, so each
+// 16-KB activation stage serves 256 x 128 x 64 multiply-adds (L2 traffic of the re-read
+// activations half that of 128-row blocks); 216 registers, one block per SM. (1: 128 rows, two
+// blocks per SM.)
+inline constexpr int kWgmmaPrefillMBlocks = MLASERVE_MOE_WGMMA_MBLOCKS;
+
 // Mainloop and epilogue for kN (128 or 64) token columns; the kernel below picks kN per tile.
 template <class Format, bool kGateUp, int kMT, int kN>
 __device__ __forceinline__ void WgmmaTileBody(const typename Format::Params& p, uint8_t* smem,
                                               uint32_t smem_addr, int e, int row_begin,
                                               int row_end) {
   using Cfg = WgmmaTileConfig<kMT>;
+  static_assert(Format::kChunkCodeBytes == 512 && Format::kChunkScaleBytes == 64,
+                "the 4-bit layouts' 16 x 64 chunks (FourBitLanes)");
   constexpr int kStages = Cfg::kStages;
   constexpr int kAcc = kN / 2;  // fp32 accumulators per thread per m-block
   const int tid = threadIdx.x, lane = tid & 31;
@@ -119,12 +136,14 @@ __device__ __forceinline__ void WgmmaTileBody(const typename Format::Params& p, 
       const int c = tid + i * Cfg::kThreads;
       const int t16 = c >> 5, within = c & 31;
       ptx::CpAsync16(s_codes + c * 16,
-                     codes_g + (static_cast<size_t>(t16) * k_chunks + kt) * 512 + within * 16, true);
+                     codes_g + (static_cast<size_t>(t16) * k_chunks + kt) * 512 + within * 16,
+                     true);
     }
     if (tid < Cfg::kScaleCopies) {
       const int t16 = tid >> 2, within = tid & 3;
       ptx::CpAsync16(s_scales + tid * 16,
-                     scales_g + (static_cast<size_t>(t16) * k_chunks + kt) * 64 + within * 16, true);
+                     scales_g + (static_cast<size_t>(t16) * k_chunks + kt) * 64 + within * 16,
+                     true);
     }
   };
 
@@ -242,7 +261,7 @@ __device__ __forceinline__ void WgmmaTileBody(const typename Format::Params& p, 
 
 // Grid: (n / kBM weight-row blocks, max_tiles row tiles), as WeightOnlyMoeGemmKernel.
 template <class Format, bool kGateUp, int kMT>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(256, kMT == 1 ? 2 : 1)
     WeightOnlyMoeGemmWgmmaKernel(const typename Format::Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = WgmmaTileConfig<kMT>;
@@ -318,8 +337,8 @@ bool LaunchWeightOnlyMoeGemmWgmma(const typename Format::Params& p, cudaStream_t
     return false;
   }
   *err = pdl::LaunchKernel(WeightOnlyMoeGemmWgmmaKernel<Format, kGateUp, kMT>,
-                           dim3(p.n / Cfg::kBM, p.max_tiles), dim3(Cfg::kThreads),
-                           Cfg::kSmemBytes, stream, p.programmatic, p);
+                           dim3(p.n / Cfg::kBM, p.max_tiles), dim3(Cfg::kThreads), Cfg::kSmemBytes,
+                           stream, p.programmatic, p);
   return true;
 }
 

@@ -62,15 +62,13 @@ struct Nvfp4Format : FourBitLanes {
 
 // Prefill tiles on SM90: the wgmma kernel with 256 weight rows a block (two warpgroups of two
 // 64-row m-blocks) where it applies; the mma.sync tile kernel otherwise.
-inline constexpr int kWgmmaPrefillMBlocks = 2;
 
 template <bool kGateUp, int kTileTokens>
 cudaError_t Launch(const Nvfp4MoeGemmParams& p, cudaStream_t stream) {
   if constexpr (kTileTokens == kMoeTileTokensLarge) {
     cudaError_t err = cudaSuccess;
     if (p.prefill_wgmma &&
-        LaunchWeightOnlyMoeGemmWgmma<Nvfp4Format, kGateUp, kWgmmaPrefillMBlocks>(p, stream,
-                                                                                &err)) {
+        LaunchWeightOnlyMoeGemmWgmma<Nvfp4Format, kGateUp, kWgmmaPrefillMBlocks>(p, stream, &err)) {
       return err;
     }
   }

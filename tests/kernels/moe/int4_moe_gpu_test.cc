@@ -241,8 +241,19 @@ TEST(Int4MoeGpuTest, GroupedGemmsMatchCpuForEveryTileSize) {
     down_b[e] = RoundedToBf16(x.down_f[e]);
   }
   std::mt19937 rng(6);
+  // Every tile size on the mma.sync kernel, and the 128-token tiles also on the SM90 wgmma kernel
+  // (moe_weight_only_wgmma.cuh; elsewhere that run repeats the mma.sync one).
+  struct TileRun {
+    int tile;
+    bool wgmma;
+  };
+  const TileRun runs[] = {{kMoeTileTokensSmall, false},
+                          {kMoeTileTokensMedium, false},
+                          {kMoeTileTokensLarge, false},
+                          {kMoeTileTokensLarge, true}};
   for (int tokens : {1, 7, 300}) {
-    for (int tile : {kMoeTileTokensSmall, kMoeTileTokensMedium, kMoeTileTokensLarge}) {
+    for (const TileRun& run : runs) {
+      const int tile = run.tile;
       const std::vector<int32_t> ids = RandomIds(tokens, top_k, E, rng, tokens == 300 ? 3 : -1);
       std::vector<float> w(ids.size());
       std::uniform_real_distribution<float> ud(0.1f, 1.0f);
@@ -259,6 +270,7 @@ TEST(Int4MoeGpuTest, GroupedGemmsMatchCpuForEveryTileSize) {
       p.tokens = tokens;
       p.top_k = top_k;
       p.tile_tokens = tile;
+      p.prefill_wgmma = run.wgmma;
       p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.p);
       p.topk_ids = d_ids.p;
       p.topk_weights = d_w.p;
@@ -334,14 +346,15 @@ TEST(Int4MoeGpuTest, GroupedGemmsMatchCpuForEveryTileSize) {
       // 1.65e-3, h against q * s 2.65e-3, y through bf16(q * s) against q * s 1.39e-3. Bounds
       // 6e-3 and 4e-3; a misplaced nibble or scale is O(1).
       const double e_hx = RelErr(h_gpu, h_exact), e_yx = RelErr(y, y_exact);
-      EXPECT_LT(e_h, 3e-3) << "tokens " << tokens << " tile " << tile;
-      EXPECT_LT(e_y, 1e-5) << "tokens " << tokens << " tile " << tile;
-      EXPECT_LT(e_hx, 6e-3) << "tokens " << tokens << " tile " << tile;
-      EXPECT_LT(e_yx, 4e-3) << "tokens " << tokens << " tile " << tile;
+      EXPECT_LT(e_h, 3e-3) << "tokens " << tokens << " tile " << tile << " wgmma " << run.wgmma;
+      EXPECT_LT(e_y, 1e-5) << "tokens " << tokens << " tile " << tile << " wgmma " << run.wgmma;
+      EXPECT_LT(e_hx, 6e-3) << "tokens " << tokens << " tile " << tile << " wgmma " << run.wgmma;
+      EXPECT_LT(e_yx, 4e-3) << "tokens " << tokens << " tile " << tile << " wgmma " << run.wgmma;
       std::printf(
           "int4 gemms tokens %d tile %d: rel err vs bf16(q*s) weights h %.2e y %.2e | vs q*s "
           "h %.2e y %.2e\n",
           tokens, tile, e_h, e_y, e_hx, e_yx);
+      if (run.wgmma) std::printf("  (the line above: the wgmma kernel)\n");
     }
   }
 }
@@ -522,14 +535,15 @@ TEST(Int4MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
   const Int4Experts x = MakeInt4Experts(hidden, inter, E, 44);
   const DeviceInt4Experts dx(x);
   std::mt19937 rng(12);
-  const std::vector<int32_t> ids = RandomIds(tokens, K, E, rng);
+  // Every token picks expert 5: a tile past 64 rows on the wgmma kernel's m64n128 path.
+  const std::vector<int32_t> ids = RandomIds(tokens, K, E, rng, /*hot=*/5);
   std::vector<float> w(ids.size());
   std::uniform_real_distribution<float> ud(0.1f, 1.0f);
   for (float& v : w) v = ud(rng);
   const std::vector<uint16_t> xb = RandomBf16(static_cast<size_t>(tokens) * hidden, rng, 1.0f);
   // Runs a batch given as a list of token indices of the base batch, on an explicit stream as in
   // serving (programmatic launches, sm_90+, for small decode batches).
-  auto run = [&](const std::vector<int>& order, int tile) {
+  auto run = [&](const std::vector<int>& order, int tile, bool wgmma = false) {
     const int n = static_cast<int>(order.size());
     std::vector<uint16_t> bx(static_cast<size_t>(n) * hidden);
     std::vector<int32_t> bids(static_cast<size_t>(n) * K);
@@ -550,6 +564,7 @@ TEST(Int4MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
     p.tokens = n;
     p.top_k = K;
     p.tile_tokens = tile;
+    p.prefill_wgmma = wgmma;
     p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.p);
     p.topk_ids = d_ids.p;
     p.topk_weights = d_w.p;
@@ -588,6 +603,18 @@ TEST(Int4MoeGpuTest, OutputBitsIndependentOfBatchAndTile) {
               0)
         << "token " << few[i];
   }
+  // The wgmma prefill kernel (SM90): bits independent of the other rows, their order and the
+  // m64n128 / m64n64 shape of the token's tile.
+  const std::vector<float> wref = run(base, kMoeTileTokensLarge, true);
+  const std::vector<float> wsh = run(shuffled, kMoeTileTokensLarge, true);
+  for (int i = 0; i < tokens; ++i) {
+    ASSERT_EQ(std::memcmp(wsh.data() + static_cast<size_t>(i) * hidden,
+                          wref.data() + static_cast<size_t>(shuffled[i]) * hidden, hidden * 4),
+              0)
+        << "wgmma, token " << shuffled[i];
+  }
+  const std::vector<float> wone = run({17}, kMoeTileTokensLarge, true);
+  EXPECT_EQ(std::memcmp(wone.data(), wref.data() + 17 * hidden, hidden * 4), 0) << "wgmma alone";
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
-#include "tests/kernels/device_buffer.h"
 #include "kernels/moe/gated_mlp_bf16.h"
 #include "kernels/moe/moe_dispatch.h"
 #include "kernels/moe/moe_ref.h"
@@ -25,6 +24,7 @@
 #include "kernels/moe/nvfp4_moe_gemm.h"
 #include "kernels/moe/nvfp4_moe_layout.h"
 #include "kernels/moe/nvfp4_ref.h"
+#include "tests/kernels/device_buffer.h"
 
 namespace mlaserve {
 namespace {
