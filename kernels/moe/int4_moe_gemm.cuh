@@ -62,8 +62,8 @@ struct Int4Format : FourBitLanes {
   static __device__ __forceinline__ float DownAlpha(const Params&, int) { return 1.0f; }
 };
 
-// Prefill tiles on SM90: the wgmma kernel (moe_weight_only_wgmma.cuh, 256 weight rows a block)
-// where it applies, as NVFP4; the mma.sync tile kernel otherwise.
+// Prefill tiles on SM90: the wgmma kernel (moe_weight_only_wgmma.cuh) where it applies, as
+// NVFP4; the mma.sync tile kernel otherwise.
 template <bool kGateUp, int kTileTokens>
 cudaError_t Launch(const Int4MoeGemmParams& p, cudaStream_t stream) {
   if constexpr (kTileTokens == kMoeTileTokensLarge) {

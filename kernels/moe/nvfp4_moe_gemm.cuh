@@ -60,8 +60,8 @@ struct Nvfp4Format : FourBitLanes {
   }
 };
 
-// Prefill tiles on SM90: the wgmma kernel with 256 weight rows a block (two warpgroups of two
-// 64-row m-blocks) where it applies; the mma.sync tile kernel otherwise.
+// Prefill tiles on SM90: the wgmma kernel (moe_weight_only_wgmma.cuh) where it applies; the
+// mma.sync tile kernel otherwise.
 
 template <bool kGateUp, int kTileTokens>
 cudaError_t Launch(const Nvfp4MoeGemmParams& p, cudaStream_t stream) {

@@ -61,7 +61,7 @@ struct Nvfp4MoeGemmParams {
   // kernel (moe_few_expert.h says when each is faster).
   bool few_expert;
   // 128-token tiles: run WeightOnlyMoeGemmWgmmaKernel (moe_weight_only_wgmma.cuh) where the
-  // device is SM 9.0 and n is a multiple of 256; false keeps the mma.sync kernel, whose K order
+  // device is SM 9.0; false keeps the mma.sync kernel, whose K order
   // is the decode tiles' (the batch-invariant mode needs that).
   bool prefill_wgmma;
 };
