@@ -110,10 +110,13 @@ ABSL_FLAG(bool, quick, false, "Prefill at 2k tokens only.");
 ABSL_FLAG(bool, decode, false, "Decode only (for comparing build variants).");
 ABSL_FLAG(bool, prefill, false, "Prefill only.");
 ABSL_FLAG(bool, int4, false, "Also the INT4 (compressed-tensors) expert format, beside NVFP4 on the same routing draws.");
+ABSL_FLAG(mlaserve::IntList, decode_tokens, mlaserve::IntList{},
+          "Decode token counts instead of the mode's (e.g. one count to profile one launch).");
 ABSL_FLAG(bool, fp8, false, "Also the FP8 block-128 (DeepSeek) expert format, beside NVFP4 on the same routing draws.");
 
 int main(int argc, char** argv) {
-  ParseFlags(argc, argv, "moe_bench [--quick] [--decode | --prefill] [--int4] [--fp8]");
+  ParseFlags(argc, argv,
+             "moe_bench [--quick] [--decode | --prefill] [--int4] [--fp8] [--decode_tokens N,...]");
   const bool quick = absl::GetFlag(FLAGS_quick), decode_only = absl::GetFlag(FLAGS_decode),
              prefill_only = absl::GetFlag(FLAGS_prefill),
              int4 = absl::GetFlag(FLAGS_int4), fp8 = absl::GetFlag(FLAGS_fp8);
@@ -173,6 +176,8 @@ int main(int argc, char** argv) {
     if (!prefill_only) decode_tokens = {1, 8, 64, 256};
     prefill_tokens = prefill_only ? std::vector<int>{8192} : std::vector<int>{};
   }
+  const std::vector<int> only = FlagIntsInRange(FLAGS_decode_tokens, 1, 256, /*allow_empty=*/true);
+  if (!only.empty()) decode_tokens = only;
   const double flop_per_row = 2.0 * (2.0 * I * H + 1.0 * H * I);
   // INT4's layout has NVFP4's bytes: codes 4 bits a weight, one bf16 scale per 32 weights. FP8's:
   // a byte a weight, an fp32 scale per 8 x 64 weights.
