@@ -104,6 +104,9 @@ ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{false},
 ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
           "The routed experts' decode GEMMs on the few-expert kernel where few experts are active "
           "(CudaOps::SetMoeFewExpert).");
+ABSL_FLAG(mlaserve::OnOff, moe_prefill_wgmma, mlaserve::OnOff{true},
+          "The NVFP4 / INT4 routed experts' prefill tiles on the SM90 wgmma kernel "
+          "(CudaOps::SetMoePrefillWgmma).");
 ABSL_FLAG(std::string, moe, "expert",
           "How the routed experts are split over --ranks: expert (whole experts a rank) or tensor "
           "(every expert's intermediate slice).");
@@ -281,6 +284,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
     (*ops)->SetMoeFewExpert(absl::GetFlag(FLAGS_moe_few_expert).on);
+    (*ops)->SetMoePrefillWgmma(absl::GetFlag(FLAGS_moe_prefill_wgmma).on);
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);
     (*ops)->SetProgrammaticSmallKernels(absl::GetFlag(FLAGS_programmatic_small).on);
     SingleRankCommunicator comm;

@@ -75,6 +75,7 @@ struct CudaOps::Impl {
   bool batch_invariant = false;  // SetBatchInvariant
   bool fused_mla_input = true;  // SetFusedMlaInput
   bool moe_few_expert = true;   // SetMoeFewExpert
+  bool moe_prefill_wgmma = true;  // SetMoePrefillWgmma
   bool fused_prologues = false;  // SetFusedPrologues
   bool programmatic_small = false;  // SetProgrammaticSmallKernels
   absl::Status error;  // the first failure since the last check
@@ -247,6 +248,7 @@ void CudaOps::SetPhaseTiming(bool on) {
 void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunch(on); }
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
+void CudaOps::SetMoePrefillWgmma(bool on) { impl_->moe_prefill_wgmma = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
 
@@ -1142,7 +1144,7 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
   p.out = out.data<void>();
   p.decode_kernel = impl_->moe_few_expert && !impl_->batch_invariant ? MoeDecodeKernel::kAuto
                                                                        : MoeDecodeKernel::kTile;
-  p.prefill_wgmma = !impl_->batch_invariant;
+  p.prefill_wgmma = impl_->moe_prefill_wgmma && !impl_->batch_invariant;
   p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
   p.workspace = impl_->ArenaAlloc(p.workspace_bytes);
   MLASERVE_SKIP_IF_FAILED();

@@ -124,6 +124,10 @@ class CudaOps : public Ops {
   // (kernels/moe/moe_few_expert.h, MoeDecodeKernel::kAuto); off: always the tile kernel (as the
   // batch-invariant mode runs). On by default.
   void SetMoeFewExpert(bool on);
+  // The NVFP4 / INT4 routed experts' prefill tiles on the SM90 warpgroup-MMA kernel where the
+  // device has it (kernels/moe/moe_weight_only_wgmma.cuh); off: the mma.sync kernel (as the
+  // batch-invariant mode runs). On by default.
+  void SetMoePrefillWgmma(bool on);
   void Phase(const char* name) override;
   std::vector<std::pair<std::string, double>> PhaseTimes();
   void ScratchRelease(uint64_t mark) override;
