@@ -12,11 +12,11 @@
 // * Orientation as the mma.sync kernel: out^T = W x^T, so weight rows are wgmma's M and the tile's
 //   tokens its N. A warpgroup owns kMT blocks of 64 weight rows; warp w of it rows 16w .. 16w + 15
 //   of each, which is exactly one 16-row tile of the NVFP4 layout (nvfp4_moe_layout.h). wgmma
-//   takes A from registers in mma.m16n8k16's A layout per warp (PTX ISA, "Register fragments and
-//   shared memory matrix layouts" of wgmma: "the layout of the fragments held by different
-//   threads" of a .bf16 A matrix in registers is that of mma.m16n8k16 per 16-row slice), and
-//   Format::Fragment produces exactly that layout from the code and scale vectors: the weights
-//   are dequantized in registers as before and never staged as bf16 in shared memory.
+//   takes a 16-bit A from registers in mma.m16n8k16's A layout, one 16-row slice per warp (PTX
+//   ISA, wgmma register fragments; the MLA decode wgmma kernel feeds P the same way, and the GEMM
+//   tests below check it against the CPU), and Format::Fragment produces exactly that layout from
+//   the code and scale vectors: the weights are dequantized in registers as before and never
+//   staged as bf16 in shared memory.
 // * B (the tile's activation rows, [128 tokens][64 k] bf16 per stage) is read by the tensor cores
 //   straight from shared memory: the rows are 128 B with 16-B chunks XOR-swizzled by (row & 7),
 //   which is the canonical K-major 128-byte-swizzle layout (kernels/wgmma_ptx.cuh) once each
@@ -26,11 +26,13 @@
 //   kStages - 2 ahead; each warpgroup keeps up to kMT wgmma groups (one per m-block) in flight,
 //   also across the block barrier; an m-block's fragments are rewritten only once its previous
 //   group has completed (wgmma.wait_group), and a stage is refilled only after the groups that
-//   read it (two iterations back) have completed. cp.async writes
-//   are made visible to the async proxy (fence.proxy.async) before the barrier.
+//   read it (two iterations back) have completed. cp.async writes are made visible to the async
+//   proxy (fence.proxy.async) before the barrier.
 // * Tiles with at most 64 rows (an expert's last tile) run m64n64 instead of m64n128.
 //
 // Registers: kMT x kN / 2 fp32 accumulators plus the A fragments of the groups in flight.
+// Shared memory: kStages x (16 KB activations + codes + scales), 98 KB at the default one m-block
+// (two blocks an SM on an H100 / H200).
 #pragma once
 
 #include <cuda_bf16.h>
