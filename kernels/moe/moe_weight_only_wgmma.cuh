@@ -13,8 +13,8 @@
 //   tokens its N. A warpgroup owns kMT blocks of 64 weight rows; warp w of it rows 16w .. 16w + 15
 //   of each, which is exactly one 16-row tile of the NVFP4 layout (nvfp4_moe_layout.h). wgmma
 //   takes a 16-bit A from registers in mma.m16n8k16's A layout, one 16-row slice per warp (PTX
-//   ISA, wgmma register fragments; the MLA decode wgmma kernel feeds P the same way, and the GEMM
-//   tests below check it against the CPU), and Format::Fragment produces exactly that layout from
+//   ISA, wgmma register fragments; the MLA decode wgmma kernel feeds P the same way, and moe_gpu_test
+//   checks this kernel against the CPU), and Format::Fragment produces exactly that layout from
 //   the code and scale vectors: the weights are dequantized in registers as before and never
 //   staged as bf16 in shared memory.
 // * B (the tile's activation rows, [128 tokens][64 k] bf16 per stage) is read by the tensor cores
