@@ -32,6 +32,16 @@
 
 namespace mlaserve::wgmma {
 
+// Host: whether the current device is SM 9.0, the only architecture the sm_90a images of the
+// wgmma kernels run on (their images for other architectures are empty).
+inline bool CurrentDeviceIsSm90() {
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
 // 128-byte-swizzle descriptor as (low, high) 32-bit halves; addresses and offsets in bytes
 // (shared window). The low half holds the start address (>> 4) and the leading byte offset, so a
 // k-step's offset is added to the low half (addresses below 256 KB never carry out of the field).

@@ -517,13 +517,7 @@ template <KvCacheFormat kFormat, int kTile, int kStages>
 int MlaDecodeWgmmaBlocksPerSm() {
   using Cfg = wg::Config<kFormat, kTile, kStages>;
   static const int blocks = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-        major != 9 || minor != 0) {
-      return 0;
-    }
+    if (!wgmma::CurrentDeviceIsSm90()) return 0;
     return DecodeKernelBlocksPerSm(
         reinterpret_cast<const void*>(&MlaDecodeWgmmaKernel<kFormat, kTile, kStages>), wg::kThreads,
         Cfg::kSmemBytes);

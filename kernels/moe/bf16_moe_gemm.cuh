@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/moe/bf16_moe_gemm.h"
+#include "kernels/moe/moe_tile_expert.cuh"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 
@@ -75,16 +76,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int tile = blockIdx.y;
   const int num_e = p.num_local_experts;
   if (tile >= __ldcg(p.tile_offsets + num_e)) return;
-  int lo = 0, hi = num_e - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (__ldcg(p.tile_offsets + mid) <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int e = lo;
+  const int e = moe_gemm::ExpertOfTile(p.tile_offsets, num_e, tile);
   const int row_begin = __ldcg(p.expert_offsets + e) + (tile - __ldcg(p.tile_offsets + e)) * kBN;
   const int row_end = min(row_begin + kBN, __ldcg(p.expert_offsets + e + 1));
   const int valid_rows = row_end - row_begin;  // 1..kBN

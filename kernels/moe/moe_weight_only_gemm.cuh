@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "kernels/moe/moe_few_expert_gemm.cuh"
+#include "kernels/moe/moe_tile_expert.cuh"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 
@@ -114,8 +115,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   constexpr int kBM = Cfg::kBM, kBN = Cfg::kBN, kBK = Cfg::kBK, kStages = Cfg::kStages;
   constexpr int kMT = Cfg::kMT, kNT = Cfg::kNT;
 
-  // Which expert and which rows: the largest e with tile_offsets[e] <= tile (experts with no
-  // rows have tile_offsets[e] == tile_offsets[e + 1] and are skipped by "largest").
+  // Which expert and which rows: ExpertOfTile (moe_tile_expert.cuh).
   //
   // Programmatic launch (InvokeNvfp4Moe, InvokeInt4Moe): gate_up waits for dispatch before
   // reading anything. Down reads the dispatch offsets (__ldcg: from L2, never a stale L1 line) and
@@ -131,16 +131,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   if constexpr (!kDense) {
     if (tile >= __ldcg(p.tile_offsets + num_e)) return;
   }
-  int lo = 0, hi = num_e - 1;
-  while (!kDense && lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (__ldcg(p.tile_offsets + mid) <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int e = kDense ? 0 : lo;
+  const int e = kDense ? 0 : ExpertOfTile(p.tile_offsets, num_e, tile);
   const int row_begin =
       kDense ? tile * kBN
              : __ldcg(p.expert_offsets + e) + (tile - __ldcg(p.tile_offsets + e)) * kBN;

@@ -40,6 +40,7 @@
 
 #include <cstdint>
 
+#include "kernels/moe/moe_tile_expert.cuh"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 #include "kernels/wgmma_ptx.cuh"
@@ -284,16 +285,7 @@ __global__ void __launch_bounds__(256, kMT == 1 ? 2 : 1)
   const int tile = blockIdx.y;
   const int num_e = p.num_local_experts;
   if (tile >= __ldcg(p.tile_offsets + num_e)) return;
-  int lo = 0, hi = num_e - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (__ldcg(p.tile_offsets + mid) <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int e = lo;
+  const int e = ExpertOfTile(p.tile_offsets, num_e, tile);
   const int row_begin = __ldcg(p.expert_offsets + e) + (tile - __ldcg(p.tile_offsets + e)) * kBN;
   const int row_end = min(row_begin + kBN, __ldcg(p.expert_offsets + e + 1));
   if (row_end - row_begin > 64) {
@@ -309,13 +301,7 @@ __global__ void __launch_bounds__(256, kMT == 1 ? 2 : 1)
 template <class Format, bool kGateUp, int kMT>
 bool WgmmaMoeGemmAvailable() {
   static const bool ok = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-        major != 9 || minor != 0) {
-      return false;
-    }
+    if (!wgmma::CurrentDeviceIsSm90()) return false;
     auto* kernel = WeightOnlyMoeGemmWgmmaKernel<Format, kGateUp, kMT>;
     const int smem = WgmmaTileConfig<kMT>::kSmemBytes;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
