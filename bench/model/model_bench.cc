@@ -388,18 +388,22 @@ int Run(int argc, char** argv) {
             s.tables.back().push_back(q * per_seq_blocks + b);
           s.lengths.push_back(0);
         }
-        // Fill the caches in chunks of up to 8 sequences x `context` tokens.
-        for (int q0 = 0; q0 < B; q0 += 8) {
+        // Fill the caches in chunks of up to 8 sequences and 32k tokens (a prefill's scratch
+        // grows with its tokens: 8 x 32k at once did not fit beside a 24-layer Kimi slice's
+        // 58 GB cache, and the MoE takes at most 65,535 tokens a call).
+        const int fill_seqs = std::clamp(32768 / std::max(context, 1), 1, 8);
+        for (int q0 = 0; q0 < B; q0 += fill_seqs) {
           std::vector<int> which;
           std::vector<std::vector<int32_t>> toks;
-          for (int q = q0; q < std::min(B, q0 + 8); ++q) {
+          for (int q = q0; q < std::min(B, q0 + fill_seqs); ++q) {
             which.push_back(q);
             toks.emplace_back(context);
             for (auto& x : toks.back()) x = tok(rng);
           }
           auto l = m.Forward(Step(s, which, toks));
-          if (!l.ok() || !(*ops)->Synchronize().ok()) {
-            std::fprintf(stderr, "fill failed\n");
+          const absl::Status st = l.ok() ? (*ops)->Synchronize() : l.status();
+          if (!st.ok()) {
+            std::fprintf(stderr, "fill failed: %s\n", std::string(st.message()).c_str());
             return 1;
           }
         }

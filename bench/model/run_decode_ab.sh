@@ -11,7 +11,11 @@
 # model's layer count (default 4). FULL=0 skips the 61-layer runs (each loads ~95 GB of synthetic
 # weights in ~100 s per KV format; KV_FULL=bf16,fp8_tiled for both formats); TESTS=0 skips the
 # tests, SHORT=0 the short model's rows; EXTRA=1 adds the tensor-parallel MoE row, context 32k
-# and DeepSeek-R1.
+# and DeepSeek-R1 (on the short model; R1 at full size). Issue 14's full-size rows, each alone:
+# FULL_TP=1 the 61-layer shard with tensor-parallel experts; FULL_R1=1 DeepSeek-R1 NVFP4 at 8-way,
+# bf16 KV (KV_R1 to change); SLICE32K=N the first N layers of the Kimi shard at context 32k, batches
+# 1, 8, 64, bf16 and fp8_tiled KV (the whole shard's latent cache of 64 x 32k does not fit one
+# H200 beside its weights: 147 GB bf16; a slice gives the per-layer ratio, labelled as a slice).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="$(cd "$1" && pwd)"
@@ -38,19 +42,22 @@ fi
 short="$(mktemp -d)"
 trap 'rm -rf "$short"' EXIT
 cp -r bench/model/configs/kimi-k2.5/. "$short/"
-python3 - "$short/config.json" "$layers" <<'EOF'
+set_layers() {  # config.json, layers
+  python3 - "$1" "$2" <<'PY'
 import json, sys
 path, layers = sys.argv[1], int(sys.argv[2])
 c = json.load(open(path))
 t = c.get("text_config", c)
 t["num_hidden_layers"] = layers
 json.dump(c, open(path, "w"))
-EOF
+PY
+}
+set_layers "$short/config.json" "$layers"
 
-bench() {  # name, model dir, extra flags...
+bench() {  # name, model dir, extra flags... (BENCH_TIMEOUT seconds, default 590)
   local name="$1" dir="$2"
   shift 2
-  timeout 590 "$bin/mlaserve-model-bench" --synthetic-weights "$dir" --rank 0 --ranks 8 \
+  timeout "${BENCH_TIMEOUT:-590}" "$bin/mlaserve-model-bench" --synthetic-weights "$dir" --rank 0 --ranks 8 \
     --context 1024 --prefill "" --graphs on "$@" >"$out/bench_$name.log" 2>&1
   echo "$name rc=$?"
   grep -E '^decode' "$out/bench_$name.log" | sed 's/reads.*ratio/ratio/'
@@ -82,4 +89,18 @@ if [[ "${FULL:-1}" == 1 ]]; then
   full=(--kv "${KV_FULL:-bf16}" --batches 1,8,64,256 --phases on)
   bench full_default bench/model/configs/kimi-k2.5 "${full[@]}"
   bench full_none bench/model/configs/kimi-k2.5 "${full[@]}" "${none[@]}"
+fi
+if [[ "${FULL_TP:-0}" == 1 ]]; then
+  bench full_tp bench/model/configs/kimi-k2.5 --kv bf16 --batches 1,8,64,256 --phases on --moe tensor
+fi
+if [[ "${FULL_R1:-0}" == 1 ]]; then
+  bench r1_full bench/model/configs/deepseek-r1-nvfp4 --kv "${KV_R1:-bf16}" --batches 1,8,64,256 \
+    --phases on
+fi
+if [[ -n "${SLICE32K:-}" ]]; then
+  slice="$(mktemp -d)"
+  cp -r bench/model/configs/kimi-k2.5/. "$slice/"
+  set_layers "$slice/config.json" "$SLICE32K"
+  bench "slice${SLICE32K}_32k" "$slice" --kv bf16,fp8_tiled --batches 1,8,64 --context 32768
+  rm -rf "$slice"
 fi

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Builds moe_bench variants with other tile knobs (moe_weight_only_gemm.cuh macros) into
 # build-moe/variants/, for tuning runs (bench/moe/run_device.sh with VARIANTS=1). Needs build-moe.
+# ONLY="NAME ..." builds a subset.
 set -e
 cd "$(dirname "$0")/../.."
 ninja -C build-moe moe_bench moe_gpu_test > /dev/null
@@ -8,6 +9,8 @@ mkdir -p build-moe/variants
 LINK=$(ninja -C build-moe -t commands moe_bench | tail -1 | sed 's/^: && //; s/ && :$//')
 build() {
   name=$1; shift; files=$1; shift
+  # ONLY="A B": build just the variants named.
+  if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then return; fi
   objs=""
   for f in $files; do
     src=kernels/moe/nvfp4_moe_gemm_$f.cu
@@ -21,6 +24,11 @@ D="gate_up_bn16 down_bn16"; P="gate_up_bn128 down_bn128"
 # Decode: deeper pipeline with fewer blocks per SM; the previous 8 x 1 warp layout.
 build D6 "$D" -DMLASERVE_MOE_DECODE_STAGES=6 -DMLASERVE_MOE_DECODE_MIN_BLOCKS=3
 build D8W "$D" -DMLASERVE_MOE_DECODE_WARPS_M=8 -DMLASERVE_MOE_DECODE_MIN_BLOCKS=3
+# Decode, more warps an SM (the kernel issues ~80 instructions per 16 x 64 weights a warp, and
+# without the dequantization reads 89% of copy bandwidth): 3 stages and 5 blocks; K step 64
+# with 6 stages and 5 blocks.
+build D3B5 "$D" -DMLASERVE_MOE_DECODE_STAGES=3 -DMLASERVE_MOE_DECODE_MIN_BLOCKS=5
+build D64S6B5 "$D" -DMLASERVE_MOE_DECODE_BK=64 -DMLASERVE_MOE_DECODE_STAGES=6 -DMLASERVE_MOE_DECODE_MIN_BLOCKS=5
 # Prefill: 3 stages with the 8 x 1 warp layout (all_256 / 8192 tokens, 2026-11-29: 271.0 GEMM
 # TFLOP/s against 269.2 for the default, within noise).
 build P3S "$P" -DMLASERVE_MOE_PREFILL_STAGES=3
@@ -38,4 +46,9 @@ build FP8_BITS "$F" -DMLASERVE_FP8_DECODE_BITS
 # The few-expert kernel (moe_few_expert_gemm.cuh; its column of moe_bench --decode): a ring of 8
 # chunks a warp with two blocks an SM instead of 4 with three.
 build FEW8 "$D" -DMLASERVE_FEW_EXPERT_DEPTH=8 -DMLASERVE_FEW_EXPERT_MIN_BLOCKS=2
+# Diagnostic, wrong results (never for tests): NVFP4 codes and scales fed to the MMA undecoded,
+# so both decode kernels read the same bytes without the dequantization work: how far the memory
+# structure alone gets (H200, session 10: the tile kernel 74 -> 89% of copy bandwidth at
+# all_256 x 8 tokens, the few-expert kernel 43 -> 45% at ep8 x 4 tokens; bench/RESULTS.md).
+build RAW "$D" -DMLASERVE_MOE_DIAG_NO_DEQUANT
 ls -la build-moe/variants/ | grep bench

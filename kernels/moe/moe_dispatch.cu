@@ -11,8 +11,13 @@ constexpr int kMaxLocalExperts = 1024;
 constexpr int kChunk = 8192;  // assignments staged in shared memory per placement round
 
 constexpr int kWarps = kThreads / 32;
-// Batches of more assignments than this use the block-parallel placement (kParallel).
-constexpr int kParallelMinAssignments = 2048;
+// Batches of more assignments than this use the block-parallel placement (kParallel). Was 2048
+// until session 10: at 2,048 assignments (256 tokens x top-8) warp 0's walk took 15 us of a
+// 400 us Kimi-K2.5 EP8 decode layer (H200, moe_bench --decode).
+#ifndef MLASERVE_MOE_DISPATCH_PARALLEL_MIN
+#define MLASERVE_MOE_DISPATCH_PARALLEL_MIN 256
+#endif
+constexpr int kParallelMinAssignments = MLASERVE_MOE_DISPATCH_PARALLEL_MIN;
 constexpr int kParallelChunk = 4096;  // assignments per round: 128 a warp, 4 lane strides
 
 // Dynamic shared memory of the parallel placement: a uint16 count per warp and local expert.

@@ -19,13 +19,21 @@
 
 namespace mlaserve::moe_gemm {
 
+// a * b + c as one integer multiply-add (ptxas keeps it on the FMA pipe; a plain "x * 16 + c" is
+// free to become a shift and an add on the integer pipe).
+__device__ __forceinline__ uint32_t MulAddU32(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("mad.lo.u32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
 // The e2m1 codes of fragment registers a0..a3 as bf16 pairs times 2^-126 (bit positions:
 // nvfp4_moe_layout.h).
 __device__ __forceinline__ void CodesToBf16Tiny(uint32_t q, uint32_t (&a)[4]) {
-  a[0] = q & 0x81c081c0u;
+  a[0] = (q << 6) & 0x81c081c0u;
   a[1] = (q << 3) & 0x81c081c0u;
-  a[2] = (q << 6) & 0x81c081c0u;
-  a[3] = ((q >> 6) & 0x01800180u) | ((q << 4) & 0x80008000u) | ((q >> 4) & 0x00400040u);
+  a[2] = (q & 0x01c001c0u) | ((q << 4) & 0x80008000u);
+  a[3] = ((q >> 7) & 0x01c001c0u) | ((q << 5) & 0x80008000u);
 }
 
 struct Nvfp4Format : FourBitLanes {
@@ -35,13 +43,25 @@ struct Nvfp4Format : FourBitLanes {
   static __device__ __forceinline__ void Fragment(const uint4& cw, const uint2& sw, int j,
                                                   uint32_t (&a)[4]) {
     const uint32_t word = j < 2 ? sw.x : sw.y;
-    const uint32_t sel = (j & 1) ? 0x3232u : 0x1010u;
-    // bf16 bits (code << 4) + (232 << 7) = scale * 2^119, two at a time.
-    const uint32_t s_lo = (word & 0x00ff00ffu) * 16u + 0x74007400u;         // rows g
-    const uint32_t s_hi = ((word >> 8) & 0x00ff00ffu) * 16u + 0x74007400u;  // rows g + 8
-    const uint32_t sg = __byte_perm(s_lo, 0, sel);
-    const uint32_t sg8 = __byte_perm(s_hi, 0, sel);
+    // bf16 bits (code << 4) + (232 << 7) = scale * 2^119 in both halves: one byte permute puts
+    // the code in bytes 0 and 2 (zeros in 1 and 3), one multiply-add shifts it and adds the
+    // exponent bias. The multiply-add issues on the FMA pipe, leaving the integer pipe (the most
+    // loaded one here: the codes' masks and shifts) one operation per scale pair instead of
+    // about two and a half (a mask, a shift, an add; SASS counts and H200 times in RESULTS).
+    const uint32_t sel_g = (j & 1) ? 0x4242u : 0x4040u, sel_g8 = (j & 1) ? 0x4343u : 0x4141u;
+    const uint32_t sg = MulAddU32(__byte_perm(word, 0, sel_g), 16u, 0x74007400u);
+    const uint32_t sg8 = MulAddU32(__byte_perm(word, 0, sel_g8), 16u, 0x74007400u);
     const uint32_t q = j == 0 ? cw.x : j == 1 ? cw.y : j == 2 ? cw.z : cw.w;
+#ifdef MLASERVE_MOE_DIAG_NO_DEQUANT
+    // Diagnostic builds only (bench/moe/build_variants.sh RAW): the codes and scales go to the
+    // MMA undecoded, so the kernels read the same bytes with no dequantization work. Wrong
+    // results; it times the kernels' memory structure alone.
+    a[0] = q;
+    a[1] = q ^ sg;
+    a[2] = q ^ sg8;
+    a[3] = q;
+    return;
+#endif
     CodesToBf16Tiny(q, a);
     a[0] = MulBf16x2(a[0], sg);
     a[1] = MulBf16x2(a[1], sg8);

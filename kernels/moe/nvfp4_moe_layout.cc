@@ -23,7 +23,7 @@ void FragmentSlot(int r, int c, int* lane, int* reg, int* elem) {
 
 // Bit positions in the code word of bits (m, e0, e1, s) of register `reg`'s first element
 // (nvfp4_moe_layout.h); the second element's are 16 higher.
-constexpr int kCodeBitPos[4][4] = {{6, 7, 8, 15}, {3, 4, 5, 12}, {0, 1, 2, 9}, {10, 13, 14, 11}};
+constexpr int kCodeBitPos[4][4] = {{0, 1, 2, 9}, {3, 4, 5, 12}, {6, 7, 8, 11}, {13, 14, 15, 10}};
 
 uint32_t PlaceCode(uint8_t code, int reg, int elem) {
   uint32_t w = 0;

@@ -11,13 +11,18 @@
 //        a1 = (W[g+8][2t], W[g+8][2t+1]), a2 = (W[g][2t+8], W[g][2t+9]),
 //        a3 = (W[g+8][2t+8], W[g+8][2t+9]). Each code's bits (s e1 e0 m) sit where one shift and
 //        one mask move them to the bf16 positions (s -> 15, e1 e0 m -> 8 7 6; +16 for the pair's
-//        second element), so that the kernel needs 11 integer ops per word instead of 15:
-//          a0 = q & 0x81c081c0                   first element m,e0,e1,s at bits 6,7,8,15
+//        second element), so that the kernel needs 7 operations on the integer pipe per word
+//        (masks: LOP3; right shifts: SHF) and 4 left shifts that ptxas issues as multiplies on
+//        the FMA pipe:
+//          a0 = (q << 6) & 0x81c081c0            first element m,e0,e1,s at bits 0,1,2,9
 //          a1 = (q << 3) & 0x81c081c0            bits 3,4,5,12
-//          a2 = (q << 6) & 0x81c081c0            bits 0,1,2,9
-//          a3 = (q >> 6) & 0x01800180 | (q << 4) & 0x80008000 | (q >> 4) & 0x00400040
-//                                                m,s,e0,e1 at bits 10,11,13,14
-//        (second elements: the same positions + 16). The result is a bf16 pair whose value is
+//          a2 = q & 0x01c001c0 | (q << 4) & 0x80008000      bits 6,7,8,11
+//          a3 = (q >> 7) & 0x01c001c0 | (q << 5) & 0x80008000   bits 13,14,15,10
+//        (second elements: the same positions + 16). Searched exhaustively (session 10), counting
+//        a LOP3 per masked copy of q and an SHF per right shift: no placement builds every
+//        register from one shifted copy, none uses left shifts only, and none with three
+//        single-copy registers exists, so 7 is the fewest (the previous placement took 8-9: its
+//        a3 needed three copies, two right-shifted). The result is a bf16 pair whose value is
 //        e2m1 * 2^-126: exponent and mantissa bits land in the bf16's, and code 1 = 0.5 lands on
 //        a bf16 subnormal, which bf16 multiplication keeps.
 // scales [rows/16][cols/64][8 g][8 bytes]: bytes (s(g,0), s(g+8,0), s(g,1), s(g+8,1), s(g,2),

@@ -360,7 +360,11 @@ TEST(MoeGpuTest, DispatchGroupsStablyForLocalRanges) {
   };
   const Case cases[] = {{1, 8, 384, 48, 48, 16, -1},    {7, 8, 384, 0, 384, 16, -1},
                         {1000, 8, 384, 96, 48, 64, -1}, {8192, 8, 256, 0, 256, 128, -1},
-                        {1000, 8, 256, 0, 256, 16, 5},  {20000, 8, 384, 336, 48, 128, 340}};
+                        {1000, 8, 256, 0, 256, 16, 5},  {20000, 8, 384, 336, 48, 128, 340},
+                        // Either side of the block-parallel placement's threshold (256
+                        // assignments), and decode batches that take it.
+                        {32, 8, 384, 0, 384, 16, -1},   {33, 8, 384, 48, 48, 16, -1},
+                        {64, 8, 256, 0, 256, 16, -1},   {256, 8, 384, 0, 48, 16, 7}};
   for (const Case& c : cases) {
     const std::vector<int32_t> ids = RandomIds(c.tokens, c.top_k, c.num_experts, rng, c.hot);
     const int A = c.tokens * c.top_k;

@@ -147,8 +147,8 @@ TEST(Nvfp4LayoutTest, ScaleCodeIsExactForEveryPositiveE4m3) {
 // The kernel's decode of a code word (nvfp4_moe_layout.h), on the host.
 float KernelDecode(uint32_t q, int r, int half) {
   const uint32_t a[4] = {
-      q & 0x81c081c0u, (q << 3) & 0x81c081c0u, (q << 6) & 0x81c081c0u,
-      ((q >> 6) & 0x01800180u) | ((q << 4) & 0x80008000u) | ((q >> 4) & 0x00400040u)};
+      (q << 6) & 0x81c081c0u, (q << 3) & 0x81c081c0u,
+      (q & 0x01c001c0u) | ((q << 4) & 0x80008000u), ((q >> 7) & 0x01c001c0u) | ((q << 5) & 0x80008000u)};
   const uint32_t pair = a[r];
   const uint16_t bits = static_cast<uint16_t>(half ? pair >> 16 : pair & 0xffff);
   return static_cast<float>(std::ldexp(static_cast<double>(Bf16ToFloat(bits)), 126));
