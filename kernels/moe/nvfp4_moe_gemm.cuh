@@ -19,8 +19,8 @@
 
 namespace mlaserve::moe_gemm {
 
-// a * b + c as one integer multiply-add (ptxas keeps it on the FMA pipe; a plain "x * 16 + c" is
-// free to become a shift and an add on the integer pipe).
+// a * b + c as one PTX multiply-add. ptxas issues it as IMAD (FMA pipe) or LEA (integer pipe),
+// its own balance: in the measured build, 7 of the 16 a 16 x 64 chunk became LEA.
 __device__ __forceinline__ uint32_t MulAddU32(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("mad.lo.u32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -45,9 +45,9 @@ struct Nvfp4Format : FourBitLanes {
     const uint32_t word = j < 2 ? sw.x : sw.y;
     // bf16 bits (code << 4) + (232 << 7) = scale * 2^119 in both halves: one byte permute puts
     // the code in bytes 0 and 2 (zeros in 1 and 3), one multiply-add shifts it and adds the
-    // exponent bias. The multiply-add issues on the FMA pipe, leaving the integer pipe (the most
-    // loaded one here: the codes' masks and shifts) one operation per scale pair instead of
-    // about two and a half (a mask, a shift, an add; SASS counts and H200 times in RESULTS).
+    // exponent bias. Against the previous mask, shift and add per pair, a warp's integer-pipe
+    // operations per 16 x 64 chunk (the most loaded pipe here) fell from ~53 to ~44 with the
+    // code placement of nvfp4_moe_layout.h (SASS and H200 times: bench/RESULTS.md, session 10).
     const uint32_t sel_g = (j & 1) ? 0x4242u : 0x4040u, sel_g8 = (j & 1) ? 0x4343u : 0x4141u;
     const uint32_t sg = MulAddU32(__byte_perm(word, 0, sel_g), 16u, 0x74007400u);
     const uint32_t sg8 = MulAddU32(__byte_perm(word, 0, sel_g8), 16u, 0x74007400u);

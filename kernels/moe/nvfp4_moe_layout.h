@@ -12,8 +12,8 @@
 //        a3 = (W[g+8][2t+8], W[g+8][2t+9]). Each code's bits (s e1 e0 m) sit where one shift and
 //        one mask move them to the bf16 positions (s -> 15, e1 e0 m -> 8 7 6; +16 for the pair's
 //        second element), so that the kernel needs 7 operations on the integer pipe per word
-//        (masks: LOP3; right shifts: SHF) and 4 left shifts that ptxas issues as multiplies on
-//        the FMA pipe:
+//        (masks: LOP3; right shifts: SHF) and 4 left shifts, which ptxas mostly issues as IMAD
+//        on the FMA pipe:
 //          a0 = (q << 6) & 0x81c081c0            first element m,e0,e1,s at bits 0,1,2,9
 //          a1 = (q << 3) & 0x81c081c0            bits 3,4,5,12
 //          a2 = q & 0x01c001c0 | (q << 4) & 0x80008000      bits 6,7,8,11
