@@ -101,6 +101,9 @@ ABSL_FLAG(mlaserve::OnOff, fused_prologues, mlaserve::OnOff{false},
 ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{false},
           "Launch the norms, RoPE, the fused MLA input, SiLU and the route kernel programmatically "
           "dependent on the previous kernel (CudaOps::SetProgrammaticSmallKernels).");
+ABSL_FLAG(int32_t, skinny_mma_rows, 0,
+          "Projections of 5..N rows (N <= 16) on the skinny kernels' tensor-core variant; 0: "
+          "cuBLASLt (CudaOps::SetSkinnyTensorCoreRows).");
 ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
           "The routed experts' decode GEMMs on the few-expert kernel where few experts are active "
           "(CudaOps::SetMoeFewExpert).");
@@ -284,6 +287,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
     (*ops)->SetMoeFewExpert(absl::GetFlag(FLAGS_moe_few_expert).on);
+    (*ops)->SetSkinnyTensorCoreRows(FlagInRange(FLAGS_skinny_mma_rows, 0, 16));
     (*ops)->SetMoePrefillWgmma(absl::GetFlag(FLAGS_moe_prefill_wgmma).on);
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);
     (*ops)->SetProgrammaticSmallKernels(absl::GetFlag(FLAGS_programmatic_small).on);

@@ -85,6 +85,7 @@ struct LinearGemm::Impl {
   size_t workspace_bytes = 0;
   bool invariant = false;
   bool programmatic = false;
+  int mma_rows = 0;  // SetSkinnyTensorCoreRows
   int sm_count = 132;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   // Batch-invariant algorithms by their key at m = kInvariantPlanRows.
@@ -282,14 +283,19 @@ size_t LinearGemm::CachedPlans() const { return impl_->plans.size(); }
 
 void LinearGemm::SetBatchInvariant(bool on) { impl_->invariant = on; }
 void LinearGemm::SetProgrammaticLaunch(bool on) { impl_->programmatic = on; }
+void LinearGemm::SetSkinnyTensorCoreRows(int rows) {
+  impl_->mma_rows = std::clamp(rows, 0, kSkinnyMmaMaxRows);
+}
 bool LinearGemm::batch_invariant() const { return impl_->invariant; }
 
 absl::Status LinearGemm::RunShared(const Args* list, int count, cudaStream_t stream) {
+  const bool mma = count >= 1 && list[0].m > kSkinnyMaxRows && list[0].m <= impl_->mma_rows;
   bool shared = !impl_->invariant && count >= 1 && count <= kSkinnyMaxSegments &&
-                list[0].m >= 1 && list[0].m <= kSkinnyMaxRows;
+                list[0].m >= 1 && (list[0].m <= kSkinnyMaxRows || mma);
   SkinnyGemmArgs s;
   if (shared) {
     const Args& a0 = list[0];
+    s.mma = mma;
     s.m = static_cast<int>(a0.m);
     s.k = a0.k;
     s.x = a0.x;
@@ -382,8 +388,10 @@ absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
         absl::StrCat("LinearGemm::Run: batch ", a.batch, " needs batch >= 1 and strides >= 0"));
   }
   // A few rows (decode at small batches): the skinny kernels, outside the invariant mode.
-  if (!impl_->invariant && a.m <= kSkinnyMaxRows) {
-    const SkinnyGemmArgs s = SkinnyArgs(a, impl_->sm_count, impl_->programmatic);
+  const bool mma = a.m > kSkinnyMaxRows && a.m <= impl_->mma_rows;
+  if (!impl_->invariant && (a.m <= kSkinnyMaxRows || mma)) {
+    SkinnyGemmArgs s = SkinnyArgs(a, impl_->sm_count, impl_->programmatic);
+    s.mma = mma;
     if (SkinnyGemmSupports(s)) {
       if (cudaError_t e = InvokeSkinnyGemm(s, stream); e != cudaSuccess) {
         return absl::InternalError(absl::StrCat("LinearGemm::Run: skinny kernel for m ", a.m,

@@ -80,6 +80,13 @@ class LinearGemm {
   // kernel from now on (SkinnyGemmArgs::programmatic); off by default (CudaOps turns it on).
   void SetProgrammaticLaunch(bool on);
 
+  // Products of kSkinnyMaxRows < m <= rows (at most kSkinnyMmaMaxRows) on the skinny kernels'
+  // tensor-core variant (SkinnyGemmArgs::mma) from now on, where it takes them (k % 32 == 0),
+  // in Run and RunShared; 0 (the default) leaves them on cuBLASLt. Outside the invariant mode.
+  // Written in session 10 for batches 5-16 (the CUDA-core skinny kernels measured slower than
+  // cuBLASLt there); not yet run on a GPU, so off until measured.
+  void SetSkinnyTensorCoreRows(int rows);
+
   // Batch-invariant plans from now on (see the file comment); off by default.
   void SetBatchInvariant(bool on);
   bool batch_invariant() const;

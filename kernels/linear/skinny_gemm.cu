@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "kernels/programmatic_launch.cuh"
+#include "kernels/warp_ptx.cuh"
 
 namespace mlaserve {
 namespace {
@@ -337,11 +338,198 @@ cudaError_t LaunchRows(const SkinnyGemmArgs& a, cudaStream_t stream) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The tensor-core variant (SkinnyGemmArgs::mma): the same weight stream, the products on
+// mma.sync.m16n8k16 with the weight as the A operand (16 weight rows a warp) and up to 8 (one
+// n-tile) or 16 (two) activation rows as B. The CUDA-core kernel above does M fp32 FMAs a
+// weight: from 5 rows it no longer keeps up with the weight stream (H200, session 10).
+//
+// A lane's loads are the CUDA-core kernel's 16-byte vectors, placed straight into fragments:
+// lane (g, t) = (lane / 4, lane % 4) reads 8 consecutive columns 32c + 8t .. + 7 of weight rows
+// g and g + 8 (vectors wa, wb) and of activation rows g (and g + 8). PTX ISA, "Matrix fragments
+// for mma.m16n8k16" (.bf16): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9],
+// a3 = A[g+8][2t+8..2t+9]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; d0, d1 = D[g][2t, 2t+1],
+// d2, d3 = D[g+8][2t, 2t+1]. Two k-steps per 32 columns: step 0 takes words x and y of each
+// vector as (a0 | a1, a2 | a3) and (b0, b1), step 1 words z and w. So the mma's k index 2t + i
+// (i < 2) is column 32c + 8t + 4s + i and 2t + 8 + i is 32c + 8t + 4s + 2 + i for both operands:
+// a permutation of the 32 columns, the same for A and B, which a dot product does not see.
+// Summation: the mma's own order within each 16-column step, steps in column order per slice,
+// slices added in slice order; independent of the other activation rows.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaUnroll = 4;  // 32-column groups in flight per lane (2 x 64 B of weights each)
+
+template <int NT, int S>
+__device__ __forceinline__ void SkinnyMmaBlock(const SkinnyGemmArgs& a, const int4 block_begin,
+                                               const int bx, bool& waited) {
+  constexpr int kGroups = kMmaWarps / S;
+  constexpr int kRowsPerBlock = kGroups * 16;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int group = warp / S, slice = warp % S;
+  int seg = 0;
+  const int begins[4] = {block_begin.x, block_begin.y, block_begin.z, block_begin.w};
+#pragma unroll
+  for (int s = 1; s < kSkinnyMaxSegments; ++s) {
+    if (s < a.num_segments && bx >= begins[s]) seg = s;
+  }
+  const SkinnyGemmSegment& sg = a.seg[seg];
+  const int n = static_cast<int>(sg.n);
+  const int row0 = (bx - begins[seg]) * kRowsPerBlock + group * 16;
+  const int64_t b = blockIdx.y;
+  const int groups = static_cast<int>(a.k / 32);
+  const int c_begin = groups * slice / S, c_end = groups * (slice + 1) / S;
+
+  // Rows past n read row n - 1 and tokens past m read row m - 1; neither is stored.
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(sg.w) + b * a.w_batch_stride;
+  const uint4* wa =
+      reinterpret_cast<const uint4*>(w + static_cast<int64_t>(min(row0 + g, n - 1)) * a.k + 8 * t);
+  const uint4* wb = reinterpret_cast<const uint4*>(
+      w + static_cast<int64_t>(min(row0 + g + 8, n - 1)) * a.k + 8 * t);
+  const uint4* xr[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    xr[nt] = reinterpret_cast<const uint4*>(
+        static_cast<const __nv_bfloat16*>(a.x) + b * a.x_batch_stride +
+        static_cast<int64_t>(min(nt * 8 + g, a.m - 1)) * a.x_stride + 8 * t);
+  }
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
+
+  for (int c0 = c_begin; c0 < c_end; c0 += kMmaUnroll) {
+    uint4 va[kMmaUnroll], vb[kMmaUnroll];
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int c = c0 + u;  // a 32-column group is 4 vectors of a row
+      va[u] = c < c_end ? LdgStream(wa + 4 * c) : make_uint4(0, 0, 0, 0);
+      vb[u] = c < c_end ? LdgStream(wb + 4 * c) : make_uint4(0, 0, 0, 0);
+    }
+    WaitOnce(a, waited);
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int c = c0 + u;
+      if (c < c_end) {
+        const uint32_t a0[4] = {va[u].x, vb[u].x, va[u].y, vb[u].y};
+        const uint32_t a1[4] = {va[u].z, vb[u].z, va[u].w, vb[u].w};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4 xv = __ldg(xr[nt] + 4 * c);
+          ptx::MmaBf16(acc[nt], a0, xv.x, xv.y);
+          ptx::MmaBf16(acc[nt], a1, xv.z, xv.w);
+        }
+      }
+    }
+  }
+  WaitOnce(a, waited);  // slices with no column group
+
+  const int64_t out_base = b * a.out_batch_stride;
+  auto store = [&](int nt, int i, float v) {
+    const int row = row0 + g + (i >= 2 ? 8 : 0), token = nt * 8 + 2 * t + (i & 1);
+    if (row < n && token < a.m) Store(sg, out_base + token * sg.out_stride + row, sg.alpha * v);
+  };
+  if constexpr (S == 1) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) store(nt, i, acc[nt][i]);
+  } else {
+    __shared__ float partial[kMmaWarps][NT][4][32];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[warp][nt][i][lane] = acc[nt][i];
+    __syncthreads();
+    if (slice == 0) {  // the group's first warp adds its slices in slice order
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float sum = acc[nt][i];
+#pragma unroll
+          for (int j = 1; j < S; ++j) sum += partial[warp + j][nt][i][lane];
+          store(nt, i, sum);
+        }
+    }
+  }
+}
+
+template <int NT, int S>
+__global__ void __launch_bounds__(32 * kMmaWarps)
+    SkinnyMmaKernel(const SkinnyGemmArgs a, const int4 block_begin, const int total_blocks) {
+  bool waited = false;
+  if (!a.programmatic) pdl::AllowDependentLaunch();
+  for (int bx = blockIdx.x; bx < total_blocks; bx += gridDim.x) {
+    SkinnyMmaBlock<NT, S>(a, block_begin, bx, waited);
+    if constexpr (S > 1) __syncthreads();  // the next block's partials reuse shared memory
+  }
+}
+
+template <int NT, int S>
+int ResidentMmaBlocks() {
+  static const int blocks = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, SkinnyMmaKernel<NT, S>, 32 * kMmaWarps,
+                                                      0) != cudaSuccess ||
+        b < 1) {
+      b = 1;
+    }
+    return b;
+  }();
+  return blocks;
+}
+
+template <int NT, int S>
+cudaError_t LaunchMmaWith(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  const int rows_per_block = (kMmaWarps / S) * 16;
+  int b[4] = {0, 0, 0, 0};
+  int total = 0;
+  for (int i = 0; i < a.num_segments; ++i) {
+    b[i] = total;
+    total += static_cast<int>((a.seg[i].n + rows_per_block - 1) / rows_per_block);
+  }
+  for (int i = a.num_segments; i < 4; ++i) b[i] = total;
+  const int grid_x = std::min(total, a.sm_count * ResidentMmaBlocks<NT, S>());
+  return pdl::LaunchKernel(SkinnyMmaKernel<NT, S>, dim3(grid_x, a.batch), dim3(32 * kMmaWarps), 0,
+                           stream, a.programmatic, a, make_int4(b[0], b[1], b[2], b[3]), total);
+}
+
+template <int NT>
+cudaError_t LaunchMma(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  // K slices per 16-row tile, as LaunchTn chooses them: the fewest that give every resident warp
+  // a share, each slice keeping >= 16 column groups (512 columns) where K allows.
+  const int groups = static_cast<int>(a.k / 32);
+  int64_t tiles = 0;
+  for (int i = 0; i < a.num_segments; ++i) tiles += (a.seg[i].n + 15) / 16;
+  tiles *= a.batch;
+  const int64_t resident_warps =
+      static_cast<int64_t>(a.sm_count) * ResidentMmaBlocks<NT, 1>() * kMmaWarps;
+  int s = 1;
+  for (int cand : {2, 4}) {
+    if (tiles * s >= resident_warps || groups / cand < 16) break;
+    s = cand;
+  }
+  switch (s) {
+    case 1:
+      return LaunchMmaWith<NT, 1>(a, stream);
+    case 2:
+      return LaunchMmaWith<NT, 2>(a, stream);
+    default:
+      return LaunchMmaWith<NT, 4>(a, stream);
+  }
+}
+
 }  // namespace
 
 bool SkinnyGemmSupports(const SkinnyGemmArgs& a) {
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (a.m < 1 || a.m > kSkinnyMaxRows || a.k < 8 || a.k > kMax || a.x == nullptr) return false;
+  if (a.m < 1 || a.m > (a.mma ? kSkinnyMmaMaxRows : kSkinnyMaxRows) || a.k < 8 || a.k > kMax ||
+      a.x == nullptr) {
+    return false;
+  }
+  if (a.mma && (a.k % 32 != 0 || a.prologue.kind != SkinnyPrologue::kNone)) return false;
   if (a.num_segments < 1 || a.num_segments > kSkinnyMaxSegments) return false;
   if (a.batch < 1 || a.batch > 65535) return false;
   if (a.batch > 1 && (a.num_segments != 1 || a.x_batch_stride < 0 || a.w_batch_stride < 0 ||
@@ -376,6 +564,7 @@ bool SkinnyGemmSupports(const SkinnyGemmArgs& a) {
 
 cudaError_t InvokeSkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
   if (!SkinnyGemmSupports(a)) return cudaErrorInvalidValue;
+  if (a.mma) return a.m <= 8 ? LaunchMma<1>(a, stream) : LaunchMma<2>(a, stream);
   switch (a.prologue.kind) {
     case SkinnyPrologue::kRmsNorm: return LaunchRows<SkinnyPrologue::kRmsNorm>(a, stream);
     case SkinnyPrologue::kSiluMul: return LaunchRows<SkinnyPrologue::kSiluMul>(a, stream);

@@ -29,6 +29,8 @@
 namespace mlaserve {
 
 inline constexpr int kSkinnyMaxRows = 4;
+// The tensor-core variant (SkinnyGemmArgs::mma) takes up to this many rows.
+inline constexpr int kSkinnyMmaMaxRows = 16;
 inline constexpr int kSkinnyMaxSegments = 4;
 
 // A transform of x applied as the kernel reads it, so that the op producing the product's
@@ -62,7 +64,11 @@ struct SkinnyGemmSegment {
 };
 
 struct SkinnyGemmArgs {
-  int m = 0;  // 1..kSkinnyMaxRows
+  int m = 0;  // 1..kSkinnyMaxRows (1..kSkinnyMmaMaxRows with mma)
+  // The tensor-core variant (skinny_gemm.cu): the products on mma.sync, 16 weight rows a warp;
+  // needs k % 32 == 0 and no prologue. Its summation order differs from the CUDA-core kernel's
+  // (both independent of the other rows). LinearGemm::SetSkinnyTensorCoreRows chooses it.
+  bool mma = false;
   int64_t k = 0;
   const void* x = nullptr;  // bf16 [m, k], row stride x_stride elements
   int64_t x_stride = 0;
@@ -81,7 +87,8 @@ struct SkinnyGemmArgs {
   SkinnyPrologueArgs prologue;  // kind != kNone: one segment, batch 1
 };
 
-// Whether the kernels take these arguments: W [n, k], m in [1, kSkinnyMaxRows], 16-byte aligned
+// Whether the kernels take these arguments: W [n, k], m in [1, kSkinnyMaxRows] (with mma: in
+// [1, kSkinnyMmaMaxRows], k a multiple of 32, no prologue), 16-byte aligned
 // x and W rows (pointers, strides and batch strides), k a multiple of 8, sizes within int32,
 // out_dtype bf16 or fp32; a prologue only with one segment and batch 1, its norm weight or up
 // rows 16-byte aligned (up_stride >= k, a multiple of 8). Outputs need no alignment.

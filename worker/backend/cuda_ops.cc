@@ -246,6 +246,7 @@ void CudaOps::SetPhaseTiming(bool on) {
 }
 
 void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunch(on); }
+void CudaOps::SetSkinnyTensorCoreRows(int rows) { impl_->gemm->SetSkinnyTensorCoreRows(rows); }
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
 void CudaOps::SetMoePrefillWgmma(bool on) { impl_->moe_prefill_wgmma = on; }

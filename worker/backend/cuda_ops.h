@@ -109,6 +109,10 @@ class CudaOps : public Ops {
   // The skinny projections of decode steps launched programmatically dependent on the previous
   // kernel (LinearGemm::SetProgrammaticLaunch).
   void SetProgrammaticLaunch(bool on);
+  // Projections of 5..rows activation rows (rows <= 16) on the skinny kernels' tensor-core
+  // variant instead of cuBLASLt (LinearGemm::SetSkinnyTensorCoreRows); 0, the default, is off
+  // (written in session 10, not yet measured).
+  void SetSkinnyTensorCoreRows(int rows);
   // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops.
   void SetFusedMlaInput(bool on);
   // RmsNormLinear and SiluMulLinear as one skinny kernel each at 1-4 rows

@@ -566,94 +566,107 @@ TEST(ElementwiseGpuTest, LinearGemm) {
       {4, 384, 7168, 16, 0, DType::kF32, 1.0f},   {2, 7168, 256, 0, 0, DType::kBF16, 1.0f},
       {1, 20480, 7168, 0, 0, DType::kF32, 1.0f},  {3, 7, 40, 0, 0, DType::kBF16, 1.0f},
       {4, 24, 24, 3, 1, DType::kBF16, 1.0f},      {2, 96, 100, 0, 0, DType::kF32, 1.0f},
+      // 5-16 rows: the skinny kernels' tensor-core variant in the second pass (one and two
+      // n-tiles; n not a multiple of 16; K split 1, 2 and 4 ways), cuBLASLt in the first; k not
+      // a multiple of 32 stays on cuBLASLt in both.
+      {5, 2112, 7168, 0, 0, DType::kBF16, 1.0f},  {6, 1536, 1536, 8, 0, DType::kF32, 0.37f},
+      {7, 7168, 1024, 0, 5, DType::kBF16, 1.0f},  {8, 256, 7168, 0, 0, DType::kBF16, 2.5f},
+      {8, 7168, 256, 0, 3, DType::kF32, 1.0f},    {12, 40, 7168, 8, 0, DType::kBF16, 1.0f},
+      {16, 1536, 1536, 0, 0, DType::kBF16, 1.0f}, {13, 7, 64, 0, 2, DType::kF32, 1.0f},
+      {9, 96, 40, 0, 0, DType::kBF16, 1.0f},
   };
   FastRandom rng(10);
   const int threads = std::max(1u, std::thread::hardware_concurrency());
-  for (const GemmCase& c : cases) {
-    const int64_t x_stride = c.k + c.x_pad, out_stride = c.n + c.out_pad;
-    const std::vector<uint16_t> x = RandomBf16(rng, c.m * x_stride, 1.0f);
-    const std::vector<uint16_t> w = RandomBf16(rng, c.n * c.k, 1.0f / std::sqrt(c.k));
-    // Reference on contiguous fp32 x, and S from |x| |w|.
-    std::vector<float> xin(c.m * c.k), xabs(c.m * c.k);
-    for (int64_t r = 0; r < c.m; ++r) {
-      for (int64_t i = 0; i < c.k; ++i) {
-        xin[r * c.k + i] = Bf16ToFloat(x[r * x_stride + i]);
-        xabs[r * c.k + i] = std::fabs(xin[r * c.k + i]);
+  // Twice: as configured by default, then with 5-16 rows on the skinny tensor-core variant.
+  for (const int mma_rows : {0, kSkinnyMmaMaxRows}) {
+    (*gemm)->SetSkinnyTensorCoreRows(mma_rows);
+    for (const GemmCase& c : cases) {
+      const int64_t x_stride = c.k + c.x_pad, out_stride = c.n + c.out_pad;
+      const std::vector<uint16_t> x = RandomBf16(rng, c.m * x_stride, 1.0f);
+      const std::vector<uint16_t> w = RandomBf16(rng, c.n * c.k, 1.0f / std::sqrt(c.k));
+      // Reference on contiguous fp32 x, and S from |x| |w|.
+      std::vector<float> xin(c.m * c.k), xabs(c.m * c.k);
+      for (int64_t r = 0; r < c.m; ++r) {
+        for (int64_t i = 0; i < c.k; ++i) {
+          xin[r * c.k + i] = Bf16ToFloat(x[r * x_stride + i]);
+          xabs[r * c.k + i] = std::fabs(xin[r * c.k + i]);
+        }
       }
-    }
-    std::vector<uint16_t> wabs(w);
-    for (auto& b : wabs) b &= 0x7fff;
-    LinearRefWeight ref_w;
-    ref_w.out_features = static_cast<int>(c.n);
-    ref_w.in_features = static_cast<int>(c.k);
-    ref_w.bf16 = w.data();
-    std::vector<float> want(c.m * c.n), sabs(c.m * c.n);
-    LinearRef(xin.data(), c.m, ref_w, want.data(), threads);
-    ref_w.bf16 = wabs.data();
-    LinearRef(xabs.data(), c.m, ref_w, sabs.data(), threads);
+      std::vector<uint16_t> wabs(w);
+      for (auto& b : wabs) b &= 0x7fff;
+      LinearRefWeight ref_w;
+      ref_w.out_features = static_cast<int>(c.n);
+      ref_w.in_features = static_cast<int>(c.k);
+      ref_w.bf16 = w.data();
+      std::vector<float> want(c.m * c.n), sabs(c.m * c.n);
+      LinearRef(xin.data(), c.m, ref_w, want.data(), threads);
+      ref_w.bf16 = wabs.data();
+      LinearRef(xabs.data(), c.m, ref_w, sabs.data(), threads);
 
-    const size_t osize = c.out_dtype == DType::kF32 ? 4 : 2;
-    DeviceBuffer<uint16_t> d_x(x.size()), d_w(w.size());
-    DeviceBuffer<uint8_t> d_out(c.m * out_stride * osize);
-    ASSERT_NE(d_w.ptr, nullptr);
-    CUDA_OK(d_x.Upload(x));
-    CUDA_OK(d_w.Upload(w));
-    LinearGemm::Args a;
-    a.m = c.m;
-    a.n = c.n;
-    a.k = c.k;
-    a.x = d_x.ptr;
-    a.x_stride = x_stride;
-    a.w = d_w.ptr;
-    a.alpha = c.alpha;
-    a.out = d_out.ptr;
-    a.out_dtype = c.out_dtype;
-    a.out_stride = out_stride;
-    const std::string what = "LinearGemm m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
-                             " k " + std::to_string(c.k) + " x_stride " + std::to_string(x_stride) +
-                             " out_stride " + std::to_string(out_stride) + " " +
-                             std::string(DTypeName(c.out_dtype)) + " alpha " +
-                             std::to_string(c.alpha);
-    // Twice: the second run must reuse the cached plan and give the same result.
-    for (int run = 0; run < 2; ++run) {
-      CUDA_OK(d_out.Poison());
-      const size_t plans_before = (*gemm)->CachedPlans();
-      STATUS_OK((*gemm)->Run(a, nullptr));
-      CUDA_OK(cudaDeviceSynchronize());
-      if (run == 1) EXPECT_EQ((*gemm)->CachedPlans(), plans_before) << what;
-      const std::vector<uint8_t> raw = d_out.Download();
-      Mismatches bad(what + " run " + std::to_string(run));
-      for (int64_t r = 0; r < c.m; ++r) {
-        for (int64_t j = 0; j < c.n; ++j) {
-          const double y = static_cast<double>(c.alpha) * want[r * c.n + j];
-          const double e = 2.0 * c.k * std::ldexp(1.0, -24) * c.alpha * sabs[r * c.n + j] +
-                           std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
-          const size_t o = static_cast<size_t>(r * out_stride + j);
-          double got;
-          double tol = e;
-          if (c.out_dtype == DType::kF32) {
-            float f;
-            std::memcpy(&f, &raw[o * 4], 4);
-            got = f;
-          } else {
-            uint16_t b;
-            std::memcpy(&b, &raw[o * 2], 2);
-            got = Bf16ToFloat(b);
-            tol = kBf16HalfUlp * (std::fabs(y) + e) + e;
+      const size_t osize = c.out_dtype == DType::kF32 ? 4 : 2;
+      DeviceBuffer<uint16_t> d_x(x.size()), d_w(w.size());
+      DeviceBuffer<uint8_t> d_out(c.m * out_stride * osize);
+      ASSERT_NE(d_w.ptr, nullptr);
+      CUDA_OK(d_x.Upload(x));
+      CUDA_OK(d_w.Upload(w));
+      LinearGemm::Args a;
+      a.m = c.m;
+      a.n = c.n;
+      a.k = c.k;
+      a.x = d_x.ptr;
+      a.x_stride = x_stride;
+      a.w = d_w.ptr;
+      a.alpha = c.alpha;
+      a.out = d_out.ptr;
+      a.out_dtype = c.out_dtype;
+      a.out_stride = out_stride;
+      const std::string what =
+          "LinearGemm m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
+          std::to_string(c.k) + " x_stride " + std::to_string(x_stride) + " out_stride " +
+          std::to_string(out_stride) + " " + std::string(DTypeName(c.out_dtype)) + " alpha " +
+          std::to_string(c.alpha) + " mma_rows " + std::to_string(mma_rows);
+      // Twice: the second run must reuse the cached plan and give the same result.
+      for (int run = 0; run < 2; ++run) {
+        CUDA_OK(d_out.Poison());
+        const size_t plans_before = (*gemm)->CachedPlans();
+        STATUS_OK((*gemm)->Run(a, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        if (run == 1) EXPECT_EQ((*gemm)->CachedPlans(), plans_before) << what;
+        const std::vector<uint8_t> raw = d_out.Download();
+        Mismatches bad(what + " run " + std::to_string(run));
+        for (int64_t r = 0; r < c.m; ++r) {
+          for (int64_t j = 0; j < c.n; ++j) {
+            const double y = static_cast<double>(c.alpha) * want[r * c.n + j];
+            const double e = 2.0 * c.k * std::ldexp(1.0, -24) * c.alpha * sabs[r * c.n + j] +
+                             std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
+            const size_t o = static_cast<size_t>(r * out_stride + j);
+            double got;
+            double tol = e;
+            if (c.out_dtype == DType::kF32) {
+              float f;
+              std::memcpy(&f, &raw[o * 4], 4);
+              got = f;
+            } else {
+              uint16_t b;
+              std::memcpy(&b, &raw[o * 2], 2);
+              got = Bf16ToFloat(b);
+              tol = kBf16HalfUlp * (std::fabs(y) + e) + e;
+            }
+            bad.Check(r, j, got, y, tol);
           }
-          bad.Check(r, j, got, y, tol);
         }
-      }
-      bad.Expect();
-      int64_t touched = 0;
-      for (int64_t r = 0; r < c.m; ++r) {
-        for (size_t b = (r * out_stride + c.n) * osize; b < (r + 1) * out_stride * osize; ++b) {
-          if (raw[b] != 0xff) ++touched;
+        bad.Expect();
+        int64_t touched = 0;
+        for (int64_t r = 0; r < c.m; ++r) {
+          for (size_t b = (r * out_stride + c.n) * osize; b < (r + 1) * out_stride * osize; ++b) {
+            if (raw[b] != 0xff) ++touched;
+          }
         }
+        EXPECT_EQ(touched, 0) << what << ": padding bytes written";
       }
-      EXPECT_EQ(touched, 0) << what << ": padding bytes written";
     }
   }
+  (*gemm)->SetSkinnyTensorCoreRows(0);
   // m = 0: a no-op that leaves the output alone.
   DeviceBuffer<uint16_t> d_out(16);
   CUDA_OK(d_out.Poison());
@@ -756,7 +769,8 @@ TEST(ElementwiseGpuTest, LinearGemmStridedBatch) {
 }
 
 // RunShared: several weights over one x (q_a + kv_a; gate + up + router) in one skinny launch
-// for m <= 4, and one Run each past that (m = 5) or for 5 weights; each output against LinearRef
+// for m <= 4 (m <= 16 with the tensor-core variant on: the second pass), and one Run each past
+// that (m = 5 by default) or for 5 weights; each output against LinearRef
 // with the LinearGemm test's tolerance, its padding untouched.
 TEST(ElementwiseGpuTest, LinearGemmRunShared) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -777,88 +791,95 @@ TEST(ElementwiseGpuTest, LinearGemmRunShared) {
       {2, 7168, {{256, DType::kBF16, 1.0f}, {256, DType::kBF16, 1.0f}, {384, DType::kF32, 1.0f}}},
       {3, 512, {{8, DType::kF32, 2.0f}, {24, DType::kBF16, 1.0f}, {40, DType::kBF16, 1.0f},
                 {16, DType::kF32, 1.0f}}},
-      {5, 7168, {{256, DType::kBF16, 1.0f}, {384, DType::kF32, 1.0f}}},  // Run each
+      {5, 7168, {{256, DType::kBF16, 1.0f}, {384, DType::kF32, 1.0f}}},  // Run each (by default)
+      // The tensor-core variant (second pass): one launch for 5-16 rows.
+      {8, 7168, {{1536, DType::kBF16, 1.0f}, {576, DType::kBF16, 0.5f}}},
+      {16, 7168, {{256, DType::kBF16, 1.0f}, {256, DType::kBF16, 1.0f}, {384, DType::kF32, 1.0f}}},
       {2, 96, {{8, DType::kBF16, 1.0f}, {8, DType::kBF16, 1.0f}, {8, DType::kBF16, 1.0f},
                {8, DType::kBF16, 1.0f}, {8, DType::kF32, 1.0f}}},  // 5 weights: Run each
   };
   FastRandom rng(12);
-  for (const Case& c : cases) {
-    const std::vector<uint16_t> x = RandomBf16(rng, c.m * c.k, 1.0f);
-    std::vector<float> xin(x.size()), xabs(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      xin[i] = Bf16ToFloat(x[i]);
-      xabs[i] = std::fabs(xin[i]);
-    }
-    DeviceBuffer<uint16_t> d_x(x.size());
-    CUDA_OK(d_x.Upload(x));
-    std::vector<std::vector<uint16_t>> ws;
-    std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> d_ws;
-    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> d_outs;
-    std::vector<LinearGemm::Args> list;
-    for (const Out& o : c.outs) {
-      ws.push_back(RandomBf16(rng, o.n * c.k, 1.0f / std::sqrt(c.k)));
-      d_ws.push_back(std::make_unique<DeviceBuffer<uint16_t>>(ws.back().size()));
-      CUDA_OK(d_ws.back()->Upload(ws.back()));
-      const int64_t stride = o.n + 3;  // padding that must stay untouched
-      d_outs.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-          c.m * stride * (o.dtype == DType::kF32 ? 4 : 2)));
-      CUDA_OK(d_outs.back()->Poison());
-      LinearGemm::Args a;
-      a.m = c.m;
-      a.n = o.n;
-      a.k = c.k;
-      a.x = d_x.ptr;
-      a.x_stride = c.k;
-      a.w = d_ws.back()->ptr;
-      a.alpha = o.alpha;
-      a.out = d_outs.back()->ptr;
-      a.out_dtype = o.dtype;
-      a.out_stride = stride;
-      list.push_back(a);
-    }
-    STATUS_OK((*gemm)->RunShared(list.data(), static_cast<int>(list.size()), nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
-    for (size_t i = 0; i < c.outs.size(); ++i) {
-      const Out& o = c.outs[i];
-      std::vector<uint16_t> wabs(ws[i]);
-      for (auto& b : wabs) b &= 0x7fff;
-      LinearRefWeight rw;
-      rw.out_features = static_cast<int>(o.n);
-      rw.in_features = static_cast<int>(c.k);
-      rw.bf16 = ws[i].data();
-      std::vector<float> want(c.m * o.n), sabs(c.m * o.n);
-      LinearRef(xin.data(), c.m, rw, want.data(), 1);
-      rw.bf16 = wabs.data();
-      LinearRef(xabs.data(), c.m, rw, sabs.data(), 1);
-      const std::vector<uint8_t> raw = d_outs[i]->Download();
-      const int64_t stride = list[i].out_stride;
-      Mismatches bad("RunShared m " + std::to_string(c.m) + " k " + std::to_string(c.k) +
-                     " weight " + std::to_string(i) + " of " + std::to_string(c.outs.size()));
-      int64_t touched = 0;
-      for (int64_t r = 0; r < c.m; ++r) {
-        for (int64_t j = 0; j < stride; ++j) {
-          const size_t e = static_cast<size_t>(r * stride + j);
-          if (j >= o.n) {
-            const size_t bytes = o.dtype == DType::kF32 ? 4 : 2;
-            for (size_t b = e * bytes; b < (e + 1) * bytes; ++b) touched += raw[b] != 0xff;
-            continue;
-          }
-          const double y = static_cast<double>(o.alpha) * want[r * o.n + j];
-          const double err = 2.0 * c.k * std::ldexp(1.0, -24) * o.alpha * sabs[r * o.n + j] +
-                             std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
-          if (o.dtype == DType::kF32) {
-            float f;
-            std::memcpy(&f, &raw[e * 4], 4);
-            bad.Check(r, j, f, y, err);
-          } else {
-            uint16_t b;
-            std::memcpy(&b, &raw[e * 2], 2);
-            bad.Check(r, j, Bf16ToFloat(b), y, kBf16HalfUlp * (std::fabs(y) + err) + err);
+  for (const int mma_rows : {0, kSkinnyMmaMaxRows}) {
+    (*gemm)->SetSkinnyTensorCoreRows(mma_rows);
+    for (const Case& c : cases) {
+      const std::vector<uint16_t> x = RandomBf16(rng, c.m * c.k, 1.0f);
+      std::vector<float> xin(x.size()), xabs(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        xin[i] = Bf16ToFloat(x[i]);
+        xabs[i] = std::fabs(xin[i]);
+      }
+      DeviceBuffer<uint16_t> d_x(x.size());
+      CUDA_OK(d_x.Upload(x));
+      std::vector<std::vector<uint16_t>> ws;
+      std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> d_ws;
+      std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> d_outs;
+      std::vector<LinearGemm::Args> list;
+      for (const Out& o : c.outs) {
+        ws.push_back(RandomBf16(rng, o.n * c.k, 1.0f / std::sqrt(c.k)));
+        d_ws.push_back(std::make_unique<DeviceBuffer<uint16_t>>(ws.back().size()));
+        CUDA_OK(d_ws.back()->Upload(ws.back()));
+        const int64_t stride = o.n + 3;  // padding that must stay untouched
+        d_outs.push_back(std::make_unique<DeviceBuffer<uint8_t>>(c.m * stride *
+                                                                 (o.dtype == DType::kF32 ? 4 : 2)));
+        CUDA_OK(d_outs.back()->Poison());
+        LinearGemm::Args a;
+        a.m = c.m;
+        a.n = o.n;
+        a.k = c.k;
+        a.x = d_x.ptr;
+        a.x_stride = c.k;
+        a.w = d_ws.back()->ptr;
+        a.alpha = o.alpha;
+        a.out = d_outs.back()->ptr;
+        a.out_dtype = o.dtype;
+        a.out_stride = stride;
+        list.push_back(a);
+      }
+      STATUS_OK((*gemm)->RunShared(list.data(), static_cast<int>(list.size()), nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        const Out& o = c.outs[i];
+        std::vector<uint16_t> wabs(ws[i]);
+        for (auto& b : wabs) b &= 0x7fff;
+        LinearRefWeight rw;
+        rw.out_features = static_cast<int>(o.n);
+        rw.in_features = static_cast<int>(c.k);
+        rw.bf16 = ws[i].data();
+        std::vector<float> want(c.m * o.n), sabs(c.m * o.n);
+        LinearRef(xin.data(), c.m, rw, want.data(), 1);
+        rw.bf16 = wabs.data();
+        LinearRef(xabs.data(), c.m, rw, sabs.data(), 1);
+        const std::vector<uint8_t> raw = d_outs[i]->Download();
+        const int64_t stride = list[i].out_stride;
+        Mismatches bad("RunShared m " + std::to_string(c.m) + " k " + std::to_string(c.k) +
+                       " weight " + std::to_string(i) + " of " + std::to_string(c.outs.size()) +
+                       " mma_rows " + std::to_string(mma_rows));
+        int64_t touched = 0;
+        for (int64_t r = 0; r < c.m; ++r) {
+          for (int64_t j = 0; j < stride; ++j) {
+            const size_t e = static_cast<size_t>(r * stride + j);
+            if (j >= o.n) {
+              const size_t bytes = o.dtype == DType::kF32 ? 4 : 2;
+              for (size_t b = e * bytes; b < (e + 1) * bytes; ++b) touched += raw[b] != 0xff;
+              continue;
+            }
+            const double y = static_cast<double>(o.alpha) * want[r * o.n + j];
+            const double err = 2.0 * c.k * std::ldexp(1.0, -24) * o.alpha * sabs[r * o.n + j] +
+                               std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
+            if (o.dtype == DType::kF32) {
+              float f;
+              std::memcpy(&f, &raw[e * 4], 4);
+              bad.Check(r, j, f, y, err);
+            } else {
+              uint16_t b;
+              std::memcpy(&b, &raw[e * 2], 2);
+              bad.Check(r, j, Bf16ToFloat(b), y, kBf16HalfUlp * (std::fabs(y) + err) + err);
+            }
           }
         }
+        bad.Expect();
+        EXPECT_EQ(touched, 0) << bad.what << ": padding bytes written";
       }
-      bad.Expect();
-      EXPECT_EQ(touched, 0) << bad.what << ": padding bytes written";
     }
   }
 }
