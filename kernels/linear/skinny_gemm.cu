@@ -79,6 +79,22 @@ __device__ __forceinline__ void WaitOnce(const SkinnyGemmArgs& a, bool& waited) 
   waited = true;
 }
 
+// Which segment work block bx belongs to, and its index within that segment (block_begin: each
+// segment's first block; both kernels' grids walk the segments' blocks in order).
+struct SegmentBlock {
+  int seg, block;
+};
+__device__ __forceinline__ SegmentBlock SegmentOfBlock(const SkinnyGemmArgs& a,
+                                                       const int4 block_begin, const int bx) {
+  const int begins[4] = {block_begin.x, block_begin.y, block_begin.z, block_begin.w};
+  int seg = 0;
+#pragma unroll
+  for (int s = 1; s < kSkinnyMaxSegments; ++s) {
+    if (s < a.num_segments && bx >= begins[s]) seg = s;
+  }
+  return {seg, bx - begins[seg]};
+}
+
 template <int M, int S, SkinnyPrologue P>
 __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int4 block_begin,
                                               const int bx, bool& waited,
@@ -87,15 +103,10 @@ __device__ __forceinline__ void SkinnyTnBlock(const SkinnyGemmArgs& a, const int
   constexpr int kRowsPerBlock = kGroups * kTnRowsPerWarp;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int group = warp / S, slice = warp % S;
-  int seg = 0;
-  const int begins[4] = {block_begin.x, block_begin.y, block_begin.z, block_begin.w};
-#pragma unroll
-  for (int s = 1; s < kSkinnyMaxSegments; ++s) {
-    if (s < a.num_segments && bx >= begins[s]) seg = s;
-  }
-  const SkinnyGemmSegment& sg = a.seg[seg];
+  const SegmentBlock sb = SegmentOfBlock(a, block_begin, bx);
+  const SkinnyGemmSegment& sg = a.seg[sb.seg];
   const int n = static_cast<int>(sg.n);
-  const int row0 = (bx - begins[seg]) * kRowsPerBlock + group * kTnRowsPerWarp;
+  const int row0 = sb.block * kRowsPerBlock + group * kTnRowsPerWarp;
   const int64_t b = blockIdx.y;
   const int chunks = static_cast<int>(a.k / 8);
   const int c_begin = chunks * slice / S, c_end = chunks * (slice + 1) / S;
@@ -273,14 +284,13 @@ __global__ void __launch_bounds__(32 * kTnWarps)
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Blocks of SkinnyTnKernel<M, S, P> one SM holds at once (queried once per instantiation).
-template <int M, int S, SkinnyPrologue P>
-int ResidentTnBlocks() {
+// Blocks of kKernel (kThreads threads, no dynamic shared memory) one SM holds at once, queried
+// once per kernel.
+template <auto kKernel, int kThreads>
+int ResidentBlocks() {
   static const int blocks = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, SkinnyTnKernel<M, S, P>, 32 * kTnWarps,
-                                                      0) !=
-            cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kThreads, 0) != cudaSuccess ||
         b < 1) {
       b = 1;
     }
@@ -288,10 +298,14 @@ int ResidentTnBlocks() {
   }();
   return blocks;
 }
-
 template <int M, int S, SkinnyPrologue P>
-cudaError_t LaunchTnWith(const SkinnyGemmArgs& a, cudaStream_t stream) {
-  const int rows_per_block = (kTnWarps / S) * kTnRowsPerWarp;
+int ResidentTnBlocks() {
+  return ResidentBlocks<SkinnyTnKernel<M, S, P>, 32 * kTnWarps>();
+}
+
+// Each segment's first work block (SegmentOfBlock) at rows_per_block weight rows a block; returns
+// the blocks of all segments.
+int SegmentBlockBegins(const SkinnyGemmArgs& a, int rows_per_block, int4* begins) {
   int b[4] = {0, 0, 0, 0};
   int total = 0;
   for (int i = 0; i < a.num_segments; ++i) {
@@ -299,9 +313,17 @@ cudaError_t LaunchTnWith(const SkinnyGemmArgs& a, cudaStream_t stream) {
     total += static_cast<int>((a.seg[i].n + rows_per_block - 1) / rows_per_block);
   }
   for (int i = a.num_segments; i < 4; ++i) b[i] = total;
+  *begins = make_int4(b[0], b[1], b[2], b[3]);
+  return total;
+}
+
+template <int M, int S, SkinnyPrologue P>
+cudaError_t LaunchTnWith(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  int4 begins;
+  const int total = SegmentBlockBegins(a, (kTnWarps / S) * kTnRowsPerWarp, &begins);
   const int grid_x = std::min(total, a.sm_count * ResidentTnBlocks<M, S, P>());
   return pdl::LaunchKernel(SkinnyTnKernel<M, S, P>, dim3(grid_x, a.batch), dim3(32 * kTnWarps), 0,
-                           stream, a.programmatic, a, make_int4(b[0], b[1], b[2], b[3]), total);
+                           stream, a.programmatic, a, begins, total);
 }
 
 template <int M, SkinnyPrologue P>
@@ -366,15 +388,10 @@ __device__ __forceinline__ void SkinnyMmaBlock(const SkinnyGemmArgs& a, const in
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int group = warp / S, slice = warp % S;
-  int seg = 0;
-  const int begins[4] = {block_begin.x, block_begin.y, block_begin.z, block_begin.w};
-#pragma unroll
-  for (int s = 1; s < kSkinnyMaxSegments; ++s) {
-    if (s < a.num_segments && bx >= begins[s]) seg = s;
-  }
-  const SkinnyGemmSegment& sg = a.seg[seg];
+  const SegmentBlock sb = SegmentOfBlock(a, block_begin, bx);
+  const SkinnyGemmSegment& sg = a.seg[sb.seg];
   const int n = static_cast<int>(sg.n);
-  const int row0 = (bx - begins[seg]) * kRowsPerBlock + group * 16;
+  const int row0 = sb.block * kRowsPerBlock + group * 16;
   const int64_t b = blockIdx.y;
   const int groups = static_cast<int>(a.k / 32);
   const int c_begin = groups * slice / S, c_end = groups * (slice + 1) / S;
@@ -469,31 +486,16 @@ __global__ void __launch_bounds__(32 * kMmaWarps)
 
 template <int NT, int S>
 int ResidentMmaBlocks() {
-  static const int blocks = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, SkinnyMmaKernel<NT, S>, 32 * kMmaWarps,
-                                                      0) != cudaSuccess ||
-        b < 1) {
-      b = 1;
-    }
-    return b;
-  }();
-  return blocks;
+  return ResidentBlocks<SkinnyMmaKernel<NT, S>, 32 * kMmaWarps>();
 }
 
 template <int NT, int S>
 cudaError_t LaunchMmaWith(const SkinnyGemmArgs& a, cudaStream_t stream) {
-  const int rows_per_block = (kMmaWarps / S) * 16;
-  int b[4] = {0, 0, 0, 0};
-  int total = 0;
-  for (int i = 0; i < a.num_segments; ++i) {
-    b[i] = total;
-    total += static_cast<int>((a.seg[i].n + rows_per_block - 1) / rows_per_block);
-  }
-  for (int i = a.num_segments; i < 4; ++i) b[i] = total;
+  int4 begins;
+  const int total = SegmentBlockBegins(a, (kMmaWarps / S) * 16, &begins);
   const int grid_x = std::min(total, a.sm_count * ResidentMmaBlocks<NT, S>());
   return pdl::LaunchKernel(SkinnyMmaKernel<NT, S>, dim3(grid_x, a.batch), dim3(32 * kMmaWarps), 0,
-                           stream, a.programmatic, a, make_int4(b[0], b[1], b[2], b[3]), total);
+                           stream, a.programmatic, a, begins, total);
 }
 
 template <int NT>
