@@ -59,11 +59,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "common/command_line.h"
 #include "common/safetensors.h"
 #include "kernels/linear/linear.h"
@@ -107,11 +104,6 @@ ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{false},
 ABSL_FLAG(int32_t, skinny_mma_rows, 0,
           "Projections of 5..N rows (N <= 16) on the skinny kernels' tensor-core variant; 0: "
           "cuBLASLt (CudaOps::SetSkinnyTensorCoreRows).");
-ABSL_FLAG(std::vector<std::string>, l2_prefetch, {"off"},
-          "L2 prefetch settings, each timed in turn on the same filled caches (one decode run "
-          "per setting and batch): off, or '+'-joined parts: w (the model's PrefetchWeights "
-          "hints), eN (the first N active routed experts of a layer), lines (one request per "
-          "cache line instead of bulk requests). CudaOps::SetL2Prefetch.");
 ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
           "The routed experts' decode GEMMs on the few-expert kernel where few experts are active "
           "(CudaOps::SetMoeFewExpert).");
@@ -229,35 +221,6 @@ StepBatch Step(Sequences& s, const std::vector<int>& which,
   return b;
 }
 
-// One --l2-prefetch setting.
-struct L2PrefetchSetting {
-  std::string name;
-  bool weights = false;
-  int experts = 0;
-  int mode = 0;
-};
-
-absl::StatusOr<L2PrefetchSetting> ParseL2Prefetch(const std::string& text) {
-  L2PrefetchSetting r;
-  r.name = text;
-  if (text == "off") return r;
-  for (absl::string_view part : absl::StrSplit(text, '+')) {
-    int n = 0;
-    if (part == "w") {
-      r.weights = true;
-    } else if (part == "lines") {
-      r.mode = 1;
-    } else if (absl::ConsumePrefix(&part, "e") && absl::SimpleAtoi(part, &n) && n >= 1 &&
-               n <= 64) {
-      r.experts = n;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--l2-prefetch: '", text, "': want off or w / eN (1..64) / lines joined by +"));
-    }
-  }
-  return r;
-}
-
 // Each value of a list of on/off modes (--graphs on,off), checked.
 std::vector<std::string> Modes(const absl::Flag<std::vector<std::string>>& flag) {
   std::vector<std::string> modes = absl::GetFlag(flag);
@@ -283,17 +246,6 @@ int Run(int argc, char** argv) {
   const int context = FlagInRange(FLAGS_context, 0, 1 << 24);
   const int steps = FlagInRange(FLAGS_steps, 1, 1 << 20);
   const std::vector<std::string> graph_modes = Modes(FLAGS_graphs);
-  std::vector<L2PrefetchSetting> l2_settings;
-  for (const std::string& text : absl::GetFlag(FLAGS_l2_prefetch)) {
-    auto setting = ParseL2Prefetch(text);
-    if (!setting.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(setting.status().message()).c_str());
-      return 2;
-    }
-    l2_settings.push_back(*setting);
-  }
-  if (l2_settings.empty()) l2_settings.push_back(L2PrefetchSetting{"off"});
-  const int settings = static_cast<int>(l2_settings.size());
   const std::vector<std::string> det_modes = Modes(FLAGS_deterministic);
   const bool phases = absl::GetFlag(FLAGS_phases).on;
   const std::string moe = absl::GetFlag(FLAGS_moe);
@@ -321,7 +273,7 @@ int Run(int argc, char** argv) {
   const int max_prefill =
       prefills.empty() ? 0 : *std::max_element(prefills.begin(), prefills.end());
   const int per_seq_blocks =
-      (std::max(context + (steps + 8) * settings + 64, 0) + kKvBlockTokens - 1) / kKvBlockTokens;
+      (std::max(context + steps + 64, 0) + kKvBlockTokens - 1) / kKvBlockTokens;
   const int blocks =
       max_batch * per_seq_blocks + (max_prefill + kKvBlockTokens) / kKvBlockTokens + 2;
   for (const std::string& kv : kvs) {
@@ -466,8 +418,6 @@ int Run(int argc, char** argv) {
         std::vector<int32_t> hist;
         SamplingBatch sb;
         for (int q = 0; q < B; ++q) sb.rows.push_back({&greedy, &hist, 0, 0});
-        for (const L2PrefetchSetting& l2 : l2_settings) {
-        (*ops)->SetL2Prefetch(l2.weights, l2.experts, l2.mode);
         std::vector<double> t;
         for (int step = 0; step < steps + 2; ++step) {
           const double t0 = Now();
@@ -507,9 +457,8 @@ int Run(int argc, char** argv) {
             total += ms;
             line += " " + name + " " + std::to_string(ms).substr(0, 6);
           }
-          std::printf("phases kv=%s det=%s batch=%d%s%s (eager, ms):%s | total %.2f\n",
-                      kv.c_str(), det.c_str(), B, settings > 1 ? " l2=" : "",
-                      settings > 1 ? l2.name.c_str() : "", line.c_str(), total);
+          std::printf("phases kv=%s det=%s batch=%d (eager, ms):%s | total %.2f\n", kv.c_str(),
+                      det.c_str(), B, line.c_str(), total);
           m.set_graphs(graphs == "on");
         }
         const double E = std::max(c.n_routed_experts, 1), k = c.num_experts_per_tok;
@@ -521,14 +470,11 @@ int Run(int argc, char** argv) {
         // write rate is also the ceiling of a read-only step.
         const double floor = bytes / bw;
         std::printf(
-            "decode kv=%s det=%s graphs=%s%s%s batch=%d context=%d: step %.2f ms, %.0f tok/s; "
-            "reads %.2f GB (weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f ms, ratio "
-            "%.2f\n",
-            kv.c_str(), det.c_str(), graphs.c_str(), settings > 1 ? " l2=" : "",
-            settings > 1 ? l2.name.c_str() : "", B, context, sec * 1e3, B / sec, bytes / 1e9,
+            "decode kv=%s det=%s graphs=%s batch=%d context=%d: step %.2f ms, %.0f tok/s; reads "
+            "%.2f GB (weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f ms, ratio %.2f\n",
+            kv.c_str(), det.c_str(), graphs.c_str(), B, context, sec * 1e3, B / sec, bytes / 1e9,
             (weights - experts) / 1e9, experts * touched / 1e9, kv_bytes / 1e9, floor * 1e3,
             sec / floor);
-        }  // l2_settings
       }
     }  // det_modes
     if (auto st = m.set_deterministic(false); !st.ok()) return 1;

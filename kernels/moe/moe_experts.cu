@@ -18,7 +18,6 @@
 #include "kernels/moe/int4_moe_layout.h"
 #include "kernels/moe/moe_combine.h"
 #include "kernels/moe/moe_dispatch.h"
-#include "kernels/moe/moe_expert_prefetch.h"
 #include "kernels/moe/moe_experts.h"
 #include "kernels/moe/nvfp4_moe.h"
 #include "kernels/moe/nvfp4_moe_gemm.h"
@@ -478,39 +477,6 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
                      reinterpret_cast<uintptr_t>(p.workspace)));
   }
   const Workspace ws = CarveWorkspace(g, p.workspace, p.tokens, p.top_k);
-  if (p.l2_prefetch_experts > 0 && rows <= MoeExpertPrefetchParams::kMaxAssignments) {
-    MoeExpertPrefetchParams q;
-    q.topk_ids = p.topk_ids;
-    q.assignments = static_cast<int>(rows);
-    q.first_expert = g.first_expert();
-    q.num_local_experts = E;
-    q.max_experts = std::min(p.l2_prefetch_experts, E);
-    q.mode = p.l2_prefetch_mode;
-    const int Ip = g.padded_intermediate();
-    if (g.nvfp4() || g.int4() || g.fp8()) {
-      auto code_bytes =
-          g.fp8() ? Fp8TiledCodeBytes : g.int4() ? Int4TiledCodeBytes : Nvfp4TiledCodeBytes;
-      auto scale_bytes =
-          g.fp8() ? Fp8TiledScaleBytes : g.int4() ? Int4TiledScaleBytes : Nvfp4TiledScaleBytes;
-      const void* base[4] = {g.gate_up_codes_, g.gate_up_scales_, g.down_codes_, g.down_scales_};
-      const size_t bytes[4] = {code_bytes(2 * Ip, Hp), scale_bytes(2 * Ip, Hp),
-                               code_bytes(Hp, Ip), scale_bytes(Hp, Ip)};
-      for (int a = 0; a < 4; ++a) {
-        q.base[a] = base[a];
-        q.expert_bytes[a] = bytes[a];
-      }
-      q.arrays = 4;
-    } else {
-      q.base[0] = g.bf16_gate_up_;
-      q.expert_bytes[0] = size_t{2} * Ip * Hp * 2;
-      q.base[1] = g.bf16_down_;
-      q.expert_bytes[1] = static_cast<size_t>(Hp) * Ip * 2;
-      q.arrays = 2;
-    }
-    if (cudaError_t e = InvokeMoeExpertPrefetch(q, stream); e != cudaSuccess) {
-      return CudaStatus(e, "L2 prefetch of the active experts");
-    }
-  }
   const bool padded = Hp != H;
   // The few-expert kernel (moe_few_expert.h) for the 4-bit and FP8 decode GEMMs.
   const bool few_expert =

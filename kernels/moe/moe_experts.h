@@ -143,11 +143,6 @@ struct MoeExpertsRunParams {
   // false keeps them on the mma.sync kernel, bit-identical to the decode tiles (the deterministic
   // mode needs that).
   bool prefill_wgmma = true;
-  // Decode batches of at most MoeExpertPrefetchParams::kMaxAssignments assignments: the first
-  // l2_prefetch_experts distinct local experts' weights are requested into L2 before the dispatch
-  // (moe_expert_prefetch.h), in l2_prefetch_mode (L2PrefetchRanges::mode). 0: none.
-  int l2_prefetch_experts = 0;
-  int l2_prefetch_mode = 0;
 };
 
 // No host syncs, no allocations (graph-capturable). tokens == 0 is a no-op; a rank with no local

@@ -287,17 +287,6 @@ TEST_P(GpuModelTest, GreedyDecodeWithProgrammaticSmallKernelsMatchesCpu) {
   GreedyDecodeAgainstCpu(", programmatic small kernels, fused prologues");
 }
 
-// And with the L2 prefetch hints on (CudaOps::SetL2Prefetch: o_proj and the MLP's weights during
-// MLA decode, the first two active routed experts before their GEMMs), in both request modes.
-TEST_P(GpuModelTest, GreedyDecodeWithL2PrefetchMatchesCpu) {
-  gpu_ops_->SetL2Prefetch(true, 2, 0);
-  GreedyDecodeAgainstCpu(", L2 prefetch (bulk)");
-}
-TEST_P(GpuModelTest, GreedyDecodeWithL2PrefetchLinesMatchesCpu) {
-  gpu_ops_->SetL2Prefetch(true, 64, 1);
-  GreedyDecodeAgainstCpu(", L2 prefetch (lines)");
-}
-
 // Decode steps replayed as CUDA graphs give the same logits, bit for bit, as the same steps run
 // eagerly: one sequence (bucket 1), and three sequences of different lengths (bucket 4: one
 // padding sequence), through the eager first step, the capture and the replays, and a prefill

@@ -24,7 +24,6 @@
 #include "kernels/moe/moe_experts.h"
 #include "kernels/moe/moe_router.h"
 #include "kernels/norm/rms_norm.h"
-#include "kernels/prefetch/l2_prefetch.h"
 #include "kernels/rope/rope.h"
 #include "kernels/sampling/sampling.h"
 
@@ -79,10 +78,6 @@ struct CudaOps::Impl {
   bool moe_prefill_wgmma = true;  // SetMoePrefillWgmma
   bool fused_prologues = false;  // SetFusedPrologues
   bool programmatic_small = false;  // SetProgrammaticSmallKernels
-  bool l2_prefetch_weights = false;  // SetL2Prefetch
-  int l2_prefetch_experts = 0;
-  int l2_prefetch_mode = 0;
-  size_t l2_bytes = 0;  // the device's L2 size
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 
@@ -223,13 +218,6 @@ absl::StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create() {
   if (!gemm.ok()) return gemm.status();
   impl->gemm = *std::move(gemm);
   impl->gemm->SetProgrammaticLaunch(true);  // SetProgrammaticLaunch's default
-  int l2 = 0;
-  if (auto s = CudaStatus(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, impl->device),
-                          "cudaDeviceGetAttribute(L2 size)");
-      !s.ok()) {
-    return s;
-  }
-  impl->l2_bytes = static_cast<size_t>(l2);
   return std::unique_ptr<CudaOps>(new CudaOps(std::move(impl)));
 }
 
@@ -264,34 +252,6 @@ void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
 void CudaOps::SetMoePrefillWgmma(bool on) { impl_->moe_prefill_wgmma = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
-void CudaOps::SetL2Prefetch(bool weights, int experts, int mode) {
-  experts = std::max(experts, 0);
-  if (weights != impl_->l2_prefetch_weights || experts != impl_->l2_prefetch_experts ||
-      mode != impl_->l2_prefetch_mode) {
-    ++impl_->epoch;  // graphs captured with the old setting are stale
-  }
-  impl_->l2_prefetch_weights = weights;
-  impl_->l2_prefetch_experts = experts;
-  impl_->l2_prefetch_mode = mode;
-}
-
-void CudaOps::PrefetchWeights(std::initializer_list<const LinearWeight*> weights) {
-  if (impl_->failed() || !impl_->l2_prefetch_weights) return;
-  // Up to 3/4 of the L2, in the order given: more would evict what was requested first.
-  size_t budget = impl_->l2_bytes / 4 * 3;
-  L2PrefetchRanges r;
-  r.mode = impl_->l2_prefetch_mode;
-  for (const LinearWeight* w : weights) {
-    for (const Tensor* t : {&w->weight, &w->block_scale, &w->int4_packed, &w->int4_scale,
-                            &w->fp8_codes, &w->fp8_scale_inv}) {
-      if (t->empty() || budget == 0 || r.count == L2PrefetchRanges::kMaxRanges) continue;
-      r.base[r.count] = t->data<void>();
-      r.bytes[r.count] = std::min(t->nbytes(), budget);
-      budget -= r.bytes[r.count++];
-    }
-  }
-  impl_->Check(InvokeL2Prefetch(r, impl_->stream), "L2 prefetch of weights");
-}
 
 void CudaOps::Phase(const char* name) {
   if (!impl_->phase_timing || impl_->capturing) return;
@@ -1186,8 +1146,6 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
   p.decode_kernel = impl_->moe_few_expert && !impl_->batch_invariant ? MoeDecodeKernel::kAuto
                                                                        : MoeDecodeKernel::kTile;
   p.prefill_wgmma = impl_->moe_prefill_wgmma && !impl_->batch_invariant;
-  p.l2_prefetch_experts = impl_->l2_prefetch_experts;
-  p.l2_prefetch_mode = impl_->l2_prefetch_mode;
   p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
   p.workspace = impl_->ArenaAlloc(p.workspace_bytes);
   MLASERVE_SKIP_IF_FAILED();

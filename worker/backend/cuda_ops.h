@@ -132,14 +132,6 @@ class CudaOps : public Ops {
   // device has it (kernels/moe/moe_weight_only_wgmma.cuh); off: the mma.sync kernel (as the
   // batch-invariant mode runs). On by default.
   void SetMoePrefillWgmma(bool on);
-  // L2 prefetch hints in decode steps (kernels/prefetch/l2_prefetch.h): `weights` acts on the
-  // model's PrefetchWeights calls (up to 3/4 of the L2 a call); `experts` > 0 requests the first
-  // that many distinct active routed experts of a layer before their GEMMs (batches of at most
-  // 64 assignments, kernels/moe/moe_expert_prefetch.h); mode 0: bulk requests, 1: one request
-  // per cache line. Off by default (written 2026-12-04, session 11; being measured). A change
-  // moves memory_epoch(), so graphs captured before are captured again.
-  void SetL2Prefetch(bool weights, int experts, int mode);
-  void PrefetchWeights(std::initializer_list<const LinearWeight*> weights) override;
   void Phase(const char* name) override;
   std::vector<std::pair<std::string, double>> PhaseTimes();
   void ScratchRelease(uint64_t mark) override;

@@ -190,13 +190,6 @@ class Ops {
   virtual void Linears(const Tensor& x, std::initializer_list<LinearOut> outs) {
     for (const LinearOut& o : outs) Linear(x, *o.w, *o.out);
   }
-  // A hint for decode steps: these weights will be read later in the step; a backend may start
-  // bringing them into its device cache now (the CUDA backend's L2, CudaOps::SetL2Prefetch), so
-  // that the ops between overlap with the reads. No effect on any result. Empty weights (a layer
-  // without the projection) are skipped.
-  virtual void PrefetchWeights(std::initializer_list<const LinearWeight*> weights) {
-    (void)weights;
-  }
   // out = silu(gate) * up, elementwise.
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // An op and the projection that reads its output, as one call (the defaults are the two ops;

@@ -697,9 +697,6 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
   }
   if (step.layout->prefill.num_seqs > 0) {
     ops_.MlaPrefill(mla_, q, latent, k_rope, L.kv_b, L.kv, step, attn);
-  } else {
-    // Decode: the MLA kernels read little; the projections after them stream their weights.
-    ops_.PrefetchWeights({&L.o_proj, &L.gate, &L.up, &L.router, &L.down});
   }
   for (size_t g = 0; g < step.layout->decode.size(); ++g) {
     ops_.MlaDecode(mla_, q, L.w_kb, L.w_vb, L.kv, step, static_cast<int>(g), attn);

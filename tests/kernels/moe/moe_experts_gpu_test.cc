@@ -23,7 +23,6 @@
 #include "gtest/gtest.h"
 #include "kernels/linear/fp8_block_ref.h"
 #include "kernels/linear/int4_group_ref.h"
-#include "kernels/moe/moe_expert_prefetch.h"
 #include "kernels/moe/moe_experts.h"
 #include "kernels/moe/moe_ref.h"
 #include "kernels/moe/nvfp4_ref.h"
@@ -405,17 +404,9 @@ void RunCase(const Case& c, uint64_t seed) {
     // first run leaves behind would show.
     constexpr MoeDecodeKernel kTile = MoeDecodeKernel::kTile, kFew = MoeDecodeKernel::kFewExpert,
                               kAuto = MoeDecodeKernel::kAuto;
-    // The last two with the active experts requested into L2 first (MoeExpertsRunParams::
-    // l2_prefetch_experts, decode batches of <= 64 assignments): a hint, so the same bounds.
-    struct Run {
-      bool with_shared;
-      MoeDecodeKernel kernel;
-      int l2_experts = 0, l2_mode = 0;
-    };
-    const Run runs[] = {{false, kTile},        {true, kTile},        {false, kFew},
-                        {true, kFew},          {false, kFew},        {true, kAuto},
-                        {true, kAuto, 2, 0},   {false, kFew, 64, 1}};
-    for (const auto& [with_shared, kernel, l2_experts, l2_mode] : runs) {
+    const std::pair<bool, MoeDecodeKernel> runs[] = {
+        {false, kTile}, {true, kTile}, {false, kFew}, {true, kFew}, {false, kFew}, {true, kAuto}};
+    for (const auto& [with_shared, kernel] : runs) {
       const int kernel_id = kernel == kFew ? 1 : kernel == kAuto ? 2 : 0;  // for the messages
       CUDA_OK(d_out.Poison());  // 0xffff: bf16 NaN, so unwritten elements fail
       CUDA_OK(d_ws.Poison());   // nothing may rely on a zeroed workspace
@@ -430,8 +421,6 @@ void RunCase(const Case& c, uint64_t seed) {
       p.workspace = d_ws.ptr;
       p.workspace_bytes = ws_bytes;
       p.decode_kernel = kernel;
-      p.l2_prefetch_experts = l2_experts;
-      p.l2_prefetch_mode = l2_mode;
       const absl::Status st = InvokeMoeExperts(experts, p, stream);
       ASSERT_TRUE(st.ok()) << st;
       CUDA_OK(cudaStreamSynchronize(stream));
@@ -467,10 +456,9 @@ void RunCase(const Case& c, uint64_t seed) {
       }
       const double rel_l2 = std::sqrt(d2 / std::max(r2, 1e-30));
       std::printf(
-          "[moe_experts] %s tokens=%d shared=%d kernel=%d (0 tile, 1 few-expert, 2 auto) l2=%d: "
-          "max_abs_err=%.3g max_err/tol=%.3f rel_l2=%.3g non_finite=%d bad=%d\n",
-          Name(c).c_str(), tokens, with_shared, kernel_id, l2_experts, max_err, max_ratio, rel_l2,
-          non_finite, bad);
+          "[moe_experts] %s tokens=%d shared=%d kernel=%d (0 tile, 1 few-expert, 2 auto): max_abs_err=%.3g max_err/tol=%.3f "
+          "rel_l2=%.3g non_finite=%d bad=%d\n",
+          Name(c).c_str(), tokens, with_shared, kernel_id, max_err, max_ratio, rel_l2, non_finite, bad);
       EXPECT_EQ(non_finite, 0) << "tokens " << tokens << " shared " << with_shared << " kernel "
                                << kernel_id << ": unwritten or NaN outputs";
       EXPECT_EQ(bad, 0) << "tokens " << tokens << " shared " << with_shared << " kernel "
@@ -805,72 +793,6 @@ TEST(MoeExpertsGpuTest, RejectsSmallWorkspace) {
   p.workspace = ws.ptr + 16;
   p.workspace_bytes = need;
   EXPECT_EQ(InvokeMoeExperts(**uploaded, p, nullptr).code(), absl::StatusCode::kInvalidArgument);
-}
-
-
-// The L2 prefetch of the active experts (moe_expert_prefetch.h) picks the first max_experts
-// distinct local experts in slot order, skipping other ranks' experts and repeats, and reports
-// -1 past the last; the host computes the same list. Invalid arguments are refused.
-TEST(MoeExpertsGpuTest, ExpertPrefetchPicksFirstDistinctLocalExperts) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  constexpr int kFirst = 16, kLocal = 8;
-  constexpr size_t kBytes[2] = {4096 + 48, 1000};  // per expert; the second not 16-aligned
-  DeviceBuffer<uint8_t> weights(kLocal * (kBytes[0] + kBytes[1]));
-  ASSERT_TRUE(weights.ptr);
-  std::vector<uint8_t> pattern(weights.count);
-  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 131 + 7);
-  CUDA_OK(weights.Upload(pattern));
-  const std::vector<std::vector<int32_t>> id_lists = {
-      {3, 17, 17, 40, 23, 16, 17, 18},  // repeats and other ranks' experts
-      {1, 2, 3, 4},                     // none local
-      {23, 22, 21, 20, 19, 18, 17, 16, 23, 22, 21, 20, 19, 18, 17, 16, 5, 5, 5, 5, 5, 5, 5, 5,
-       5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
-       5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 20},  // 64 assignments, the last one a repeat
-      {20}};
-  for (const auto& ids : id_lists) {
-    for (int max_experts : {1, 3, 8}) {
-      for (int mode : {0, 1}) {
-        std::vector<int32_t> want;
-        for (int32_t id : ids) {
-          const bool local = id >= kFirst && id < kFirst + kLocal;
-          if (local && std::find(want.begin(), want.end(), id - kFirst) == want.end() &&
-              static_cast<int>(want.size()) < max_experts) {
-            want.push_back(id - kFirst);
-          }
-        }
-        want.resize(max_experts, -1);
-        DeviceBuffer<int32_t> d_ids(ids.size()), d_sel(max_experts);
-        ASSERT_TRUE(d_ids.ptr && d_sel.ptr);
-        CUDA_OK(d_ids.Upload(ids));
-        CUDA_OK(d_sel.Poison());
-        MoeExpertPrefetchParams p;
-        p.topk_ids = d_ids.ptr;
-        p.assignments = static_cast<int>(ids.size());
-        p.first_expert = kFirst;
-        p.num_local_experts = kLocal;
-        p.max_experts = max_experts;
-        p.base[0] = weights.ptr;
-        p.expert_bytes[0] = kBytes[0];
-        p.base[1] = weights.ptr + kLocal * kBytes[0];
-        p.expert_bytes[1] = kBytes[1];
-        p.arrays = 2;
-        p.mode = mode;
-        p.selected = d_sel.ptr;
-        CUDA_OK(InvokeMoeExpertPrefetch(p, nullptr));
-        CUDA_OK(cudaDeviceSynchronize());
-        EXPECT_EQ(d_sel.Download(), want) << "ids " << ids.size() << " max " << max_experts;
-      }
-    }
-  }
-  EXPECT_EQ(weights.Download(), pattern);  // a prefetch writes nothing
-  MoeExpertPrefetchParams bad;
-  DeviceBuffer<int32_t> d_ids(65);
-  bad.topk_ids = d_ids.ptr;
-  bad.assignments = 65;
-  EXPECT_EQ(InvokeMoeExpertPrefetch(bad, nullptr), cudaErrorInvalidValue);
-  bad.assignments = 4;
-  bad.arrays = 5;
-  EXPECT_EQ(InvokeMoeExpertPrefetch(bad, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace
