@@ -64,7 +64,6 @@
 #include "common/command_line.h"
 #include "common/safetensors.h"
 #include "kernels/linear/linear.h"
-#include "kernels/moe/moe_few_expert.h"
 #include "worker/backend/cuda_ops.h"
 #include "worker/model/deepseek_v3.h"
 #include "worker/model/synthetic_checkpoint.h"
@@ -105,10 +104,6 @@ ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{false},
 ABSL_FLAG(int32_t, skinny_mma_rows, 0,
           "Projections of 5..N rows (N <= 16) on the skinny kernels' tensor-core variant; 0: "
           "cuBLASLt (CudaOps::SetSkinnyTensorCoreRows).");
-ABSL_FLAG(mlaserve::OnOff, moe_few_expert_staged,
-          mlaserve::OnOff{mlaserve::kMoeFewExpertStagedByDefault},
-          "The few-expert kernel's staged variant (weights in shared memory by bulk copies) where "
-          "it runs (CudaOps::SetMoeFewExpertStaged).");
 ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
           "The routed experts' decode GEMMs on the few-expert kernel where few experts are active "
           "(CudaOps::SetMoeFewExpert).");
@@ -292,7 +287,6 @@ int Run(int argc, char** argv) {
     (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
     (*ops)->SetMoeFewExpert(absl::GetFlag(FLAGS_moe_few_expert).on);
-    (*ops)->SetMoeFewExpertStaged(absl::GetFlag(FLAGS_moe_few_expert_staged).on);
     (*ops)->SetSkinnyTensorCoreRows(FlagInRange(FLAGS_skinny_mma_rows, 0, 16));
     (*ops)->SetMoePrefillWgmma(absl::GetFlag(FLAGS_moe_prefill_wgmma).on);
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);

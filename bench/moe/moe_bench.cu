@@ -325,10 +325,6 @@ int main(int argc, char** argv) {
       Int4MoeParams q_few = q;
       Fp8MoeParams f_few = f;
       p_few.few_expert = q_few.few_expert = f_few.few_expert = true;
-      // Its staged variant (NVFP4 and INT4; moe_few_expert_gemm.cuh).
-      Nvfp4MoeParams p_staged = p_few;
-      Int4MoeParams q_staged = q_few;
-      p_staged.few_expert_staged = q_staged.few_expert_staged = true;
       auto stage = [&](int i) {
         if (is_fp8) {
           return i == 0   ? InvokeFp8MoeDispatchStage(f, s)
@@ -397,11 +393,6 @@ int main(int argc, char** argv) {
                        : InvokeNvfp4Moe(p_few, s));
         });
       }
-      double us_staged = 0;
-      if (few_ok && !is_fp8) {
-        us_staged = time_layer(
-            [&] { CK(is_int4 ? InvokeInt4Moe(q_staged, s) : InvokeNvfp4Moe(p_staged, s)); });
-      }
       // Prefill tiles (NVFP4, INT4) on the mma.sync kernel, against the default (the SM90 wgmma kernel
       // where the device has it, moe_weight_only_wgmma.cuh): the layer, plain launches.
       double us_mma = 0;
@@ -432,13 +423,13 @@ int main(int argc, char** argv) {
       const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
       std::printf(
           "%-16s %5s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
-          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s| staged %8.1f us "
-          "%5.1f%% | mma.sync %8.1f us %6.1f TF\n",
+          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s| mma.sync %8.1f us "
+          "%6.1f TF\n",
           c.name, is_fp8 ? "fp8" : is_int4 ? "int4" : "nvfp4", tokens, p.tile_tokens, active, rows, Median(t_disp),
           Median(t_gu), Median(t_dn), Median(t_comb), us_total, us_plain, us_layer, us_graph,
           bytes / (us_layer * 1e-6) / 1e9, pct(us_total), pct(us_layer), pct(us_graph), tflops,
           flop_per_row * rows / (us_layer * 1e-6) / 1e12, us_few, pct(us_few),
-          few_auto ? "(auto) " : "", us_staged, pct(us_staged), us_mma,
+          few_auto ? "(auto) " : "", us_mma,
           us_mma > 0 ? flop_per_row * rows / (us_mma * 1e-6) / 1e12 : 0.0);
       std::fflush(stdout);
       CK(cudaFree(ws));
@@ -460,8 +451,7 @@ int main(int argc, char** argv) {
       "launches (programmatic for tokens * top_k <= 256 in decode); graph = that call replayed as "
       "a CUDA graph (decode only); few: the layer call with the few-expert kernel "
       "(moe_few_expert_gemm.cuh) for both GEMMs (16-token tiles only), (auto) where "
-      "InvokeMoeExperts picks it; staged: the same with the few-expert kernel's staged variant "
-      "(NVFP4, INT4); mma.sync: the layer (plain launches) with 128-token tiles on "
+      "InvokeMoeExperts picks it; mma.sync: the layer (plain launches) with 128-token tiles on "
       "the mma.sync kernel instead of the default (SM90: wgmma, moe_weight_only_wgmma.cuh), and "
       "its TFLOP/s. GB/s: weight bytes of the active experts (codes + scales) / "
       "layer time; %%stage, %%layer, %%graph: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 "

@@ -37,7 +37,6 @@ Int4MoeGemmParams GemmParams(const Int4MoeParams& p, const Nvfp4MoeWorkspace& ws
   g.topk_weights = p.topk_weights;
   g.y = ws.y;
   g.few_expert = p.few_expert;
-  g.few_expert_staged = p.few_expert_staged;
   g.prefill_wgmma = p.prefill_wgmma;
   return g;
 }

@@ -44,9 +44,6 @@ struct Int4MoeParams {
   size_t workspace_bytes;
   // 16-token tiles: both GEMMs on the few-expert kernel (moe_few_expert.h).
   bool few_expert;
-  // With few_expert: its staged variant (moe_few_expert_gemm.cuh) where the device's shared
-  // memory holds it.
-  bool few_expert_staged;
   // 128-token tiles on the SM90 warpgroup-MMA kernel where the device has it (as
   // Nvfp4MoeParams::prefill_wgmma; false: the mma.sync kernel, bit-identical to decode tiles).
   bool prefill_wgmma = true;

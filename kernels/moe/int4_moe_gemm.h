@@ -47,9 +47,6 @@ struct Int4MoeGemmParams {
   // 16-token tiles: run FewExpertMoeGemmKernel (moe_few_expert_gemm.cuh) instead of the tile
   // kernel (moe_few_expert.h says when each is faster).
   bool few_expert;
-  // With few_expert: its staged variant (moe_few_expert_gemm.cuh) where the device's shared
-  // memory holds it.
-  bool few_expert_staged;
   // 128-token tiles: the SM90 wgmma kernel where it applies (Nvfp4MoeGemmParams::prefill_wgmma).
   bool prefill_wgmma;
 };

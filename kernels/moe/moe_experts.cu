@@ -484,7 +484,6 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
       (p.decode_kernel == MoeDecodeKernel::kFewExpert ||
        (p.decode_kernel == MoeDecodeKernel::kAuto &&
         ChooseMoeFewExpert(E, g.num_routed_experts(), p.tokens, p.top_k)));
-  const bool few_expert_staged = few_expert && p.few_expert_staged;
   const auto* x = static_cast<const __nv_bfloat16*>(p.x);
   const auto* shared = static_cast<const __nv_bfloat16*>(p.shared_out);
   auto* out = static_cast<__nv_bfloat16*>(p.out);
@@ -528,7 +527,6 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     np.workspace = ws.core;
     np.workspace_bytes = ws.core_bytes;
     np.few_expert = few_expert;
-    np.few_expert_staged = few_expert_staged;
     np.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeNvfp4Moe(np, stream); e != cudaSuccess) {
       return CudaStatus(e, "NVFP4 experts");
@@ -556,7 +554,6 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     ip.workspace = ws.core;
     ip.workspace_bytes = ws.core_bytes;
     ip.few_expert = few_expert;
-    ip.few_expert_staged = few_expert_staged;
     ip.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeInt4Moe(ip, stream); e != cudaSuccess) {
       return CudaStatus(e, "INT4 experts");

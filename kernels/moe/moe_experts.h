@@ -139,8 +139,6 @@ struct MoeExpertsRunParams {
   // the few-expert kernel where few experts are active; kTile keeps every batch on the tile
   // kernel, whose K order does not depend on the batch (the deterministic mode needs that).
   MoeDecodeKernel decode_kernel = MoeDecodeKernel::kAuto;
-  // Where the few-expert kernel runs: its staged variant (moe_few_expert.h).
-  bool few_expert_staged = kMoeFewExpertStagedByDefault;
   // NVFP4 and INT4 prefill tiles (128 tokens) on the SM90 warpgroup-MMA kernel where the device has it;
   // false keeps them on the mma.sync kernel, bit-identical to the decode tiles (the deterministic
   // mode needs that).

@@ -17,11 +17,6 @@ enum class MoeDecodeKernel {
                // activation rows over the whole K, fits: K up to ~23,000)
 };
 
-// Whether the few-expert kernel stages its weights in shared memory by bulk copies
-// (moe_few_expert_gemm.cuh; NVFP4 and INT4 where the device's shared memory holds the stages,
-// the register ring otherwise) unless told (MoeExpertsRunParams::few_expert_staged).
-inline constexpr bool kMoeFewExpertStagedByDefault = false;
-
 // Whether the few-expert kernel is the faster at `tokens` tokens of top_k picks over
 // routed_experts, local_experts of them on this rank (uniform routing expected): at most 64
 // assignments, 16-token tiles, and at most kMoeFewExpertMaxActive local experts expected active.

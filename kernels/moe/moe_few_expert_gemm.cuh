@@ -29,7 +29,6 @@
 
 #include <cstdint>
 
-#include "kernels/bulk_copy_ptx.cuh"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 
@@ -55,39 +54,11 @@ inline constexpr int kFewExpertRowPad = 16;
 
 // Dynamic shared memory: the pass's activation rows over the whole K, the K slices' sums
 // ([8 warps][32 lanes][4] fp32), then the local experts' tile offsets.
-__host__ __device__ inline int FewExpertXBytes(int k) {
+inline int FewExpertXBytes(int k) {
   return kFewExpertPassRows * (k / 64 * kFewExpertChunkXBytes + kFewExpertRowPad);
 }
-__host__ __device__ inline int FewExpertSmemBytes(int k, int num_local_experts) {
+inline int FewExpertSmemBytes(int k, int num_local_experts) {
   return FewExpertXBytes(k) + kFewExpertWarps * 32 * 16 + 4 * (num_local_experts + 1);
-}
-
-// The staged variant (kStaged): each warp's K slice of an item (its codes, then its scales, both
-// contiguous in the tiled layouts) is one pair of bulk copies into a per-warp stage of shared
-// memory, completed on the stage's mbarrier (kernels/bulk_copy_ptx.cuh); two stages a warp, so the
-// next item's bytes are in flight while this one is computed. Against the register ring's 4
-// chunks a warp (~18 KB a block), a block keeps a whole item in flight (Kimi-K2.5's gate_up: 63
-// KB; down: 36 KB), and tiles of more than 4 rows read their weights once. Formats whose chunk
-// scales are a multiple of 16 bytes only (the bulk copy's unit): NVFP4 and INT4, not FP8.
-inline constexpr int kFewExpertStages = 2;
-template <class Format>
-inline constexpr bool kFewExpertStagedFormat = Format::kChunkScaleBytes % 16 == 0;
-// One warp's stage: the most chunks a slice has, codes then scales.
-template <class Format>
-__host__ __device__ inline int FewExpertStageBytes(int k, int m_tiles_per_block) {
-  const int slices = kFewExpertWarps / m_tiles_per_block;
-  const int chunks = (k / 64 + slices - 1) / slices;
-  return chunks * (Format::kChunkCodeBytes + Format::kChunkScaleBytes);
-}
-// After FewExpertSmemBytes (rounded up to 128): the mbarriers, then the stages.
-__host__ __device__ inline int FewExpertStagedHeaderBytes(int k, int num_local_experts) {
-  return (FewExpertSmemBytes(k, num_local_experts) + 127) / 128 * 128 +
-         kFewExpertWarps * kFewExpertStages * 16;
-}
-template <class Format>
-__host__ __device__ inline int FewExpertStagedSmemBytes(int k, int num_local_experts, int m_tiles_per_block) {
-  return FewExpertStagedHeaderBytes(k, num_local_experts) +
-         kFewExpertWarps * kFewExpertStages * FewExpertStageBytes<Format>(k, m_tiles_per_block);
 }
 inline constexpr int kFewExpertMaxSmemBytes = 96 * 1024;  // SM120 allows 99 KB a block
 
@@ -104,10 +75,9 @@ inline int FewExpertTilesPerBlock(int k) {
   return chunks >= 64 ? 1 : chunks >= 32 ? 2 : 4;
 }
 
-template <class Format, bool kGateUp, int kMT, bool kStaged>
-__global__ void __launch_bounds__(kFewExpertThreads, kStaged ? 1 : kFewExpertMinBlocks<Format>)
+template <class Format, bool kGateUp, int kMT>
+__global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>)
     FewExpertMoeGemmKernel(const typename Format::Params p) {
-  static_assert(!kStaged || kFewExpertStagedFormat<Format>, "bulk copies need 16-byte scales");
   constexpr int kSlices = kFewExpertWarps / kMT;
   constexpr int kChunkCode = Format::kChunkCodeBytes, kChunkScale = Format::kChunkScaleBytes;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -117,30 +87,13 @@ __global__ void __launch_bounds__(kFewExpertThreads, kStaged ? 1 : kFewExpertMin
   const int x_stride = k_chunks * kFewExpertChunkXBytes + kFewExpertRowPad;
   float* s_sum = reinterpret_cast<float*>(smem + kFewExpertPassRows * x_stride);   // [8][32][4]
   int* s_tile_offsets = reinterpret_cast<int*>(s_sum + kFewExpertWarps * 32 * 4);  // [E + 1]
-  const int num_e = p.num_local_experts;
-
-  // Staged: this warp's mbarriers and stages (FewExpertStagedSmemBytes' layout).
-  uint64_t* s_bar = nullptr;
-  uint8_t* s_stage = nullptr;
-  int stage_bytes = 0, stage_code_bytes = 0;
-  if constexpr (kStaged) {
-    const int header = (FewExpertSmemBytes(p.k, num_e) + 127) / 128 * 128;
-    s_bar = reinterpret_cast<uint64_t*>(smem + header) + warp * kFewExpertStages * 2;
-    stage_bytes = FewExpertStageBytes<Format>(p.k, kMT);
-    stage_code_bytes = stage_bytes / (kChunkCode + kChunkScale) * kChunkCode;
-    s_stage = smem + FewExpertStagedHeaderBytes(p.k, num_e) +
-              warp * kFewExpertStages * stage_bytes;
-    if (lane == 0) {
-      for (int st = 0; st < kFewExpertStages; ++st) ptx::MbarrierInit(s_bar + 2 * st, 1);
-      ptx::FenceMbarrierInit();
-    }
-  }
 
   if constexpr (kGateUp) {  // the dispatch offsets and x come from predecessors
     pdl::WaitForPrerequisiteGrid();
     pdl::AllowDependentLaunch();
   }
   // Down reads the offsets before its wait: dispatch finished before gate_up let down start.
+  const int num_e = p.num_local_experts;
   for (int i = tid; i <= num_e; i += kFewExpertThreads)
     s_tile_offsets[i] = __ldcg(p.tile_offsets + i);
   __syncthreads();
@@ -182,43 +135,24 @@ __global__ void __launch_bounds__(kFewExpertThreads, kStaged ? 1 : kFewExpertMin
     return it;
   };
 
-  // Register ring (not staged): chunk c of the slice lives in slot c % kDepth until computed.
-  typename Format::Codes cw[kStaged ? 1 : kFewExpertDepth];
-  typename Format::Scales sw[kStaged ? 1 : kFewExpertDepth];
-  // Staged: item -> stage st by one lane; the previous reads of that stage by this warp ended at
-  // a __syncwarp (and are ordered before the async copy by the proxy fence).
-  auto issue = [&](const Item& it, int st) {
-    if (lane == 0) {
-      ptx::FenceProxyAsyncShared();
-      uint8_t* dst = s_stage + st * stage_bytes;
-      ptx::MbarrierArriveExpectTx(s_bar + 2 * st, nc * (kChunkCode + kChunkScale));
-      ptx::BulkCopyToShared(dst, it.codes, nc * kChunkCode, s_bar + 2 * st);
-      ptx::BulkCopyToShared(dst + stage_code_bytes, it.scales, nc * kChunkScale, s_bar + 2 * st);
-    }
-  };
+  // The ring: chunk c of the slice lives in slot c % kDepth until computed.
+  typename Format::Codes cw[kFewExpertDepth];
+  typename Format::Scales sw[kFewExpertDepth];
   auto prefetch = [&](const Item& it) {
-    if constexpr (!kStaged) {
 #pragma unroll
-      for (int d = 0; d < kFewExpertDepth; ++d) {
-        if (d < nc) {
-          cw[d] = Format::LoadCodes(it.codes + d * kChunkCode, lane);
-          sw[d] = Format::LoadScales(it.scales + d * kChunkScale, g);
-        }
+    for (int d = 0; d < kFewExpertDepth; ++d) {
+      if (d < nc) {
+        cw[d] = Format::LoadCodes(it.codes + d * kChunkCode, lane);
+        sw[d] = Format::LoadScales(it.scales + d * kChunkScale, g);
       }
     }
   };
 
   int w = blockIdx.x;
-  int st = 0;               // staged: the stage of the current item
-  uint32_t parities = 0;    // staged: bit st = the parity of stage st's next phase
   Item it{};
   if (w < items) {
     it = item_at(w);
-    if constexpr (kStaged) {
-      issue(it, 0);
-    } else {
-      prefetch(it);
-    }
+    prefetch(it);
   }
   if constexpr (!kGateUp) {  // h comes from gate_up
     pdl::WaitForPrerequisiteGrid();
@@ -226,17 +160,10 @@ __global__ void __launch_bounds__(kFewExpertThreads, kStaged ? 1 : kFewExpertMin
   }
   while (w < items) {
     const int next_w = w + gridDim.x;
-    Item staged_next{};
-    if constexpr (kStaged) {
-      if (next_w < items) {  // the next item's bytes go out before this one is computed
-        staged_next = item_at(next_w);
-        issue(staged_next, st ^ 1);
-      }
-    }
     const int valid_rows = it.valid_rows;
     for (int pass = 0; pass < valid_rows; pass += kFewExpertPassRows) {
       const int rows = min(kFewExpertPassRows, valid_rows - pass);
-      if (pass > 0) prefetch(it);  // ring: a tile of more than 4 rows streams its weights again
+      if (pass > 0) prefetch(it);  // a tile of more than 4 rows streams its weights again
       // Activation rows [pass, pass + rows) of the tile over the whole K into shared memory.
       const int vecs_per_row = k_chunks * (kFewExpertChunkXBytes / 16);
       for (int v = tid; v < rows * vecs_per_row; v += kFewExpertThreads) {
@@ -256,57 +183,37 @@ __global__ void __launch_bounds__(kFewExpertThreads, kStaged ? 1 : kFewExpertMin
       const uint32_t ld_addr = ptx::SmemAddr(smem + min(lane & 7, rows - 1) * x_stride +
                                              c0 * kFewExpertChunkXBytes + (lane >> 3) * 16);
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      auto chunk_mma = [&](int c, const typename Format::Codes& cwc,
-                           const typename Format::Scales& swc) {
+      for (int base = 0; base < nc; base += kFewExpertDepth) {
 #pragma unroll
-        for (int jp = 0; jp < 2; ++jp) {
-          uint32_t b[4];  // (b0, b1) of block 2jp, then of block 2jp + 1
-          ptx::LdMatrixX4(b, ld_addr + c * kFewExpertChunkXBytes + jp * 64);
+        for (int d = 0; d < kFewExpertDepth; ++d) {
+          const int c = base + d;
+          if (c < nc) {
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            uint32_t a[4];
-            Format::Fragment(cwc, swc, 2 * jp + jj, a);
-            ptx::MmaBf16(acc, a, b[2 * jj], b[2 * jj + 1]);
-          }
-        }
-      };
-      if constexpr (kStaged) {
-        if (pass == 0) {
-          ptx::MbarrierWait(s_bar + 2 * st, (parities >> st) & 1);
-          parities ^= 1u << st;
-        }
-        const uint8_t* codes = s_stage + st * stage_bytes;
-        const uint8_t* scales = codes + stage_code_bytes;
-#pragma unroll 2
-        for (int c = 0; c < nc; ++c) {
-          chunk_mma(c, Format::LoadCodes(codes + c * kChunkCode, lane),
-                    Format::LoadScales(scales + c * kChunkScale, g));
-        }
-      } else {
-        for (int base = 0; base < nc; base += kFewExpertDepth) {
+            for (int jp = 0; jp < 2; ++jp) {
+              uint32_t b[4];  // (b0, b1) of block 2jp, then of block 2jp + 1
+              ptx::LdMatrixX4(b, ld_addr + c * kFewExpertChunkXBytes + jp * 64);
 #pragma unroll
-          for (int d = 0; d < kFewExpertDepth; ++d) {
-            const int c = base + d;
-            if (c < nc) {
-              chunk_mma(c, cw[d], sw[d]);
-              const int next = c + kFewExpertDepth;
-              if (next < nc) {
-                cw[d] = Format::LoadCodes(it.codes + next * kChunkCode, lane);
-                sw[d] = Format::LoadScales(it.scales + next * kChunkScale, g);
+              for (int jj = 0; jj < 2; ++jj) {
+                uint32_t a[4];
+                Format::Fragment(cw[d], sw[d], 2 * jp + jj, a);
+                ptx::MmaBf16(acc, a, b[2 * jj], b[2 * jj + 1]);
               }
+            }
+            const int next = c + kFewExpertDepth;
+            if (next < nc) {
+              cw[d] = Format::LoadCodes(it.codes + next * kChunkCode, lane);
+              sw[d] = Format::LoadScales(it.scales + next * kChunkScale, g);
             }
           }
         }
       }
       const bool last_pass = pass + kFewExpertPassRows >= valid_rows;
-      // Ring: the next item's first weight loads go out before this one's epilogue (its offsets
-      // are in shared memory; only the two expert offsets are global reads).
+      // The next item's first weight loads go out before this one's epilogue (its offsets are in
+      // shared memory; only the two expert offsets are global reads).
       Item next_it{};
-      if constexpr (!kStaged) {
-        if (last_pass && next_w < items) {
-          next_it = item_at(next_w);
-          prefetch(next_it);
-        }
+      if (last_pass && next_w < items) {
+        next_it = item_at(next_w);
+        prefetch(next_it);
       }
 
       // The slices' sums, added in slice order: acc = (row g, pass row 2t4), (g, 2t4 + 1),
@@ -349,14 +256,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kStaged ? 1 : kFewExpertMin
         }
       }
       __syncthreads();  // the next pass or item overwrites the rows and the sums
-      if constexpr (!kStaged) {
-        if (last_pass) it = next_it;
-      }
-    }
-    if constexpr (kStaged) {
-      __syncwarp();  // every lane has read stage st before it is refilled
-      st ^= 1;
-      it = staged_next;
+      if (last_pass) it = next_it;
     }
     w = next_w;
   }

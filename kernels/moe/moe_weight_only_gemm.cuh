@@ -426,10 +426,10 @@ struct FourBitLanes {
 
 // The few-expert kernel (moe_few_expert_gemm.cuh) over a persistent grid: as many blocks as the
 // device holds at once, at most one a work item.
-template <class Format, bool kGateUp, int kMT, bool kStaged>
-cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, int smem,
-                                   cudaStream_t stream) {
-  auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp, kMT, kStaged>;
+template <class Format, bool kGateUp, int kMT>
+cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
+  auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp, kMT>;
+  const int smem = FewExpertSmemBytes(p.k, p.num_local_experts);
   int dev = 0, sms = 0, per_sm = 0;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -443,27 +443,6 @@ cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, int smem,
   const int grid = static_cast<int>(std::min<long long>(items, std::max(1, sms * per_sm)));
   return pdl::LaunchKernel(kernel, dim3(grid), dim3(kFewExpertThreads), smem, stream,
                            p.programmatic, p);
-}
-
-// The staged variant where asked for, the format allows it and its shared memory fits the device
-// (SM90: 227 KB a block; SM120's 99 KB holds Kimi-K2.5's down but not its gate_up), the register
-// ring otherwise.
-template <class Format, bool kGateUp, int kMT>
-cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
-  if constexpr (kFewExpertStagedFormat<Format>) {
-    if (p.few_expert_staged) {
-      const int smem = FewExpertStagedSmemBytes<Format>(p.k, p.num_local_experts, kMT);
-      int dev = 0, max_smem = 0;
-      cudaError_t err = cudaGetDevice(&dev);
-      if (err == cudaSuccess) {
-        err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-      }
-      if (err != cudaSuccess) return err;
-      if (smem <= max_smem) return LaunchFewExpertMoeGemm<Format, kGateUp, kMT, true>(p, smem, stream);
-    }
-  }
-  return LaunchFewExpertMoeGemm<Format, kGateUp, kMT, false>(
-      p, FewExpertSmemBytes(p.k, p.num_local_experts), stream);
 }
 
 template <class Format, bool kGateUp, int kTileTokens, bool kDense = false>

@@ -33,7 +33,6 @@ Nvfp4MoeGemmParams GemmParams(const Nvfp4MoeParams& p, const Nvfp4MoeWorkspace& 
   g.topk_weights = p.topk_weights;
   g.y = ws.y;
   g.few_expert = p.few_expert;
-  g.few_expert_staged = p.few_expert_staged;
   g.prefill_wgmma = p.prefill_wgmma;
   return g;
 }

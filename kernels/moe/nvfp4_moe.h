@@ -46,9 +46,6 @@ struct Nvfp4MoeParams {
   size_t workspace_bytes;
   // 16-token tiles: both GEMMs on the few-expert kernel (moe_few_expert.h).
   bool few_expert;
-  // With few_expert: its staged variant (moe_few_expert_gemm.cuh) where the device's shared
-  // memory holds it.
-  bool few_expert_staged;
   // 128-token tiles: both GEMMs on the SM90 warpgroup-MMA kernel where the device has it
   // (moe_weight_only_wgmma.cuh); false keeps them on the mma.sync kernel, whose results are
   // bit-identical to the decode tiles' (the batch-invariant mode sets false).

@@ -60,9 +60,6 @@ struct Nvfp4MoeGemmParams {
   // 16-token tiles: run FewExpertMoeGemmKernel (moe_few_expert_gemm.cuh) instead of the tile
   // kernel (moe_few_expert.h says when each is faster).
   bool few_expert;
-  // With few_expert: its staged variant (moe_few_expert_gemm.cuh) where the device's shared
-  // memory holds it.
-  bool few_expert_staged;
   // 128-token tiles: run WeightOnlyMoeGemmWgmmaKernel (moe_weight_only_wgmma.cuh) where the
   // device is SM 9.0; false keeps the mma.sync kernel, whose K order
   // is the decode tiles' (the batch-invariant mode needs that).

@@ -75,7 +75,6 @@ struct CudaOps::Impl {
   bool batch_invariant = false;  // SetBatchInvariant
   bool fused_mla_input = true;  // SetFusedMlaInput
   bool moe_few_expert = true;   // SetMoeFewExpert
-  bool moe_few_expert_staged = kMoeFewExpertStagedByDefault;  // SetMoeFewExpertStaged
   bool moe_prefill_wgmma = true;  // SetMoePrefillWgmma
   bool fused_prologues = false;  // SetFusedPrologues
   bool programmatic_small = false;  // SetProgrammaticSmallKernels
@@ -250,7 +249,6 @@ void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunc
 void CudaOps::SetSkinnyTensorCoreRows(int rows) { impl_->gemm->SetSkinnyTensorCoreRows(rows); }
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
-void CudaOps::SetMoeFewExpertStaged(bool on) { impl_->moe_few_expert_staged = on; }
 void CudaOps::SetMoePrefillWgmma(bool on) { impl_->moe_prefill_wgmma = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
@@ -1147,7 +1145,6 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
   p.out = out.data<void>();
   p.decode_kernel = impl_->moe_few_expert && !impl_->batch_invariant ? MoeDecodeKernel::kAuto
                                                                        : MoeDecodeKernel::kTile;
-  p.few_expert_staged = impl_->moe_few_expert_staged;
   p.prefill_wgmma = impl_->moe_prefill_wgmma && !impl_->batch_invariant;
   p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
   p.workspace = impl_->ArenaAlloc(p.workspace_bytes);

@@ -128,9 +128,6 @@ class CudaOps : public Ops {
   // (kernels/moe/moe_few_expert.h, MoeDecodeKernel::kAuto); off: always the tile kernel (as the
   // batch-invariant mode runs). On by default.
   void SetMoeFewExpert(bool on);
-  // The few-expert kernel's staged variant (weights in shared memory by bulk copies;
-  // kernels/moe/moe_few_expert.h) where it runs. Default: kMoeFewExpertStagedByDefault.
-  void SetMoeFewExpertStaged(bool on);
   // The NVFP4 / INT4 routed experts' prefill tiles on the SM90 warpgroup-MMA kernel where the
   // device has it (kernels/moe/moe_weight_only_wgmma.cuh); off: the mma.sync kernel (as the
   // batch-invariant mode runs). On by default.

@@ -402,23 +402,12 @@ void RunCase(const Case& c, uint64_t seed) {
     // Each decode kernel of 16-token tiles (MoeExpertsRunParams::decode_kernel): the tile
     // kernel, the few-expert kernel (both forced) and kAuto's pick; each run twice, so state a
     // first run leaves behind would show.
-    // The staged few-expert variant (bulk copies into shared memory) as well, where the format
-    // has it (the register ring's function otherwise).
     constexpr MoeDecodeKernel kTile = MoeDecodeKernel::kTile, kFew = MoeDecodeKernel::kFewExpert,
                               kAuto = MoeDecodeKernel::kAuto;
-    struct Run {
-      bool with_shared;
-      MoeDecodeKernel kernel;
-      bool staged = false;
-    };
-    const Run runs[] = {{false, kTile}, {true, kTile},        {false, kFew},      {true, kFew},
-                        {false, kFew},  {true, kAuto},        {false, kFew, true}, {true, kFew, true},
-                        {true, kAuto, true}};
-    for (const auto& [with_shared, kernel, staged] : runs) {
-      const int kernel_id = staged             ? 3
-                            : kernel == kFew   ? 1
-                            : kernel == kAuto  ? 2
-                                               : 0;  // for the messages
+    const std::pair<bool, MoeDecodeKernel> runs[] = {
+        {false, kTile}, {true, kTile}, {false, kFew}, {true, kFew}, {false, kFew}, {true, kAuto}};
+    for (const auto& [with_shared, kernel] : runs) {
+      const int kernel_id = kernel == kFew ? 1 : kernel == kAuto ? 2 : 0;  // for the messages
       CUDA_OK(d_out.Poison());  // 0xffff: bf16 NaN, so unwritten elements fail
       CUDA_OK(d_ws.Poison());   // nothing may rely on a zeroed workspace
       MoeExpertsRunParams p;
@@ -432,7 +421,6 @@ void RunCase(const Case& c, uint64_t seed) {
       p.workspace = d_ws.ptr;
       p.workspace_bytes = ws_bytes;
       p.decode_kernel = kernel;
-      p.few_expert_staged = staged;
       const absl::Status st = InvokeMoeExperts(experts, p, stream);
       ASSERT_TRUE(st.ok()) << st;
       CUDA_OK(cudaStreamSynchronize(stream));
@@ -468,7 +456,7 @@ void RunCase(const Case& c, uint64_t seed) {
       }
       const double rel_l2 = std::sqrt(d2 / std::max(r2, 1e-30));
       std::printf(
-          "[moe_experts] %s tokens=%d shared=%d kernel=%d (0 tile, 1 few-expert, 2 auto, 3 staged few-expert or auto): max_abs_err=%.3g max_err/tol=%.3f "
+          "[moe_experts] %s tokens=%d shared=%d kernel=%d (0 tile, 1 few-expert, 2 auto): max_abs_err=%.3g max_err/tol=%.3f "
           "rel_l2=%.3g non_finite=%d bad=%d\n",
           Name(c).c_str(), tokens, with_shared, kernel_id, max_err, max_ratio, rel_l2, non_finite, bad);
       EXPECT_EQ(non_finite, 0) << "tokens " << tokens << " shared " << with_shared << " kernel "
