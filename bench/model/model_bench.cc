@@ -5,7 +5,7 @@
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
-//       [--moe-few-expert off] [--fused-prologues on] [--programmatic-small on]
+//       [--moe-few-expert off] [--fused-prologues on] [--programmatic-small off]
 //       [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
@@ -35,8 +35,8 @@
 // of each phase is printed (the mean of the 3 steps; eager, so launch gaps are inside them).
 // Phase timing also brackets a profiler range: `ncu --profile-from-start off` sees those steps.
 //
-// Three of CudaOps' decode-step optimisations can be switched for A/B runs, with CudaOps'
-// defaults: --programmatic off: the skinny projections of batches of up to 4 rows launched
+// CudaOps' decode-step optimisations can be switched for A/B runs, with CudaOps' defaults:
+// --programmatic off: the skinny projections of batches of up to 4 rows launched
 // without the programmatic dependency on the previous kernel (CudaOps::SetProgrammaticLaunch).
 // --fused-mla-input off: MLA's latent norm, k RoPE and cache write as five ops, not one kernel
 // (CudaOps::SetFusedMlaInput). --moe-few-expert off: the routed experts' decode GEMMs always on
@@ -44,9 +44,9 @@
 // (CudaOps::SetMoeFewExpert). --fused-prologues on:
 // the q_a norm with q_b and the shared expert's SiLU with its down projection as one skinny
 // kernel each at batches of up to 4 (CudaOps::SetFusedPrologues; off by default).
-// --programmatic-small on: the norms, RoPE, the fused MLA input, SiLU and the route kernel
-// launched programmatically dependent on the previous kernel (CudaOps::
-// SetProgrammaticSmallKernels; off by default).
+// --programmatic-small off: the norms, RoPE, the fused MLA input, SiLU and the route kernel
+// launched plainly, not programmatically dependent on the previous kernel (CudaOps::
+// SetProgrammaticSmallKernels; on by default).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -98,7 +98,7 @@ ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, fused_prologues, mlaserve::OnOff{false},
           "Run the q_a norm with q_b and the shared expert's SiLU with its down projection as one "
           "skinny kernel each at batches of up to 4 (CudaOps::SetFusedPrologues).");
-ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{false},
+ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{true},
           "Launch the norms, RoPE, the fused MLA input, SiLU and the route kernel programmatically "
           "dependent on the previous kernel (CudaOps::SetProgrammaticSmallKernels).");
 ABSL_FLAG(int32_t, skinny_mma_rows, 0,

@@ -2,7 +2,7 @@
 # The decode-step A/B of issue 14 on a GPU machine, in one call: the GPU tests of CudaOps'
 # switchable decode optimisations (few-expert MoE kernel, programmatic launches, fused MLA input, fused
 # prologues), moe_bench --decode, then mlaserve-model-bench on Kimi-K2.5's rank-0-of-8 shard
-# shapes with the defaults (the prologues off, the other three on), each switched, and
+# shapes with the defaults (the prologues off, the others on), each switched, and
 # all off (the same binary, one process per setting), then the full 61-layer shard.
 #   bench/model/run_decode_ab.sh BIN_DIR [LAYERS]
 # BIN_DIR holds mlaserve-model-bench, libmlaserve_cuda_backend.so, the test binaries and
@@ -64,15 +64,15 @@ bench() {  # name, model dir, extra flags... (BENCH_TIMEOUT seconds, default 590
 }
 
 common=(--kv bf16 --batches 1,2,4,8,64)
-none=(--moe-few-expert off --programmatic off --fused-mla-input off)
+none=(--moe-few-expert off --programmatic off --fused-mla-input off --programmatic-small off)
 if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_default "$short" "${common[@]}"
   bench short_tile "$short" "${common[@]}" --moe-few-expert off
   bench short_nopdl "$short" "${common[@]}" --programmatic off
   bench short_nofused "$short" "${common[@]}" --fused-mla-input off
   bench short_prologues "$short" "${common[@]}" --fused-prologues on
-  bench short_pdl_small "$short" "${common[@]}" --programmatic-small on
-  bench short_new "$short" "${common[@]}" --fused-prologues on --programmatic-small on
+  bench short_plain_small "$short" "${common[@]}" --programmatic-small off
+  bench short_new "$short" "${common[@]}" --fused-prologues on
   bench short_none "$short" "${common[@]}" "${none[@]}"
   bench short_default2 "$short" "${common[@]}"
 fi

@@ -77,7 +77,7 @@ struct CudaOps::Impl {
   bool moe_few_expert = true;   // SetMoeFewExpert
   bool moe_prefill_wgmma = true;  // SetMoePrefillWgmma
   bool fused_prologues = false;  // SetFusedPrologues
-  bool programmatic_small = false;  // SetProgrammaticSmallKernels
+  bool programmatic_small = true;  // SetProgrammaticSmallKernels
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 

@@ -117,12 +117,13 @@ class CudaOps : public Ops {
   void SetFusedMlaInput(bool on);
   // RmsNormLinear and SiluMulLinear as one skinny kernel each at 1-4 rows
   // (LinearGemm::RunWithPrologue): the q_a norm with q_b, the shared expert's SiLU with its down
-  // projection. Off by default (written 2026-12-01, session 6; compiled, not yet run on a GPU).
+  // projection. Off by default: slower at batches 2-4 on the H200 (sessions 7 and 11).
   void SetFusedPrologues(bool on);
   // The RMSNorms, RoPE, the fused MLA input, SiLU and the route kernel launched
   // programmatically dependent on the previous kernel (each waits for it first thing), so that
-  // their launch overlaps the previous kernel's tail. Off by default (written 2026-12-01, session
-  // 6; compiled, not yet run on a GPU).
+  // their launch overlaps the previous kernel's tail. On by default since session 11 (H200, 61-layer
+  // Kimi-K2.5 shard: batch 1 5.37 -> 4.99 ms; bench/RESULTS.md); session 7 had measured it only
+  // together with the fused prologues, whose loss hid its gain.
   void SetProgrammaticSmallKernels(bool on);
   // The routed experts' decode GEMMs on the few-expert kernel where few experts are active
   // (kernels/moe/moe_few_expert.h, MoeDecodeKernel::kAuto); off: always the tile kernel (as the
