@@ -84,7 +84,8 @@ class LinearGemm {
   // tensor-core variant (SkinnyGemmArgs::mma) from now on, where it takes them (k % 32 == 0),
   // in Run and RunShared; 0 (the default) leaves them on cuBLASLt. Outside the invariant mode.
   // Written in session 10 for batches 5-16 (the CUDA-core skinny kernels measured slower than
-  // cuBLASLt there); not yet run on a GPU, so off until measured.
+  // cuBLASLt there); correct on the H200 but no faster than cuBLASLt at 5-16 rows (session 11,
+  // bench/RESULTS.md), so off.
   void SetSkinnyTensorCoreRows(int rows);
 
   // Batch-invariant plans from now on (see the file comment); off by default.

@@ -111,7 +111,7 @@ class CudaOps : public Ops {
   void SetProgrammaticLaunch(bool on);
   // Projections of 5..rows activation rows (rows <= 16) on the skinny kernels' tensor-core
   // variant instead of cuBLASLt (LinearGemm::SetSkinnyTensorCoreRows); 0, the default, is off
-  // (written in session 10, not yet measured).
+  // (measured no faster than cuBLASLt on the H200, session 11).
   void SetSkinnyTensorCoreRows(int rows);
   // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops.
   void SetFusedMlaInput(bool on);
