@@ -6,6 +6,7 @@
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
 //       [--moe-few-expert off] [--fused-prologues on] [--programmatic-small off]
+//       [--mla-q-fusion off] [--programmatic-dispatch off] [--shared-expert-overlap off]
 //       [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
@@ -46,7 +47,13 @@
 // kernel each at batches of up to 4 (CudaOps::SetFusedPrologues; off by default).
 // --programmatic-small off: the norms, RoPE, the fused MLA input, SiLU and the route kernel
 // launched plainly, not programmatically dependent on the previous kernel (CudaOps::
-// SetProgrammaticSmallKernels; on by default).
+// SetProgrammaticSmallKernels; on by default). --mla-q-fusion off: q's RoPE as its own kernel
+// and copied into the absorbed q (a memcpy node) instead of rotated inside the fused MLA input
+// kernel and read in place by the decode kernel (CudaOps::SetMlaQFusion; on by default).
+// --programmatic-dispatch off: the routed experts' dispatch launched plainly (CudaOps::
+// SetProgrammaticDispatch; on by default). --shared-expert-overlap off: the shared expert in
+// line before the router instead of on a side stream beside the routed experts (CudaOps::
+// SetSharedExpertOverlap; on by default, and off whenever --phases on times the phases).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -101,6 +108,15 @@ ABSL_FLAG(mlaserve::OnOff, fused_prologues, mlaserve::OnOff{false},
 ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{true},
           "Launch the norms, RoPE, the fused MLA input, SiLU and the route kernel programmatically "
           "dependent on the previous kernel (CudaOps::SetProgrammaticSmallKernels).");
+ABSL_FLAG(mlaserve::OnOff, mla_q_fusion, mlaserve::OnOff{true},
+          "Rotate q inside the fused MLA input kernel and let the decode kernel read its RoPE dims "
+          "in place (CudaOps::SetMlaQFusion); off: a RoPE kernel and a copy.");
+ABSL_FLAG(mlaserve::OnOff, programmatic_dispatch, mlaserve::OnOff{true},
+          "Launch the routed experts' dispatch programmatically dependent on the router in decode "
+          "batches (CudaOps::SetProgrammaticDispatch).");
+ABSL_FLAG(mlaserve::OnOff, shared_expert_overlap, mlaserve::OnOff{true},
+          "Run the shared expert on a side stream beside the router, the dispatch and the routed "
+          "experts (CudaOps::SetSharedExpertOverlap; off with --phases on).");
 ABSL_FLAG(int32_t, skinny_mma_rows, 0,
           "Projections of 5..N rows (N <= 16) on the skinny kernels' tensor-core variant; 0: "
           "cuBLASLt (CudaOps::SetSkinnyTensorCoreRows).");
@@ -291,6 +307,9 @@ int Run(int argc, char** argv) {
     (*ops)->SetMoePrefillWgmma(absl::GetFlag(FLAGS_moe_prefill_wgmma).on);
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);
     (*ops)->SetProgrammaticSmallKernels(absl::GetFlag(FLAGS_programmatic_small).on);
+    (*ops)->SetMlaQFusion(absl::GetFlag(FLAGS_mla_q_fusion).on);
+    (*ops)->SetProgrammaticDispatch(absl::GetFlag(FLAGS_programmatic_dispatch).on);
+    (*ops)->SetSharedExpertOverlap(absl::GetFlag(FLAGS_shared_expert_overlap).on);
     SingleRankCommunicator comm;
     ModelOptions o;
     o.kv_format = *fmt;

@@ -197,6 +197,13 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         "MLA decode: kv_pool must be 16-B, q 4-B, out 8-B and workspace 256-B aligned");
   }
+  if (p.q_rope != nullptr &&
+      (reinterpret_cast<uintptr_t>(p.q_rope) % 16 != 0 || p.q_rope_stride < kMlaRopeDim ||
+       p.q_rope_stride % 8 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MLA decode: q_rope must be 16-B aligned with a stride >= ", kMlaRopeDim,
+        " and a multiple of 8 elements (got ", p.q_rope_stride, ")"));
+  }
   if (p.workspace_bytes < plan->workspace_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("MLA decode: workspace of ", p.workspace_bytes,
                                                    " B, needs ", plan->workspace_bytes,
@@ -211,6 +218,8 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
   mla::MlaDecodeKernelParams k{};
   k.q = static_cast<const uint16_t*>(p.q);
+  k.q_rope = p.q_rope != nullptr ? static_cast<const uint16_t*>(p.q_rope) : k.q + kMlaLatentDim;
+  k.q_rope_stride = p.q_rope != nullptr ? p.q_rope_stride : kMlaQkDim;
   k.kv_pool = static_cast<const uint8_t*>(p.kv_pool);
   k.block_table = p.block_table;
   k.seq_lens = p.seq_lens;

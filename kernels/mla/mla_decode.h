@@ -38,6 +38,12 @@ namespace mlaserve {
 
 struct MlaDecodeParams {
   const void* q;               // bf16 [batch, s_q, heads, 576], contiguous.
+  // Where each q row's RoPE dims (512..575) come from when not from q itself: row f (the flat
+  // index (b * s_q + s) * heads + h) reads 64 bf16 at q_rope + f * q_rope_stride (16-B aligned,
+  // the stride a multiple of 8 elements). The model's rotated q rows ([T, heads, 192]: nope 128,
+  // rope 64) feed the kernel this way with no copy into q's columns 512..575. Null: from q.
+  const void* q_rope = nullptr;
+  int64_t q_rope_stride = 0;
   const void* kv_pool;         // [num_blocks, 64, KvCacheBytesPerToken(format)], 16-B aligned.
   const int32_t* block_table;  // [batch, max_blocks_per_seq] (device).
   int max_blocks_per_seq = 0;

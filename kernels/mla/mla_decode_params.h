@@ -33,6 +33,9 @@ constexpr int kInlineScheduleMaxBatch = 512;
 
 struct MlaDecodeKernelParams {
   const uint16_t* __restrict__ q;           // bf16 [batch, s_q, heads, 576]
+  // RoPE dims of flat q row f at q_rope + f * q_rope_stride (q + 512 and 576 when they are q's).
+  const uint16_t* __restrict__ q_rope;
+  int64_t q_rope_stride;
   const uint8_t* __restrict__ kv_pool;      // [num_blocks, 64, row_bytes]
   const int32_t* __restrict__ block_table;  // [batch, max_blocks_per_seq]
   const int32_t* __restrict__ seq_lens;     // [batch]

@@ -250,9 +250,14 @@ __global__ void __launch_bounds__(sliced::kThreads,
     float qdescale_lo = 1.0f, qdescale_hi = 1.0f;  // 2^-qexp per row (f16 k-steps only).
     {
       const uint16_t* qb = p.q + static_cast<size_t>(b) * p.rows * kMlaQkDim;
+      const uint16_t* qr = p.q_rope + static_cast<int64_t>(b) * p.rows * p.q_rope_stride;
       const bool lo_ok = row_lo < p.rows, hi_ok = row_hi < p.rows;
-      auto ld2 = [&](int row, bool ok, int k) -> uint32_t {  // two bf16 at (row, k), k even
-        return ok ? *reinterpret_cast<const uint32_t*>(qb + row * kMlaQkDim + k) : 0u;
+      // Two bf16 at (row, k), k even; the RoPE k-step (ks 8) from q_rope.
+      auto ld2 = [&](int row, bool ok, int k, bool rope) -> uint32_t {
+        if (!ok) return 0u;
+        const uint16_t* src = rope ? qr + row * p.q_rope_stride + (k - kMlaLatentDim)
+                                   : qb + row * kMlaQkDim + k;
+        return *reinterpret_cast<const uint32_t*>(src);
       };
       auto kdim = [&](int ks) {  // first dim of k-step ks (8 = RoPE)
         return ks < 8 ? w * 128 + ks * 16 : kMlaLatentDim + w * 16;
@@ -261,10 +266,10 @@ __global__ void __launch_bounds__(sliced::kThreads,
 #pragma unroll
         for (int ks = 0; ks < 9; ++ks) {
           const int k0 = kdim(ks) + 2 * c;
-          qf[ks][0] = ld2(row_lo, lo_ok, k0);
-          qf[ks][1] = ld2(row_hi, hi_ok, k0);
-          qf[ks][2] = ld2(row_lo, lo_ok, k0 + 8);
-          qf[ks][3] = ld2(row_hi, hi_ok, k0 + 8);
+          qf[ks][0] = ld2(row_lo, lo_ok, k0, ks == 8);
+          qf[ks][1] = ld2(row_hi, hi_ok, k0, ks == 8);
+          qf[ks][2] = ld2(row_lo, lo_ok, k0 + 8, ks == 8);
+          qf[ks][3] = ld2(row_hi, hi_ok, k0 + 8, ks == 8);
         }
       } else {
         constexpr int kF16Steps = kTiled ? 8 : 9;
@@ -273,10 +278,10 @@ __global__ void __launch_bounds__(sliced::kThreads,
 #pragma unroll
         for (int ks = 0; ks < kF16Steps; ++ks) {
           const int k0 = kdim(ks) + 4 * c;
-          raw[ks][0] = ld2(row_lo, lo_ok, k0);
-          raw[ks][1] = ld2(row_hi, hi_ok, k0);
-          raw[ks][2] = ld2(row_lo, lo_ok, k0 + 2);
-          raw[ks][3] = ld2(row_hi, hi_ok, k0 + 2);
+          raw[ks][0] = ld2(row_lo, lo_ok, k0, ks == 8);
+          raw[ks][1] = ld2(row_hi, hi_ok, k0, ks == 8);
+          raw[ks][2] = ld2(row_lo, lo_ok, k0 + 2, ks == 8);
+          raw[ks][3] = ld2(row_hi, hi_ok, k0 + 2, ks == 8);
           amax_lo =
               fmaxf(amax_lo, fmaxf(fmaxf(fabsf(Bf16Lo(raw[ks][0])), fabsf(Bf16Hi(raw[ks][0]))),
                                    fmaxf(fabsf(Bf16Lo(raw[ks][2])), fabsf(Bf16Hi(raw[ks][2])))));
@@ -308,10 +313,10 @@ __global__ void __launch_bounds__(sliced::kThreads,
         }
         if constexpr (kTiled) {  // RoPE k-step in bf16, natural order.
           const int k0 = kdim(8) + 2 * c;
-          qf[8][0] = ld2(row_lo, lo_ok, k0);
-          qf[8][1] = ld2(row_hi, hi_ok, k0);
-          qf[8][2] = ld2(row_lo, lo_ok, k0 + 8);
-          qf[8][3] = ld2(row_hi, hi_ok, k0 + 8);
+          qf[8][0] = ld2(row_lo, lo_ok, k0, true);
+          qf[8][1] = ld2(row_hi, hi_ok, k0, true);
+          qf[8][2] = ld2(row_lo, lo_ok, k0 + 8, true);
+          qf[8][3] = ld2(row_hi, hi_ok, k0 + 8, true);
         }
       }
     }

@@ -279,13 +279,19 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       const int row = mt * kRows + lr;
       const bool ok = row < p.rows;
       const uint4* src = reinterpret_cast<const uint4*>(qb + static_cast<size_t>(row) * kMlaQkDim);
+      // 16-B chunks 64..71 (the RoPE dims) from q_rope.
+      const uint4* rsrc = reinterpret_cast<const uint4*>(
+          p.q_rope + (static_cast<int64_t>(b) * p.rows + row) * p.q_rope_stride);
+      auto chunk = [&](int cc) {
+        return cc < kMlaLatentDim / 8 ? src[cc] : rsrc[cc - kMlaLatentDim / 8];
+      };
       float sc = 1.0f;
       if constexpr (kF16) {
         float amax = 0.0f;
         if (ok) {
 #pragma unroll 6
           for (int k = 0; k < 18; ++k) {
-            const uint4 v = src[part + 4 * k];
+            const uint4 v = chunk(part + 4 * k);
             const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -306,7 +312,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
 #pragma unroll 6
       for (int k = 0; k < 18; ++k) {
         const int cc = part + 4 * k, kb = cc >> 3, ch = cc & 7;
-        uint4 v = ok ? src[cc] : make_uint4(0, 0, 0, 0);
+        uint4 v = ok ? chunk(cc) : make_uint4(0, 0, 0, 0);
         if constexpr (kF16) {
           v.x = Pack<true>(Bf16Lo(v.x) * sc, Bf16Hi(v.x) * sc);
           v.y = Pack<true>(Bf16Lo(v.y) * sc, Bf16Hi(v.y) * sc);

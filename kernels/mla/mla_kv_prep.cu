@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -21,13 +22,41 @@ __device__ __forceinline__ uint32_t Bf16Bits(float v) {
   return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
 }
 
+// q's RoPE, one warp a vector v (row v / q_heads, head v % q_heads): RopeKernel's operations
+// for dim 64 (lane i rotates pair i; every lane reads before any writes).
+__device__ __forceinline__ void RotateQ(const MlaKvPrepParams& p, int64_t v, int lane) {
+  if (v >= p.rows * p.q_heads) return;  // whole warps
+  const int64_t row = v / p.q_heads;
+  const int j = static_cast<int>(v % p.q_heads);
+  __nv_bfloat16* vec = static_cast<__nv_bfloat16*>(p.q) + row * p.q_row_stride + p.q_first_col +
+                       j * p.q_vec_stride;
+  constexpr int kHalf = kMlaRopeDim / 2;
+  const int i = lane;
+  const float x0 = __bfloat162float(vec[p.interleaved ? 2 * i : i]);
+  const float x1 = __bfloat162float(vec[p.interleaved ? 2 * i + 1 : i + kHalf]);
+  __syncwarp();
+  const float pos = static_cast<float>(p.positions[row]);
+  const float angle = __fmul_rn(p.inv_freq[i], pos);
+  const float c = __fmul_rn(cosf(angle), p.attention_scaling);
+  const float s = __fmul_rn(sinf(angle), p.attention_scaling);
+  vec[i] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+  vec[i + kHalf] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+}
+
 // One warp per row. Lane l holds latent dims 16 l .. 16 l + 15 and rope dims 2 l, 2 l + 1 (the
-// cache write's layout, kv_cache_write.cuh) and rotates rope pair l.
+// cache write's layout, kv_cache_write.cuh) and rotates rope pair l. Blocks from kv_blocks on
+// rotate q's vectors (RotateQ).
 template <KvCacheFormat kFormat>
-__global__ void __launch_bounds__(kPrepWarps * 32) MlaKvPrepKernel(const MlaKvPrepParams p) {
+__global__ void __launch_bounds__(kPrepWarps * 32)
+    MlaKvPrepKernel(const MlaKvPrepParams p, const unsigned kv_blocks) {
   pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
   pdl::AllowDependentLaunch();
   const int lane = threadIdx.x & 31;
+  if (blockIdx.x >= kv_blocks) {
+    RotateQ(p, static_cast<int64_t>(blockIdx.x - kv_blocks) * kPrepWarps + (threadIdx.x >> 5),
+            lane);
+    return;
+  }
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kPrepWarps + (threadIdx.x >> 5);
   if (r >= p.rows) return;  // whole warps
   const uint16_t* row = static_cast<const uint16_t*>(p.kv) + r * p.kv_stride;
@@ -127,20 +156,38 @@ absl::Status InvokeMlaKvPrep(const MlaKvPrepParams& p, cudaStream_t stream) {
         "InvokeMlaKvPrep: kv rows must be 16-byte aligned with a stride >= ", need,
         " and a multiple of 8 (got ", p.kv_stride, "), latent_out 16- and rope_out 4-byte aligned"));
   }
-  const unsigned grid = static_cast<unsigned>((p.rows + kPrepWarps - 1) / kPrepWarps);
+  int64_t q_blocks = 0;
+  if (p.q != nullptr) {
+    const int64_t extent = p.q_first_col + (p.q_heads - 1) * p.q_vec_stride + kMlaRopeDim;
+    if (p.q_heads < 1 || p.q_first_col < 0 || (p.q_heads > 1 && p.q_vec_stride < kMlaRopeDim) ||
+        (p.rows > 1 && p.q_row_stride < extent)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "InvokeMlaKvPrep: q's RoPE vectors overlap or lie outside their rows: q_heads ",
+          p.q_heads, ", q_first_col ", p.q_first_col, ", q_vec_stride ", p.q_vec_stride,
+          ", q_row_stride ", p.q_row_stride));
+    }
+    q_blocks = (p.rows * p.q_heads + kPrepWarps - 1) / kPrepWarps;
+  }
+  const int64_t kv_blocks = (p.rows + kPrepWarps - 1) / kPrepWarps;
+  if (kv_blocks + q_blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("InvokeMlaKvPrep: ", p.rows, " rows are too many for one launch"));
+  }
+  const unsigned grid = static_cast<unsigned>(kv_blocks + q_blocks);
+  const unsigned kvb = static_cast<unsigned>(kv_blocks);
   cudaError_t err = cudaSuccess;
   switch (p.format) {
     case KvCacheFormat::kBf16:
       err = pdl::LaunchKernel(MlaKvPrepKernel<KvCacheFormat::kBf16>, dim3(grid),
-                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p);
+                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p, kvb);
       break;
     case KvCacheFormat::kFp8:
       err = pdl::LaunchKernel(MlaKvPrepKernel<KvCacheFormat::kFp8>, dim3(grid),
-                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p);
+                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p, kvb);
       break;
     case KvCacheFormat::kFp8Tiled:
       err = pdl::LaunchKernel(MlaKvPrepKernel<KvCacheFormat::kFp8Tiled>, dim3(grid),
-                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p);
+                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p, kvb);
       break;
     default:
       return absl::InvalidArgumentError(

@@ -2,7 +2,8 @@
 // kv_a's output row [latent 512 | k_rope 64] (bf16), the RMS-normalized latent
 // (kv_a_layernorm), the rotated k_rope (transformers' DeepSeek RoPE, the arithmetic of
 // kernels/rope), and the row's paged-cache write in the layer's format (kv_cache_write.cuh) -- one
-// kernel where the unfused sequence is two column copies, RmsNorm, Rope and the cache write.
+// kernel where the unfused sequence is two column copies, RmsNorm, Rope and the cache write; and,
+// with q set, the RoPE of q's heads in the same launch (separate blocks).
 //
 // Results against that sequence: k_rope and the cache's rope bytes are the same operations
 // (bit-identical); the latent's sum of squares adds in another order (16 terms a lane, then a
@@ -36,6 +37,13 @@ struct MlaKvPrepParams {
   float fp8_scale = 1.0f;
   const int64_t* slots = nullptr;
   void* kv_pool = nullptr;
+  // q's RoPE as well (Ops::MlaInputPrep), where q is set: q_heads vectors of 64 bf16 a row, vector
+  // j of row r at q + r * q_row_stride + q_first_col + j * q_vec_stride, rotated in place with
+  // the same positions by RopeKernel's operations (bit for bit; kernels/rope/rope.h). Vectors
+  // must not overlap (q_vec_stride >= 64, row extent <= q_row_stride).
+  void* q = nullptr;
+  int q_heads = 0;
+  int64_t q_row_stride = 0, q_first_col = 0, q_vec_stride = 0;
   // Launch programmatically dependent on the stream's previous kernel
   // (kernels/programmatic_launch.cuh): the kernel waits for it before reading anything.
   bool programmatic = false;

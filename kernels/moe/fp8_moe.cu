@@ -58,7 +58,8 @@ cudaError_t Combine(const Fp8MoeParams& p, cudaStream_t stream, bool programmati
 
 }  // namespace
 
-cudaError_t InvokeFp8MoeDispatchStage(const Fp8MoeParams& p, cudaStream_t stream) {
+namespace {
+cudaError_t Dispatch(const Fp8MoeParams& p, cudaStream_t stream, bool programmatic) {
   if (p.workspace_bytes < Nvfp4MoeWorkspaceBytes(p.tokens, p.top_k, p.weights.num_local_experts,
                                                  p.weights.hidden, p.weights.intermediate)) {
     return cudaErrorInvalidValue;
@@ -76,7 +77,13 @@ cudaError_t InvokeFp8MoeDispatchStage(const Fp8MoeParams& p, cudaStream_t stream
   d.tile_offsets = ws.tile_offsets;
   d.sorted_assignment = ws.sorted_assignment;
   d.assignment_row = ws.assignment_row;
+  d.programmatic = programmatic;
   return InvokeMoeDispatch(d, stream);
+}
+}  // namespace
+
+cudaError_t InvokeFp8MoeDispatchStage(const Fp8MoeParams& p, cudaStream_t stream) {
+  return Dispatch(p, stream, false);
 }
 
 cudaError_t InvokeFp8MoeGateUpStage(const Fp8MoeParams& p, cudaStream_t stream) {
@@ -91,19 +98,24 @@ cudaError_t InvokeFp8MoeCombineStage(const Fp8MoeParams& p, cudaStream_t stream)
   return Combine(p, stream, false);
 }
 
-// As InvokeNvfp4Moe: dispatch plainly, then gate_up, down and combine programmatically in small
+// As InvokeNvfp4Moe: dispatch, gate_up, down and combine programmatically in small
 // decode batches.
 cudaError_t InvokeFp8Moe(const Fp8MoeParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
   const bool pdl = !p.plain_launches && p.tile_tokens == kMoeTileTokensSmall &&
                    static_cast<long long>(p.tokens) * p.top_k <= kMoeProgrammaticMaxRows;
   const Nvfp4MoeWorkspace ws = Carve(p);
-  if (cudaError_t e = InvokeFp8MoeDispatchStage(p, stream); e != cudaSuccess) return e;
+  if (cudaError_t e = Dispatch(p, stream, pdl && p.programmatic_dispatch); e != cudaSuccess) {
+    return e;
+  }
   if (cudaError_t e = InvokeFp8MoeGateUp(GemmParams(p, ws, true, pdl), stream); e != cudaSuccess) {
     return e;
   }
   if (cudaError_t e = InvokeFp8MoeDown(GemmParams(p, ws, false, pdl), stream); e != cudaSuccess) {
     return e;
+  }
+  if (p.shared_ready != nullptr) {
+    if (cudaError_t e = cudaStreamWaitEvent(stream, p.shared_ready, 0); e != cudaSuccess) return e;
   }
   return Combine(p, stream, pdl);
 }

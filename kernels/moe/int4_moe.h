@@ -34,10 +34,16 @@ struct Int4MoeParams {
   int top_k;
   int tile_tokens;  // kMoeTileTokens*; see ChooseMoeTileTokens
   bool plain_launches;
+  // With the programmatic launches above, the dispatch too (MoeDispatchParams::programmatic);
+  // false launches it plainly, as before session 12 (for A/B runs).
+  bool programmatic_dispatch = true;
   const __nv_bfloat16* x;           // [tokens, hidden]
   const int32_t* topk_ids;          // [tokens, top_k] global expert ids
   const float* topk_weights;        // [tokens, top_k]
   const __nv_bfloat16* shared_out;  // [tokens, hidden] or nullptr
+  // When set, Invoke*Moe makes the stream wait for this event before the combine reads
+  // shared_out (a shared expert computed on another stream beside the routed experts).
+  cudaEvent_t shared_ready = nullptr;
   float* out;                       // [tokens, hidden] fp32, or nullptr
   __nv_bfloat16* out_bf16;          // [tokens, hidden], or nullptr
   void* workspace;                  // Nvfp4MoeWorkspaceBytes, 256-byte aligned

@@ -37,8 +37,10 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchKernel(const MoeDispatchP
   __shared__ int s_count[kMaxLocalExperts];
   __shared__ int s_cursor[kMaxLocalExperts];
   __shared__ int s_local[kStage];
-  // Launched plainly (everything before it has finished); lets a programmatically launched
-  // gate_up become resident now and wait for this grid in its prologue.
+  // Launched plainly, or programmatically (then nothing is read or written before the wait: the
+  // router's ids, and earlier layers' reads of the offsets, are done once it returns). Lets a
+  // programmatically launched gate_up become resident now and wait for this grid in its prologue.
+  pdl::WaitForPrerequisiteGrid();
   pdl::AllowDependentLaunch();
   const int tid = threadIdx.x;
   const int E = p.num_local_experts;
@@ -160,8 +162,8 @@ cudaError_t InvokeMoeDispatch(const MoeDispatchParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.tokens * p.top_k <= kParallelMinAssignments) {
-    MoeDispatchKernel<false><<<1, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return pdl::LaunchKernel(MoeDispatchKernel<false>, dim3(1), dim3(kThreads), 0, stream,
+                             p.programmatic, p);
   }
   const size_t smem = ParallelSmemBytes(p.num_local_experts);
   if (cudaError_t e = cudaFuncSetAttribute(MoeDispatchKernel<true>,
@@ -170,8 +172,8 @@ cudaError_t InvokeMoeDispatch(const MoeDispatchParams& p, cudaStream_t stream) {
       e != cudaSuccess) {
     return e;
   }
-  MoeDispatchKernel<true><<<1, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return pdl::LaunchKernel(MoeDispatchKernel<true>, dim3(1), dim3(kThreads), smem, stream,
+                           p.programmatic, p);
 }
 
 }  // namespace mlaserve

@@ -22,6 +22,9 @@ struct MoeDispatchParams {
   int32_t* tile_offsets;       // [num_local_experts + 1], prefix sums of ceil(count / tile_tokens)
   int32_t* sorted_assignment;  // [tokens * top_k]: row -> a (the first expert_offsets[E] used)
   int32_t* assignment_row;     // [tokens * top_k]: a -> row, -1 for experts of other ranks
+  // Launch programmatically dependent on the stream's previous kernel (the router): the kernel
+  // waits for it before reading or writing anything, so the launch overlaps its tail.
+  bool programmatic = false;
 };
 
 // One thread block: histogram, scans, then a stable placement over shared-memory chunks of the

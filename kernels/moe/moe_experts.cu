@@ -452,6 +452,14 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
   }
   const int H = g.hidden(), Hp = g.padded_hidden(), E = g.num_local_experts();
   const size_t out_bytes = static_cast<size_t>(p.tokens) * H * 2;
+  // shared_out read first thing (copied, or padded), or by the combine (shared_ready below).
+  const bool early_shared = E == 0 || Hp != H;
+  if (early_shared && p.shared_ready != nullptr) {
+    if (cudaError_t e = cudaStreamWaitEvent(stream, p.shared_ready, 0); e != cudaSuccess) {
+      return CudaStatus(e, "waiting for the shared expert");
+    }
+  }
+  const cudaEvent_t shared_ready = early_shared ? nullptr : p.shared_ready;
   if (E == 0) {
     const cudaError_t e =
         p.shared_out != nullptr
@@ -518,10 +526,12 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     np.top_k = p.top_k;
     np.tile_tokens = tile;
     np.plain_launches = false;
+    np.programmatic_dispatch = p.programmatic_dispatch;
     np.x = x;
     np.topk_ids = p.topk_ids;
     np.topk_weights = p.topk_weights;
     np.shared_out = shared;
+    np.shared_ready = shared_ready;
     np.out = nullptr;
     np.out_bf16 = out;
     np.workspace = ws.core;
@@ -545,10 +555,12 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     ip.top_k = p.top_k;
     ip.tile_tokens = tile;
     ip.plain_launches = false;
+    ip.programmatic_dispatch = p.programmatic_dispatch;
     ip.x = x;
     ip.topk_ids = p.topk_ids;
     ip.topk_weights = p.topk_weights;
     ip.shared_out = shared;
+    ip.shared_ready = shared_ready;
     ip.out = nullptr;
     ip.out_bf16 = out;
     ip.workspace = ws.core;
@@ -572,10 +584,12 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     fp.top_k = p.top_k;
     fp.tile_tokens = tile;
     fp.plain_launches = false;
+    fp.programmatic_dispatch = p.programmatic_dispatch;
     fp.x = x;
     fp.topk_ids = p.topk_ids;
     fp.topk_weights = p.topk_weights;
     fp.shared_out = shared;
+    fp.shared_ready = shared_ready;
     fp.out = nullptr;
     fp.out_bf16 = out;
     fp.workspace = ws.core;
@@ -585,8 +599,8 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
       return CudaStatus(e, "FP8 experts");
     }
   } else {
-    // The NVFP4 sequence (nvfp4_moe.cu) with the BF16 GEMMs: dispatch plainly, then gate_up,
-    // down and combine programmatically in small decode batches.
+    // The NVFP4 sequence (nvfp4_moe.cu) with the BF16 GEMMs: dispatch, gate_up, down and combine
+    // programmatically in small decode batches.
     const int Ip = g.padded_intermediate();
     const bool pdl = tile == kMoeTileTokensSmall && rows <= kMoeProgrammaticMaxRows;
     const Nvfp4MoeWorkspace w = CarveNvfp4MoeWorkspace(ws.core, p.tokens, p.top_k, E, Hp, Ip);
@@ -602,6 +616,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     d.tile_offsets = w.tile_offsets;
     d.sorted_assignment = w.sorted_assignment;
     d.assignment_row = w.assignment_row;
+    d.programmatic = pdl && p.programmatic_dispatch;
     if (cudaError_t e = InvokeMoeDispatch(d, stream); e != cudaSuccess) {
       return CudaStatus(e, "dispatch");
     }
@@ -641,6 +656,11 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     c.out = nullptr;
     c.out_bf16 = out;
     c.programmatic = pdl;
+    if (shared_ready != nullptr) {
+      if (cudaError_t e = cudaStreamWaitEvent(stream, shared_ready, 0); e != cudaSuccess) {
+        return CudaStatus(e, "waiting for the shared expert");
+      }
+    }
     if (cudaError_t e = InvokeMoeCombine(c, stream); e != cudaSuccess) {
       return CudaStatus(e, "combine");
     }

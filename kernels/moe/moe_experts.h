@@ -130,6 +130,10 @@ struct MoeExpertsRunParams {
   const int32_t* topk_ids = nullptr;    // [tokens, top_k] global expert ids (device)
   const float* topk_weights = nullptr;  // [tokens, top_k] (device)
   const void* shared_out = nullptr;     // bf16 [tokens, hidden] added to the result, or nullptr
+  // When set, the stream waits for this event before shared_out is read (just before the
+  // combine, or first thing where shared_out is padded or copied): the shared expert may run on
+  // another stream beside the dispatch and the routed GEMMs.
+  cudaEvent_t shared_ready = nullptr;
   // bf16 [tokens, hidden]: sum over local experts of weight * down(silu(gate x) * up x)
   // (+ shared_out). Must not alias x or shared_out.
   void* out = nullptr;
@@ -143,6 +147,9 @@ struct MoeExpertsRunParams {
   // false keeps them on the mma.sync kernel, bit-identical to the decode tiles (the deterministic
   // mode needs that).
   bool prefill_wgmma = true;
+  // Small decode batches' dispatch launched programmatically dependent on the router, as the
+  // GEMMs and the combine after it are (Nvfp4MoeParams::programmatic_dispatch); false: plainly.
+  bool programmatic_dispatch = true;
 };
 
 // No host syncs, no allocations (graph-capturable). tokens == 0 is a no-op; a rank with no local

@@ -74,7 +74,8 @@ Nvfp4MoeWorkspace CarveNvfp4MoeWorkspace(void* workspace, int tokens, int top_k,
   return ws;
 }
 
-cudaError_t InvokeNvfp4MoeDispatchStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
+namespace {
+cudaError_t Dispatch(const Nvfp4MoeParams& p, cudaStream_t stream, bool programmatic) {
   if (p.workspace_bytes < Nvfp4MoeWorkspaceBytes(p.tokens, p.top_k, p.weights.num_local_experts,
                                                  p.weights.hidden, p.weights.intermediate)) {
     return cudaErrorInvalidValue;
@@ -92,7 +93,13 @@ cudaError_t InvokeNvfp4MoeDispatchStage(const Nvfp4MoeParams& p, cudaStream_t st
   d.tile_offsets = ws.tile_offsets;
   d.sorted_assignment = ws.sorted_assignment;
   d.assignment_row = ws.assignment_row;
+  d.programmatic = programmatic;
   return InvokeMoeDispatch(d, stream);
+}
+}  // namespace
+
+cudaError_t InvokeNvfp4MoeDispatchStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
+  return Dispatch(p, stream, false);
 }
 
 cudaError_t InvokeNvfp4MoeGateUpStage(const Nvfp4MoeParams& p, cudaStream_t stream) {
@@ -124,20 +131,26 @@ cudaError_t InvokeNvfp4MoeCombineStage(const Nvfp4MoeParams& p, cudaStream_t str
   return Combine(p, stream, false);
 }
 
-// Dispatch is launched plainly (it overwrites offsets that a previous layer's kernels read);
-// in small decode batches gate_up, down and combine each start while their predecessor finishes.
+// In small decode batches the dispatch (unless programmatic_dispatch is off), gate_up, down and
+// combine each start while their predecessor finishes; the dispatch waits for the router before
+// it overwrites offsets that a previous layer's kernels read.
 cudaError_t InvokeNvfp4Moe(const Nvfp4MoeParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
   const bool pdl = !p.plain_launches && p.tile_tokens == kMoeTileTokensSmall &&
                    static_cast<long long>(p.tokens) * p.top_k <= kMoeProgrammaticMaxRows;
   const Nvfp4MoeWorkspace ws = Carve(p);
-  if (cudaError_t e = InvokeNvfp4MoeDispatchStage(p, stream); e != cudaSuccess) return e;
+  if (cudaError_t e = Dispatch(p, stream, pdl && p.programmatic_dispatch); e != cudaSuccess) {
+    return e;
+  }
   if (cudaError_t e = InvokeNvfp4MoeGateUp(GemmParams(p, ws, true, pdl), stream);
       e != cudaSuccess) {
     return e;
   }
   if (cudaError_t e = InvokeNvfp4MoeDown(GemmParams(p, ws, false, pdl), stream); e != cudaSuccess) {
     return e;
+  }
+  if (p.shared_ready != nullptr) {
+    if (cudaError_t e = cudaStreamWaitEvent(stream, p.shared_ready, 0); e != cudaSuccess) return e;
   }
   return Combine(p, stream, pdl);
 }

@@ -279,12 +279,48 @@ TEST_P(GpuModelTest, GreedyDecodeWithFusedProloguesMatchesCpu) {
   GreedyDecodeAgainstCpu(", fused prologues");
 }
 
-// And with CudaOps::SetProgrammaticSmallKernels off (norms, RoPE, the MLA input, SiLU and the
-// route kernel launched plainly; programmatic is the default), with the prologues fused.
+// And with CudaOps::SetProgrammaticSmallKernels and SetProgrammaticDispatch off (norms, RoPE,
+// the MLA input, SiLU, the route kernel and the experts' dispatch launched plainly; programmatic
+// is the default), the shared expert in line (SetSharedExpertOverlap off; a side stream is the
+// default) and the prologues fused.
 TEST_P(GpuModelTest, GreedyDecodeWithoutProgrammaticSmallKernelsMatchesCpu) {
   gpu_ops_->SetProgrammaticSmallKernels(false);
+  gpu_ops_->SetProgrammaticDispatch(false);
+  gpu_ops_->SetSharedExpertOverlap(false);
   gpu_ops_->SetFusedPrologues(true);
   GreedyDecodeAgainstCpu(", plain small kernels, fused prologues");
+}
+
+// CudaOps::SetMlaQFusion (q's RoPE inside the fused MLA input kernel, and the decode kernel
+// reading q's rotated RoPE dims from q's rows): the same logits, bit for bit, as the separate
+// RoPE kernel and the copy into the absorbed q, through a prefill and 16 decode steps.
+TEST_P(GpuModelTest, MlaQFusionIsBitIdenticalToSeparateOps) {
+  auto g = CudaOps::Create();
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::unique_ptr<CudaOps> ops = std::move(*g);
+  ops->SetMlaQFusion(false);
+  ModelOptions o;
+  o.kv_format = KvCacheFormat::kBf16;
+  o.num_kv_blocks = 8;
+  auto m = DeepseekV3Model::Load(dir_, o, *ops, comm_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const auto prompt = golden_->Get<int32_t>("p2.ids");
+  LocalSession fused(*gpu_), plain(**m);
+  auto a = fused.Feed(prompt, false);
+  auto b = plain.Feed(prompt, false);
+  for (int step = 0; step <= 16; ++step) {
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(a->size(), b->size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a->size(); ++i) differ += (*a)[i] != (*b)[i];
+    ASSERT_EQ(differ, 0u) << "step " << step << " (0: the prefill)";
+    const int32_t next = int32_t(std::max_element(a->begin(), a->end()) - a->begin());
+    a = fused.Feed({next}, false);
+    b = plain.Feed({next}, false);
+  }
+  std::printf("[gpu_model] %s MLA q fusion: prefill and 16 decode steps bit-identical\n",
+              GetParam());
 }
 
 // Decode steps replayed as CUDA graphs give the same logits, bit for bit, as the same steps run

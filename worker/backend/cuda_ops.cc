@@ -78,6 +78,20 @@ struct CudaOps::Impl {
   bool moe_prefill_wgmma = true;  // SetMoePrefillWgmma
   bool fused_prologues = false;  // SetFusedPrologues
   bool programmatic_small = true;  // SetProgrammaticSmallKernels
+  bool mla_q_fusion = true;  // SetMlaQFusion
+  bool programmatic_dispatch = true;  // SetProgrammaticDispatch
+  bool shared_overlap = true;  // SetSharedExpertOverlap
+  // Side branches: side_stream forks from `stream` at fork_event and joins it at join_event;
+  // while a branch is open, `stream` is the side stream and main_stream the main one.
+  cudaStream_t side_stream = nullptr, main_stream = nullptr;
+  cudaEvent_t fork_event = nullptr, join_event = nullptr;
+  bool join_pending = false;
+  // The main stream waits for the last side branch, if it has not yet.
+  void Join() {
+    if (!join_pending) return;
+    join_pending = false;
+    Check(cudaStreamWaitEvent(stream, join_event, 0), [] { return std::string("side branch join"); });
+  }
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
 
@@ -199,6 +213,9 @@ struct CudaOps::Impl {
     cudaFreeHost(step_host);
     cudaFreeHost(sample_host);
     gemm.reset();
+    if (fork_event != nullptr) cudaEventDestroy(fork_event);
+    if (join_event != nullptr) cudaEventDestroy(join_event);
+    if (side_stream != nullptr) cudaStreamDestroy(side_stream);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 };
@@ -213,6 +230,17 @@ absl::StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create() {
                           "cudaStreamCreate");
       !s.ok()) {
     return s;
+  }
+  if (auto s = CudaStatus(cudaStreamCreateWithFlags(&impl->side_stream, cudaStreamNonBlocking),
+                          "cudaStreamCreate (side branches)");
+      !s.ok()) {
+    return s;
+  }
+  for (cudaEvent_t* e : {&impl->fork_event, &impl->join_event}) {
+    if (auto s = CudaStatus(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
+        !s.ok()) {
+      return s;
+    }
   }
   auto gemm = LinearGemm::Create();
   if (!gemm.ok()) return gemm.status();
@@ -252,6 +280,38 @@ void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
 void CudaOps::SetMoePrefillWgmma(bool on) { impl_->moe_prefill_wgmma = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
+void CudaOps::SetMlaQFusion(bool on) { impl_->mla_q_fusion = on; }
+void CudaOps::SetProgrammaticDispatch(bool on) { impl_->programmatic_dispatch = on; }
+void CudaOps::SetSharedExpertOverlap(bool on) { impl_->shared_overlap = on; }
+
+bool CudaOps::SideBranches() const { return impl_->shared_overlap && !impl_->phase_timing; }
+
+void CudaOps::BeginSideBranch() {
+  if (impl_->failed()) return;
+  if (impl_->main_stream != nullptr) {
+    impl_->Fail(absl::FailedPreconditionError("BeginSideBranch inside a side branch"));
+    return;
+  }
+  impl_->Join();
+  impl_->Check(cudaEventRecord(impl_->fork_event, impl_->stream),
+               [] { return std::string("side branch fork"); });
+  impl_->Check(cudaStreamWaitEvent(impl_->side_stream, impl_->fork_event, 0),
+               [] { return std::string("side branch fork"); });
+  impl_->main_stream = impl_->stream;
+  impl_->stream = impl_->side_stream;
+}
+
+void CudaOps::EndSideBranch() {
+  if (impl_->main_stream == nullptr) {
+    impl_->Fail(absl::FailedPreconditionError("EndSideBranch without BeginSideBranch"));
+    return;
+  }
+  impl_->Check(cudaEventRecord(impl_->join_event, impl_->side_stream),
+               [] { return std::string("side branch join"); });
+  impl_->stream = impl_->main_stream;
+  impl_->main_stream = nullptr;
+  impl_->join_pending = true;
+}
 
 void CudaOps::Phase(const char* name) {
   if (!impl_->phase_timing || impl_->capturing) return;
@@ -322,6 +382,7 @@ absl::Status CudaOps::BeginCapture() {
 }
 
 absl::StatusOr<int> CudaOps::EndCapture() {
+  impl_->Join();  // a capture must end joined
   cudaGraph_t graph = nullptr;
   const cudaError_t e = cudaStreamEndCapture(impl_->stream, &graph);
   impl_->capturing = false;
@@ -342,6 +403,7 @@ absl::StatusOr<int> CudaOps::EndCapture() {
 }
 
 absl::Status CudaOps::LaunchGraph(int graph) {
+  impl_->Join();
   if (impl_->failed()) return impl_->error;
   if (graph < 0 || graph >= static_cast<int>(impl_->graphs.size()) ||
       impl_->graphs[graph].exec == nullptr) {
@@ -366,6 +428,7 @@ absl::Status CudaOps::Synchronize() {
 }
 
 absl::Status CudaOps::BeginStep(const StepLayout& L, StepTensors* step) {
+  impl_->Join();
   if (impl_->failed()) return impl_->error;
   if (auto s = impl_->ResetArena(); !s.ok()) return s;
   // Pack the arrays, each 256-B aligned, into one host buffer; one copy to the device.
@@ -639,6 +702,7 @@ absl::StatusOr<RoutedExperts> CudaOps::UploadExperts(int first_expert, int num_r
 }
 
 absl::Status CudaOps::CopyToHost(const Tensor& src, void* dst) {
+  impl_->Join();
   if (!impl_->failed()) {
     impl_->Check(
         cudaMemcpyAsync(dst, src.data<void>(), src.nbytes(), cudaMemcpyDeviceToHost, impl_->stream),
@@ -884,6 +948,38 @@ void CudaOps::MlaKvPrep(const Tensor& kv, const Tensor& norm_weight, float eps,
                         const StepTensors& step, const Tensor& inv_freq, float attention_scaling,
                         bool interleaved, KvCacheLayer& cache, Tensor& latent, Tensor& k_rope) {
   MLASERVE_SKIP_IF_FAILED();
+  if (!FusedMlaInput(kv, norm_weight, eps, step, inv_freq, attention_scaling, interleaved, cache,
+                     latent, k_rope, nullptr, 0, 0, 0)) {
+    Ops::MlaKvPrep(kv, norm_weight, eps, step, inv_freq, attention_scaling, interleaved, cache,
+                   latent, k_rope);
+  }
+}
+
+void CudaOps::MlaInputPrep(const Tensor& kv, const Tensor& norm_weight, float eps,
+                           const StepTensors& step, const Tensor& inv_freq,
+                           float attention_scaling, bool interleaved, KvCacheLayer& cache,
+                           Tensor& latent, Tensor& k_rope, Tensor& q, int64_t q_first_col,
+                           int q_heads, int64_t q_stride) {
+  MLASERVE_SKIP_IF_FAILED();
+  const int64_t T = kv.dim(0);
+  // q's rows: T rows of q_heads vectors of 64 bf16 (RopeKernel's checks, for one rope width).
+  const bool q_fits = impl_->mla_q_fusion && q.dtype() == DType::kBF16 && q.dim(0) == T &&
+                      T > 0 && q_heads > 0 && q_first_col >= 0 && q_stride >= kMlaRopeDim &&
+                      q_first_col + (q_heads - 1) * q_stride + kMlaRopeDim <= q.numel() / T;
+  if (q_fits && FusedMlaInput(kv, norm_weight, eps, step, inv_freq, attention_scaling,
+                              interleaved, cache, latent, k_rope, &q, q_first_col, q_heads,
+                              q_stride)) {
+    return;
+  }
+  Ops::MlaInputPrep(kv, norm_weight, eps, step, inv_freq, attention_scaling, interleaved, cache,
+                    latent, k_rope, q, q_first_col, q_heads, q_stride);
+}
+
+bool CudaOps::FusedMlaInput(const Tensor& kv, const Tensor& norm_weight, float eps,
+                            const StepTensors& step, const Tensor& inv_freq,
+                            float attention_scaling, bool interleaved, KvCacheLayer& cache,
+                            Tensor& latent, Tensor& k_rope, Tensor* q, int64_t q_first_col,
+                            int q_heads, int64_t q_stride) {
   const int64_t T = kv.dim(0);
   const bool fused = impl_->fused_mla_input && T > 0 && kv.dtype() == DType::kBF16 &&
                      kv.numel() == T * (kMlaLatentDim + kMlaRopeDim) &&
@@ -891,11 +987,7 @@ void CudaOps::MlaKvPrep(const Tensor& kv, const Tensor& norm_weight, float eps,
                      latent.dtype() == DType::kBF16 && k_rope.dtype() == DType::kBF16 &&
                      norm_weight.numel() == kMlaLatentDim && inv_freq.numel() >= kMlaRopeDim / 2 &&
                      cache.format != KvCacheFormat::kF32;
-  if (!fused) {
-    Ops::MlaKvPrep(kv, norm_weight, eps, step, inv_freq, attention_scaling, interleaved, cache,
-                   latent, k_rope);
-    return;
-  }
+  if (!fused) return false;
   MlaKvPrepParams p;
   p.rows = T;
   p.kv = kv.data<void>();
@@ -912,10 +1004,19 @@ void CudaOps::MlaKvPrep(const Tensor& kv, const Tensor& norm_weight, float eps,
   p.fp8_scale = cache.fp8_scale;
   p.slots = step.slots.data<int64_t>();
   p.kv_pool = cache.pool.data<void>();
+  if (q != nullptr) {
+    p.q = q->data<void>();
+    p.q_heads = q_heads;
+    p.q_row_stride = q->numel() / T;
+    p.q_first_col = q_first_col;
+    p.q_vec_stride = q_stride;
+  }
   p.programmatic = impl_->programmatic_small;
   impl_->Check(InvokeMlaKvPrep(p, impl_->stream), [&] {
-    return absl::StrCat("MlaKvPrep ", Shape(kv), " ", std::string(KvCacheFormatName(cache.format)));
+    return absl::StrCat(q != nullptr ? "MlaInputPrep " : "MlaKvPrep ", Shape(kv), " ",
+                        std::string(KvCacheFormatName(cache.format)));
   });
+  return true;
 }
 
 void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& latent,
@@ -1035,17 +1136,26 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
   absorb.w_batch_stride = static_cast<int64_t>(s.qk_nope) * kMlaLatentDim;
   absorb.out_batch_stride = kMlaQkDim;
   impl_->Check(impl_->gemm->Run(absorb, impl_->stream), [&] { return what() + " (q absorb)"; });
-  // The rope part of q goes to columns 512..575 of each head.
-  impl_->Check(
-      cudaMemcpy2DAsync(q_abs.data<uint16_t>() + kMlaLatentDim, kMlaQkDim * 2, q_rows + s.qk_nope,
-                        qk * 2, kMlaRopeDim * 2, static_cast<size_t>(rows) * H,
-                        cudaMemcpyDeviceToDevice, impl_->stream),
-      [&] { return what() + " (q rope copy)"; });
+  // The rope part of q: read by the decode kernel where it is (q_rope), or copied to columns
+  // 512..575 of each head of q_abs.
+  const uint16_t* q_rope = q_rows + s.qk_nope;
+  const bool rope_in_place = impl_->mla_q_fusion && s.qk_rope == kMlaRopeDim &&
+                             reinterpret_cast<uintptr_t>(q_rope) % 16 == 0 && qk % 8 == 0;
+  if (!rope_in_place) {
+    impl_->Check(cudaMemcpy2DAsync(q_abs.data<uint16_t>() + kMlaLatentDim, kMlaQkDim * 2, q_rope,
+                                   qk * 2, kMlaRopeDim * 2, static_cast<size_t>(rows) * H,
+                                   cudaMemcpyDeviceToDevice, impl_->stream),
+                 [&] { return what() + " (q rope copy)"; });
+  }
   for (int first = 0; first < g.num_seqs; first += slice) {
     const int n = std::min(slice, g.num_seqs - first);
     const int64_t row0 = static_cast<int64_t>(first) * g.s_q;
     MlaDecodeParams p;
     p.q = q_abs.data<uint16_t>() + row0 * H * kMlaQkDim;
+    if (rope_in_place) {
+      p.q_rope = q_rope + row0 * H * qk;
+      p.q_rope_stride = qk;
+    }
     p.kv_pool = cache.pool.data<void>();
     p.block_table = step.block_tables.data<int32_t>() +
                     static_cast<int64_t>(g.seq_begin + first) * step.layout->max_blocks;
@@ -1122,6 +1232,11 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
     return absl::StrCat("MoeExperts ", Shape(x), ", ", experts.count, " local experts from ",
                         experts.first_expert);
   };
+  // The shared expert may come from a side branch (the model's Mlp): the experts wait for it
+  // just before they read `shared` (MoeExpertsRunParams::shared_ready), everything else here
+  // first thing.
+  const bool pass_join = impl_->join_pending && tokens > 0 && experts.device;
+  if (!pass_join) impl_->Join();
   if (tokens == 0) return;
   if (!experts.device) {
     // No local experts on this rank: the shared experts' output (or zeros) is its share.
@@ -1146,6 +1261,11 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
   p.decode_kernel = impl_->moe_few_expert && !impl_->batch_invariant ? MoeDecodeKernel::kAuto
                                                                        : MoeDecodeKernel::kTile;
   p.prefill_wgmma = impl_->moe_prefill_wgmma && !impl_->batch_invariant;
+  p.programmatic_dispatch = impl_->programmatic_dispatch;
+  if (pass_join) {
+    p.shared_ready = impl_->join_event;
+    impl_->join_pending = false;
+  }
   p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
   p.workspace = impl_->ArenaAlloc(p.workspace_bytes);
   MLASERVE_SKIP_IF_FAILED();
@@ -1154,6 +1274,7 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
 
 absl::Status CudaOps::Sample(const Tensor& logits, const SamplingBatch& batch,
                              std::vector<SampledOutput>* out) {
+  impl_->Join();
   out->clear();
   if (impl_->failed()) return impl_->error;
   const int R = static_cast<int>(batch.rows.size());

@@ -71,6 +71,10 @@ class CudaOps : public Ops {
   void MlaKvPrep(const Tensor& kv, const Tensor& norm_weight, float eps, const StepTensors& step,
                  const Tensor& inv_freq, float attention_scaling, bool interleaved,
                  KvCacheLayer& cache, Tensor& latent, Tensor& k_rope) override;
+  void MlaInputPrep(const Tensor& kv, const Tensor& norm_weight, float eps, const StepTensors& step,
+                    const Tensor& inv_freq, float attention_scaling, bool interleaved,
+                    KvCacheLayer& cache, Tensor& latent, Tensor& k_rope, Tensor& q,
+                    int64_t q_first_col, int q_heads, int64_t q_stride) override;
   void MlaPrefill(const MlaShape& shape, const Tensor& q, const Tensor& latent,
                   const Tensor& k_rope, const LinearWeight& kv_b, const KvCacheLayer& cache,
                   const StepTensors& step, Tensor& out) override;
@@ -93,6 +97,11 @@ class CudaOps : public Ops {
   absl::Status Sample(const Tensor& logits, const SamplingBatch& batch,
                       std::vector<SampledOutput>* out) override;
 
+  // Side branches (Ops::SideBranches) run on a second stream, forked from and joined into the
+  // main one by events (graph branches when captured). Off while phase timing is on.
+  bool SideBranches() const override;
+  void BeginSideBranch() override;
+  void EndSideBranch() override;
   bool SupportsGraphs() const override { return true; }
   absl::Status SetBatchInvariant(bool on) override;
   uint64_t ScratchMark() override;
@@ -115,6 +124,17 @@ class CudaOps : public Ops {
   void SetSkinnyTensorCoreRows(int rows);
   // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops.
   void SetFusedMlaInput(bool on);
+  // q's RoPE inside the fused MLA input kernel (MlaInputPrep: one launch where there were the
+  // fused input and RopeKernel), and the MLA decode reading q's rotated RoPE dims where they are
+  // (MlaDecodeParams::q_rope) instead of a 2-D copy into the absorbed q (a memcpy node in the
+  // step's graph that also ended the programmatic chain). On by default.
+  void SetMlaQFusion(bool on);
+  // The routed experts' dispatch in decode batches launched programmatically dependent on the
+  // router (MoeExpertsRunParams::programmatic_dispatch), as the GEMMs after it are. On by default.
+  void SetProgrammaticDispatch(bool on);
+  // The shared expert of MoE layers on a side branch beside the router, the dispatch and the
+  // routed experts (SideBranches true; the router then its own launch). On by default.
+  void SetSharedExpertOverlap(bool on);
   // RmsNormLinear and SiluMulLinear as one skinny kernel each at 1-4 rows
   // (LinearGemm::RunWithPrologue): the q_a norm with q_b, the shared expert's SiLU with its down
   // projection. Off by default: slower at batches 2-4 on the H200 (sessions 7 and 11).
@@ -147,6 +167,12 @@ class CudaOps : public Ops {
   size_t arena_bytes() const;
 
  private:
+  // The fused MLA input kernel (with q's RoPE when q is set) where it takes these tensors;
+  // false, with nothing enqueued, where it does not.
+  bool FusedMlaInput(const Tensor& kv, const Tensor& norm_weight, float eps,
+                     const StepTensors& step, const Tensor& inv_freq, float attention_scaling,
+                     bool interleaved, KvCacheLayer& cache, Tensor& latent, Tensor& k_rope,
+                     Tensor* q, int64_t q_first_col, int q_heads, int64_t q_stride);
   struct Impl;
   explicit CudaOps(std::unique_ptr<Impl> impl);
   // out = T(x) W^T as one skinny kernel (LinearGemm::RunWithPrologue); false where that does

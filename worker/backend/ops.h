@@ -238,6 +238,19 @@ class Ops {
     Rope(k_rope, 0, 1, rope, rope, step, inv_freq, attention_scaling, interleaved);
     KvWrite(latent, k_rope, step, cache);
   }
+  // MlaKvPrep, then q's RoPE: Rope(q, q_first_col, q_heads, q_stride, rope, ...) with rope =
+  // k_rope's width, the same positions, frequencies and scaling. One op so that the CUDA backend
+  // can run both in one launch (CudaOps::SetMlaQFusion); this default is the two ops.
+  virtual void MlaInputPrep(const Tensor& kv, const Tensor& norm_weight, float eps,
+                            const StepTensors& step, const Tensor& inv_freq,
+                            float attention_scaling, bool interleaved, KvCacheLayer& cache,
+                            Tensor& latent, Tensor& k_rope, Tensor& q, int64_t q_first_col,
+                            int q_heads, int64_t q_stride) {
+    MlaKvPrep(kv, norm_weight, eps, step, inv_freq, attention_scaling, interleaved, cache, latent,
+              k_rope);
+    const int rope = static_cast<int>(k_rope.numel() / std::max<int64_t>(k_rope.dim(0), 1));
+    Rope(q, q_first_col, q_heads, q_stride, rope, step, inv_freq, attention_scaling, interleaved);
+  }
   // The prefill group's attention (step.layout->prefill), naive form: each sequence's keys and
   // values are its cached prefix (read back from `cache`) followed by its new tokens (latent,
   // k_rope rows of this step), decompressed through kv_b (local heads); causal softmax
@@ -291,6 +304,15 @@ class Ops {
   // graph bakes in the addresses of the step arena and the step buffers: memory_epoch() changes
   // whenever either moves, and graphs of an older epoch must be captured again. Backends without
   // graphs say so in SupportsGraphs and return Unimplemented.
+  // Side branches: the ops issued between BeginSideBranch and EndSideBranch may run beside the
+  // ops issued after EndSideBranch, until an op that reads the branch's results: MoeExperts
+  // (whose `shared` input a branch may compute) waits for the branch before it reads it, and so
+  // does every op that copies to the host, a step or a capture's end. A backend that says false
+  // in SideBranches runs everything in order and the model issues the ops in its plain order.
+  virtual bool SideBranches() const { return false; }
+  virtual void BeginSideBranch() {}
+  virtual void EndSideBranch() {}
+
   virtual bool SupportsGraphs() const { return false; }
   virtual absl::Status BeginCapture() {
     return absl::UnimplementedError("no graphs on this backend");

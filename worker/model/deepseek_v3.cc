@@ -659,10 +659,9 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
   }
   Tensor latent = ops_.Activation({T, c.kv_lora_rank});
   Tensor k_rope = ops_.Activation({T, c.qk_rope_head_dim});
-  ops_.MlaKvPrep(kv, L.kv_a_norm, c.rms_norm_eps, step, inv_freq_, rope_scaling_,
-                 c.rope.interleaved, L.kv, latent, k_rope);
-  ops_.Rope(q, c.qk_nope_head_dim, heads_.count, qk, c.qk_rope_head_dim, step, inv_freq_,
-            rope_scaling_, c.rope.interleaved);
+  ops_.MlaInputPrep(kv, L.kv_a_norm, c.rms_norm_eps, step, inv_freq_, rope_scaling_,
+                    c.rope.interleaved, L.kv, latent, k_rope, q, c.qk_nope_head_dim, heads_.count,
+                    qk);
   ops_.Phase("attn.mla");
 
   Tensor attn = ops_.Activation({T, static_cast<int64_t>(heads_.count) * c.v_head_dim});
@@ -715,11 +714,21 @@ absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
   Tensor shared, logits;
   if (L.moe) logits = ops_.Activation({T, c.n_routed_experts}, DType::kF32);
   ops_.Phase(L.moe ? "mlp.shared" : "mlp.dense");
+  // Where the backend has side branches (Ops::SideBranches), the shared expert runs beside the
+  // router, the dispatch and the routed experts, which join it before they add its output; the
+  // router then has its own launch, before the branch.
+  const bool branch = L.moe && L.has_mlp && ops_.SideBranches();
+  if (branch) {
+    ops_.Linear(h, L.router, logits);
+    ops_.BeginSideBranch();
+  }
   if (L.has_mlp) {
     const int64_t I = L.gate.out_features;
     Tensor g = ops_.Activation({T, I});
     Tensor u = ops_.Activation({T, I});
-    if (L.moe) {
+    if (branch) {
+      ops_.Linears(h, {{&L.gate, &g}, {&L.up, &u}});
+    } else if (L.moe) {
       ops_.Linears(h, {{&L.gate, &g}, {&L.up, &u}, {&L.router, &logits}});
     } else {
       ops_.Linears(h, {{&L.gate, &g}, {&L.up, &u}});
@@ -733,6 +742,7 @@ absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
   } else if (L.moe) {
     ops_.Linear(h, L.router, logits);
   }
+  if (branch) ops_.EndSideBranch();
   if (L.moe) {
     ops_.Phase("moe.router");
     Tensor ids = ops_.Activation({T, c.num_experts_per_tok}, DType::kI32);

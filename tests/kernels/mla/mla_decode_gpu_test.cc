@@ -51,13 +51,17 @@ struct DecodeCase {
   int variant = -1;        // -1: the launcher's choice.
   int max_workers = 0;     // 0: no cap.
   bool invariant = false;  // the batch-invariant schedule (for the longest sequence's length)
+  // q's RoPE dims from a separate buffer (MlaDecodeParams::q_rope) laid out as the model's q
+  // rows [.., 192] (nope 128, rope 64); q's own columns 512..575 then hold NaN.
+  bool separate_rope = false;
 };
 
 std::string Name(const DecodeCase& c) {
   std::string s = std::string(KvCacheFormatName(c.format)) + " heads=" + std::to_string(c.heads) +
                   " s_q=" + std::to_string(c.s_q) + " variant=" + MlaDecodeVariantName(c.variant) +
                   " max_workers=" + std::to_string(c.max_workers) +
-                  (c.invariant ? " invariant" : "") + " lens=";
+                  (c.invariant ? " invariant" : "") +
+                  (c.separate_rope ? " separate_rope" : "") + " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -125,7 +129,25 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   d_pool.Upload(pool);
   d_table.Upload(table);
   d_lens.Upload(c.lens);
-  d_q.Upload(q_bf16);
+  // The separate RoPE rows: stride 192, the values at columns 128..191, NaN elsewhere.
+  constexpr int kRopeStride = 192, kRopeCol = 128;
+  std::vector<uint16_t> q_rope;
+  DeviceBuffer<uint16_t> d_rope(c.separate_rope ? q_bf16.size() / kMlaQkDim * kRopeStride : 0);
+  if (c.separate_rope) {
+    ASSERT_TRUE(d_rope.ptr);
+    q_rope.assign(d_rope.count, 0xffff);
+    std::vector<uint16_t> q_poisoned = q_bf16;
+    for (size_t f = 0; f < q_bf16.size() / kMlaQkDim; ++f) {
+      for (int d = 0; d < kMlaRopeDim; ++d) {
+        q_rope[f * kRopeStride + kRopeCol + d] = q_bf16[f * kMlaQkDim + kMlaLatentDim + d];
+        q_poisoned[f * kMlaQkDim + kMlaLatentDim + d] = 0xffff;
+      }
+    }
+    d_rope.Upload(q_rope);
+    d_q.Upload(q_poisoned);
+  } else {
+    d_q.Upload(q_bf16);
+  }
   // Poison: NaN outputs and workspace, so an unwritten element fails the bound.
   CUDA_OK(cudaMemset(d_out.ptr, 0xff, d_out.count * 2));
   CUDA_OK(cudaMemset(d_lse.ptr, 0xff, d_lse.count * 4));
@@ -150,6 +172,10 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   p.variant = c.variant;
   p.max_workers = c.max_workers;
   p.invariant_max_seq_len = invariant_len;
+  if (c.separate_rope) {
+    p.q_rope = d_rope.ptr + kRopeCol;
+    p.q_rope_stride = kRopeStride;
+  }
   const absl::Status st = InvokeMlaDecode(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_OK(cudaDeviceSynchronize());
@@ -248,6 +274,24 @@ TEST(MlaDecodeGpuTest, EveryVariantHeadsSq) {
         }
       }
       RunDecodeCase({f, 128, 1, {9000}, v}, seed++);  // batch 1 split over every SM
+    }
+  }
+}
+
+// q's RoPE dims read from the model's q rows (MlaDecodeParams::q_rope) by every variant, with
+// NaN where a kernel reading q's own RoPE columns would find them: 16-row and 64-row blocks,
+// 1-4 query tokens, split pieces.
+TEST(MlaDecodeGpuTest, RopeFromSeparateRows) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 600;
+  for (KvCacheFormat f : kFormats) {
+    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
+      if (!MlaDecodeVariantAvailable(v, f)) continue;
+      for (int heads : {8, 64}) {
+        DecodeCase c{f, heads, heads == 8 ? 3 : 1, {70, 2000, 5}, v};
+        c.separate_rope = true;
+        RunDecodeCase(c, seed++);
+      }
     }
   }
 }
