@@ -7,7 +7,7 @@
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
 //       [--moe-few-expert off] [--fused-prologues on] [--programmatic-small off]
 //       [--mla-q-fusion off] [--programmatic-dispatch off] [--shared-expert-overlap off]
-//       [--moe expert|tensor]
+//       [--programmatic-mla-combine off] [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -54,6 +54,8 @@
 // SetProgrammaticDispatch; on by default). --shared-expert-overlap off: the shared expert in
 // line before the router instead of on a side stream beside the routed experts (CudaOps::
 // SetSharedExpertOverlap; on by default, and off whenever --phases on times the phases).
+// --programmatic-mla-combine off: the MLA decode's combine launched plainly (CudaOps::
+// SetProgrammaticMlaCombine; on by default).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -117,6 +119,9 @@ ABSL_FLAG(mlaserve::OnOff, programmatic_dispatch, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, shared_expert_overlap, mlaserve::OnOff{true},
           "Run the shared expert on a side stream beside the router, the dispatch and the routed "
           "experts (CudaOps::SetSharedExpertOverlap; off with --phases on).");
+ABSL_FLAG(mlaserve::OnOff, programmatic_mla_combine, mlaserve::OnOff{true},
+          "Launch the MLA decode's combine programmatically dependent on its split kernel "
+          "(CudaOps::SetProgrammaticMlaCombine).");
 ABSL_FLAG(int32_t, skinny_mma_rows, 0,
           "Projections of 5..N rows (N <= 16) on the skinny kernels' tensor-core variant; 0: "
           "cuBLASLt (CudaOps::SetSkinnyTensorCoreRows).");
@@ -310,6 +315,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetMlaQFusion(absl::GetFlag(FLAGS_mla_q_fusion).on);
     (*ops)->SetProgrammaticDispatch(absl::GetFlag(FLAGS_programmatic_dispatch).on);
     (*ops)->SetSharedExpertOverlap(absl::GetFlag(FLAGS_shared_expert_overlap).on);
+    (*ops)->SetProgrammaticMlaCombine(absl::GetFlag(FLAGS_programmatic_mla_combine).on);
     SingleRankCommunicator comm;
     ModelOptions o;
     o.kv_format = *fmt;

@@ -65,7 +65,8 @@ bench() {  # name, model dir, extra flags... (BENCH_TIMEOUT seconds, default 590
 
 common=(--kv bf16 --batches 1,2,4,8,64)
 none=(--moe-few-expert off --programmatic off --fused-mla-input off --programmatic-small off
-  --mla-q-fusion off --programmatic-dispatch off --shared-expert-overlap off)
+  --mla-q-fusion off --programmatic-dispatch off --shared-expert-overlap off
+  --programmatic-mla-combine off)
 if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_default "$short" "${common[@]}"
   bench short_tile "$short" "${common[@]}" --moe-few-expert off
@@ -76,6 +77,7 @@ if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_no_q_fusion "$short" "${common[@]}" --mla-q-fusion off
   bench short_plain_dispatch "$short" "${common[@]}" --programmatic-dispatch off
   bench short_no_overlap "$short" "${common[@]}" --shared-expert-overlap off
+  bench short_plain_mla_combine "$short" "${common[@]}" --programmatic-mla-combine off
   bench short_new "$short" "${common[@]}" --fused-prologues on
   bench short_none "$short" "${common[@]}" "${none[@]}"
   bench short_default2 "$short" "${common[@]}"

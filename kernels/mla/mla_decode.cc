@@ -241,6 +241,7 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   const int row_tiles = (rows + plan->rows_per_cta - 1) / plan->rows_per_cta;
   // The split kernel computes small batches' schedule itself (one launch fewer).
   k.inline_schedule = p.batch <= mla::kInlineScheduleMaxBatch;
+  k.programmatic_combine = p.programmatic_combine ? 1 : 0;
   if (!k.inline_schedule) {
     if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
         !s.ok()) {

@@ -68,6 +68,10 @@ struct MlaDecodeParams {
   // their number. The grid then covers batch x pieces(max_seq_len) workers (most exit at once
   // for short sequences); PlanMlaDecode must be given the same value. 0: the balanced split.
   int invariant_max_seq_len = 0;
+  // Launch the combine (where sequences are split) programmatically dependent on the split kernel,
+  // which lets it start as soon as its blocks are resident (kernels/programmatic_launch.cuh): the
+  // combine's launch overlaps the split kernel's tail. Needs a stream other than nullptr.
+  bool programmatic_combine = false;
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.

@@ -61,6 +61,9 @@ constexpr int kWideCombineRows = 16;
 template <int kCombineWarps, int kCombineUnroll>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     MlaDecodeCombineKernel(const MlaDecodeKernelParams p) {
+  // Launched plainly or programmatically (MlaDecodeParams::programmatic_combine): nothing is
+  // read before the split kernel has finished (its schedule, partials and outputs).
+  pdl::WaitForPrerequisiteGrid();
   pdl::AllowDependentLaunch();  // a programmatic successor (the v expand) may set up
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int chunk = blockIdx.x % kCombineChunks;
@@ -151,12 +154,13 @@ cudaError_t LaunchMlaDecodeCombine(const MlaDecodeKernelParams& p, cudaStream_t 
   const int blocks = p.batch * p.rows * kCombineChunks;
   // Batch-invariant schedules always take the narrow form: the wide one sums a row's partials
   // in another order, and which one runs would depend on the batch.
+  const bool programmatic = p.programmatic_combine != 0;
   if (p.fixed_share == 0 && p.batch * p.rows <= kWideCombineRows) {
-    MlaDecodeCombineKernel<16, 8><<<blocks, 16 * 32, 0, stream>>>(p);
-  } else {
-    MlaDecodeCombineKernel<8, 4><<<blocks, 8 * 32, 0, stream>>>(p);
+    return pdl::LaunchKernel(MlaDecodeCombineKernel<16, 8>, dim3(blocks), dim3(16 * 32), 0, stream,
+                             programmatic, p);
   }
-  return cudaGetLastError();
+  return pdl::LaunchKernel(MlaDecodeCombineKernel<8, 4>, dim3(blocks), dim3(8 * 32), 0, stream,
+                           programmatic, p);
 }
 
 }  // namespace mlaserve::mla

@@ -48,6 +48,7 @@
 
 #include "kernels/mla/mla_decode_params.h"
 #include "kernels/mla/mla_decode_schedule.cuh"
+#include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::mla {
@@ -141,6 +142,9 @@ template <KvCacheFormat kFormat, int kTile, int kStages>
 __global__ void __launch_bounds__(sliced::kThreads,
                                   sliced::Config<kFormat, kTile, kStages>::kMinBlocks)
     MlaDecodeSlicedKernel(const MlaDecodeKernelParams p) {
+  // Launched plainly: a programmatically launched combine may become resident now and wait for
+  // this grid.
+  pdl::AllowDependentLaunch();
   using namespace sliced;
   using Cfg = Config<kFormat, kTile, kStages>;
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;

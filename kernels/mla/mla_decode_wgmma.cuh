@@ -43,6 +43,7 @@
 
 #include "kernels/mla/mla_decode_params.h"
 #include "kernels/mla/mla_decode_schedule.cuh"
+#include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 #include "kernels/wgmma_ptx.cuh"
 
@@ -122,6 +123,9 @@ template <KvCacheFormat kFormat, int kTile, int kStages>
 __global__ void __launch_bounds__(wg::kThreads, 1)
     MlaDecodeWgmmaKernel(const MlaDecodeKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Launched plainly: a programmatically launched combine may become resident now and wait for
+  // this grid.
+  pdl::AllowDependentLaunch();
   using namespace wg;
   using Cfg = Config<kFormat, kTile, kStages>;
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;

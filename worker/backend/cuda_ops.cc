@@ -81,6 +81,7 @@ struct CudaOps::Impl {
   bool mla_q_fusion = true;  // SetMlaQFusion
   bool programmatic_dispatch = true;  // SetProgrammaticDispatch
   bool shared_overlap = true;  // SetSharedExpertOverlap
+  bool programmatic_mla_combine = true;  // SetProgrammaticMlaCombine
   // Side branches: side_stream forks from `stream` at fork_event and joins it at join_event;
   // while a branch is open, `stream` is the side stream and main_stream the main one.
   cudaStream_t side_stream = nullptr, main_stream = nullptr;
@@ -283,6 +284,7 @@ void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small =
 void CudaOps::SetMlaQFusion(bool on) { impl_->mla_q_fusion = on; }
 void CudaOps::SetProgrammaticDispatch(bool on) { impl_->programmatic_dispatch = on; }
 void CudaOps::SetSharedExpertOverlap(bool on) { impl_->shared_overlap = on; }
+void CudaOps::SetProgrammaticMlaCombine(bool on) { impl_->programmatic_mla_combine = on; }
 
 bool CudaOps::SideBranches() const { return impl_->shared_overlap && !impl_->phase_timing; }
 
@@ -1172,6 +1174,7 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
     p.workspace = workspace;
     p.workspace_bytes = plan->workspace_bytes;
     p.invariant_max_seq_len = invariant ? max_len : 0;
+    p.programmatic_combine = impl_->programmatic_mla_combine;
     impl_->Check(InvokeMlaDecode(p, impl_->stream), what);
     MLASERVE_SKIP_IF_FAILED();
   }

@@ -135,6 +135,9 @@ class CudaOps : public Ops {
   // The shared expert of MoE layers on a side branch beside the router, the dispatch and the
   // routed experts (SideBranches true; the router then its own launch). On by default.
   void SetSharedExpertOverlap(bool on);
+  // The MLA decode's combine launched programmatically dependent on its split kernel
+  // (MlaDecodeParams::programmatic_combine). On by default.
+  void SetProgrammaticMlaCombine(bool on);
   // RmsNormLinear and SiluMulLinear as one skinny kernel each at 1-4 rows
   // (LinearGemm::RunWithPrologue): the q_a norm with q_b, the shared expert's SiLU with its down
   // projection. Off by default: slower at batches 2-4 on the H200 (sessions 7 and 11).

@@ -54,6 +54,9 @@ struct DecodeCase {
   // q's RoPE dims from a separate buffer (MlaDecodeParams::q_rope) laid out as the model's q
   // rows [.., 192] (nope 128, rope 64); q's own columns 512..575 then hold NaN.
   bool separate_rope = false;
+  // On a stream of its own with the combine launched programmatically (the split kernel's tail
+  // overlapping the combine's launch; MlaDecodeParams::programmatic_combine).
+  bool programmatic = false;
 };
 
 std::string Name(const DecodeCase& c) {
@@ -61,7 +64,8 @@ std::string Name(const DecodeCase& c) {
                   " s_q=" + std::to_string(c.s_q) + " variant=" + MlaDecodeVariantName(c.variant) +
                   " max_workers=" + std::to_string(c.max_workers) +
                   (c.invariant ? " invariant" : "") +
-                  (c.separate_rope ? " separate_rope" : "") + " lens=";
+                  (c.separate_rope ? " separate_rope" : "") +
+                  (c.programmatic ? " programmatic" : "") + " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -176,9 +180,15 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
     p.q_rope = d_rope.ptr + kRopeCol;
     p.q_rope_stride = kRopeStride;
   }
-  const absl::Status st = InvokeMlaDecode(p, nullptr);
-  ASSERT_TRUE(st.ok()) << st;
+  cudaStream_t stream = nullptr;
+  if (c.programmatic) {
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    p.programmatic_combine = true;
+  }
+  const absl::Status st = InvokeMlaDecode(p, stream);
   CUDA_OK(cudaDeviceSynchronize());
+  if (stream != nullptr) CUDA_OK(cudaStreamDestroy(stream));
+  ASSERT_TRUE(st.ok()) << st;
   const std::vector<uint16_t> out = d_out.Download();
   const std::vector<float> lse = d_lse.Download();
 
@@ -290,6 +300,23 @@ TEST(MlaDecodeGpuTest, RopeFromSeparateRows) {
       for (int heads : {8, 64}) {
         DecodeCase c{f, heads, heads == 8 ? 3 : 1, {70, 2000, 5}, v};
         c.separate_rope = true;
+        RunDecodeCase(c, seed++);
+      }
+    }
+  }
+}
+
+// The combine launched programmatically on a stream of its own, every variant and format: split
+// and unsplit sequences, the wide (16-row) and the narrow combine, 64-row blocks.
+TEST(MlaDecodeGpuTest, ProgrammaticCombine) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 700;
+  for (KvCacheFormat f : kFormats) {
+    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
+      if (!MlaDecodeVariantAvailable(v, f)) continue;
+      for (DecodeCase c : {DecodeCase{f, 16, 2, {2, 63, 65, 3000}, v},
+                           DecodeCase{f, 8, 1, {20000}, v}, DecodeCase{f, 64, 1, {5000, 17}, v}}) {
+        c.programmatic = true;
         RunDecodeCase(c, seed++);
       }
     }
