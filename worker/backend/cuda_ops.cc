@@ -91,7 +91,8 @@ struct CudaOps::Impl {
   void Join() {
     if (!join_pending) return;
     join_pending = false;
-    Check(cudaStreamWaitEvent(stream, join_event, 0), [] { return std::string("side branch join"); });
+    Check(cudaStreamWaitEvent(stream, join_event, 0),
+          [] { return std::string("side branch join"); });
   }
   absl::Status error;  // the first failure since the last check
   size_t persistent = 0;
