@@ -88,6 +88,7 @@ struct CudaOps::Impl {
   cudaEvent_t fork_event = nullptr, join_event = nullptr;
   bool join_pending = false;
   // The main stream waits for the last side branch, if it has not yet.
+  // Enqueued even after a failure (the first error is kept), so a failed step ends joined.
   void Join() {
     if (!join_pending) return;
     join_pending = false;
@@ -1266,14 +1267,17 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
                                                                        : MoeDecodeKernel::kTile;
   p.prefill_wgmma = impl_->moe_prefill_wgmma && !impl_->batch_invariant;
   p.programmatic_dispatch = impl_->programmatic_dispatch;
-  if (pass_join) {
-    p.shared_ready = impl_->join_event;
-    impl_->join_pending = false;
-  }
+  if (pass_join) p.shared_ready = impl_->join_event;
   p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
   p.workspace = impl_->ArenaAlloc(p.workspace_bytes);
-  MLASERVE_SKIP_IF_FAILED();
-  impl_->Check(InvokeMoeExperts(gpu, p, impl_->stream), what);
+  if (!impl_->failed()) impl_->Check(InvokeMoeExperts(gpu, p, impl_->stream), what);
+  // Joined by the experts' wait, unless they failed before enqueuing it: then here, so that no
+  // side-branch work of a failed step outlives it (its scratch is reused by the next step).
+  if (impl_->failed()) {
+    impl_->Join();
+  } else {
+    impl_->join_pending = false;
+  }
 }
 
 absl::Status CudaOps::Sample(const Tensor& logits, const SamplingBatch& batch,
