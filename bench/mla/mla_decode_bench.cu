@@ -34,6 +34,9 @@ ABSL_FLAG(mlaserve::IntList, variant, (mlaserve::IntList{{-1}}),
           "Kernel variants by index (-1: the one the dispatcher picks).");
 ABSL_FLAG(mlaserve::IntList, workers, (mlaserve::IntList{{0}}),
           "Caps on the persistent workers, each >= 0 (0: none).");
+ABSL_FLAG(mlaserve::IntList, min_share, (mlaserve::IntList{{0}}),
+          "Smallest shares of the balanced split in 16-token units, each in [0, 1024] (0: the "
+          "default, MlaDecodeParams::min_share).");
 ABSL_FLAG(std::vector<std::string>, format, std::vector<std::string>({"bf16", "fp8", "fp8_tiled"}),
           "KV cache formats.");
 
@@ -129,7 +132,7 @@ struct Result {
 };
 
 Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int variant,
-                  int max_workers) {
+                  int max_workers, int min_share) {
   const size_t row_bytes = KvCacheBytesPerToken(format);
   const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
   const size_t num_blocks = size_t(batch) * blocks_per_seq;
@@ -186,6 +189,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   p.workspace_bytes = plan->workspace_bytes;
   p.variant = plan->variant;
   p.max_workers = max_workers;
+  p.min_share = min_share;
   // Warm-up outside the graph (module load, smem opt-in, occupancy query).
   p.kv_pool = pools[0];
   absl::Status st = InvokeMlaDecode(p, stream);
@@ -250,6 +254,7 @@ int Main(int argc, char** argv) {
   const std::vector<int> heads_list = FlagIntsInRange(FLAGS_heads, 1, 1024);
   const std::vector<int> variants = FlagIntsInRange(FLAGS_variant, -1, 1 << 16);
   const std::vector<int> workers_list = FlagIntsInRange(FLAGS_workers, 0, 1 << 16);
+  const std::vector<int> shares = FlagIntsInRange(FLAGS_min_share, 0, 1024);
   std::vector<KvCacheFormat> formats;
   for (const std::string& name : absl::GetFlag(FLAGS_format)) {
     absl::StatusOr<KvCacheFormat> f = ParseKvCacheFormat(name);
@@ -268,23 +273,26 @@ int Main(int argc, char** argv) {
         for (int batch : batches) {
           for (int context : contexts) {
             for (int workers : workers_list) {
-              const Result r = TimeConfig(f, heads, batch, context, variant, workers);
-              std::string vname = MlaDecodeVariantName(
-                  variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
-              if (workers > 0) {
-                vname +=
-                    "/w" + std::to_string(
-                               PlanMlaDecode(batch, 1, heads, f, variant, workers)->num_workers);
+              for (int share : shares) {
+                const Result r = TimeConfig(f, heads, batch, context, variant, workers, share);
+                std::string vname = MlaDecodeVariantName(
+                    variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
+                if (workers > 0) {
+                  vname +=
+                      "/w" + std::to_string(
+                                 PlanMlaDecode(batch, 1, heads, f, variant, workers)->num_workers);
+                }
+                if (share > 0) vname += "/s" + std::to_string(share);
+                const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
+                std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
+                            std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
+                            variant < 0 ? "auto:" : "", vname.c_str(), r.us, r.bytes, gbps,
+                            gbps * 1e9 / copy_bw, copy_bw / 1e9);
+                std::fflush(stdout);
+                std::fprintf(stderr, "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
+                             std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(), batch,
+                             context, r.us, gbps, gbps * 1e9 / copy_bw);
               }
-              const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
-              std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
-                          std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
-                          variant < 0 ? "auto:" : "", vname.c_str(), r.us, r.bytes, gbps,
-                          gbps * 1e9 / copy_bw, copy_bw / 1e9);
-              std::fflush(stdout);
-              std::fprintf(stderr, "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
-                           std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(), batch,
-                           context, r.us, gbps, gbps * 1e9 / copy_bw);
             }
           }
         }

@@ -7,7 +7,7 @@
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
 //       [--moe-few-expert off] [--fused-prologues on] [--programmatic-small off]
 //       [--mla-q-fusion off] [--programmatic-dispatch off] [--shared-expert-overlap off]
-//       [--programmatic-mla-combine off] [--moe expert|tensor]
+//       [--programmatic-mla-combine off] [--mla-min-share N] [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -122,6 +122,9 @@ ABSL_FLAG(mlaserve::OnOff, shared_expert_overlap, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, programmatic_mla_combine, mlaserve::OnOff{true},
           "Launch the MLA decode's combine programmatically dependent on its split kernel "
           "(CudaOps::SetProgrammaticMlaCombine).");
+ABSL_FLAG(int32_t, mla_min_share, 0,
+          "The MLA decode split's smallest share in 16-token units, 0..1024 (0: the kernels' "
+          "default; CudaOps::SetMlaMinShare).");
 ABSL_FLAG(int32_t, skinny_mma_rows, 0,
           "Projections of 5..N rows (N <= 16) on the skinny kernels' tensor-core variant; 0: "
           "cuBLASLt (CudaOps::SetSkinnyTensorCoreRows).");
@@ -316,6 +319,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetProgrammaticDispatch(absl::GetFlag(FLAGS_programmatic_dispatch).on);
     (*ops)->SetSharedExpertOverlap(absl::GetFlag(FLAGS_shared_expert_overlap).on);
     (*ops)->SetProgrammaticMlaCombine(absl::GetFlag(FLAGS_programmatic_mla_combine).on);
+    (*ops)->SetMlaMinShare(FlagInRange(FLAGS_mla_min_share, 0, 1024));
     SingleRankCommunicator comm;
     ModelOptions o;
     o.kv_format = *fmt;

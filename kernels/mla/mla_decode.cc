@@ -197,6 +197,10 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         "MLA decode: kv_pool must be 16-B, q 4-B, out 8-B and workspace 256-B aligned");
   }
+  if (p.min_share < 0 || p.min_share > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MLA decode: min_share ", p.min_share, " outside [0, 1024]"));
+  }
   if (p.q_rope != nullptr &&
       (reinterpret_cast<uintptr_t>(p.q_rope) % 16 != 0 || p.q_rope_stride < kMlaRopeDim ||
        p.q_rope_stride % 8 != 0)) {
@@ -242,6 +246,7 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   // The split kernel computes small batches' schedule itself (one launch fewer).
   k.inline_schedule = p.batch <= mla::kInlineScheduleMaxBatch;
   k.programmatic_combine = p.programmatic_combine ? 1 : 0;
+  k.min_share = p.min_share > 0 ? p.min_share : mla::kMinTilesPerWorker;
   if (!k.inline_schedule) {
     if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
         !s.ok()) {

@@ -72,6 +72,13 @@ struct MlaDecodeParams {
   // which lets it start as soon as its blocks are resident (kernels/programmatic_launch.cuh): the
   // combine's launch overlaps the split kernel's tail. Needs a stream other than nullptr.
   bool programmatic_combine = false;
+  // The smallest share of the balanced split, in 16-token cost units (a sequence piece also
+  // costs 3 units of fixed work): 0 takes the default (4, mla_decode_params.h's
+  // kMinTilesPerWorker); 1..1024 otherwise. Smaller shares cut short contexts (batch 1 x 1k: 17
+  // workers of ~64 tokens at 4) into more, shorter pieces and more partials for the combine.
+  // A tuning knob for benchmarks (mla_decode_bench --min-share); no effect on the
+  // batch-invariant schedule.
+  int min_share = 0;
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.

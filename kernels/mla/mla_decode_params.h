@@ -45,6 +45,7 @@ struct MlaDecodeKernelParams {
   int fixed_share;             // 0: shares balanced over num_workers; > 0: batch-invariant.
   int inline_schedule;         // 1: the (sliced) split kernel computes the schedule itself.
   int programmatic_combine;    // 1: the combine is launched programmatically (MlaDecodeParams).
+  int min_share;               // smallest balanced share, in kCostTokens units (MlaDecodeParams)
   float score_scale_log2;      // softmax_scale * log2(e) (* kv_scale for kFp8)
   float out_scale;             // kv_scale for kFp8, else 1
   uint16_t* __restrict__ out;  // bf16 [batch, s_q, heads, 512]

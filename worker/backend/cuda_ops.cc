@@ -82,6 +82,7 @@ struct CudaOps::Impl {
   bool programmatic_dispatch = true;  // SetProgrammaticDispatch
   bool shared_overlap = true;  // SetSharedExpertOverlap
   bool programmatic_mla_combine = true;  // SetProgrammaticMlaCombine
+  int mla_min_share = 0;  // SetMlaMinShare
   // Side branches: side_stream forks from `stream` at fork_event and joins it at join_event;
   // while a branch is open, `stream` is the side stream and main_stream the main one.
   cudaStream_t side_stream = nullptr, main_stream = nullptr;
@@ -287,6 +288,7 @@ void CudaOps::SetMlaQFusion(bool on) { impl_->mla_q_fusion = on; }
 void CudaOps::SetProgrammaticDispatch(bool on) { impl_->programmatic_dispatch = on; }
 void CudaOps::SetSharedExpertOverlap(bool on) { impl_->shared_overlap = on; }
 void CudaOps::SetProgrammaticMlaCombine(bool on) { impl_->programmatic_mla_combine = on; }
+void CudaOps::SetMlaMinShare(int units) { impl_->mla_min_share = units; }
 
 bool CudaOps::SideBranches() const { return impl_->shared_overlap && !impl_->phase_timing; }
 
@@ -1177,6 +1179,7 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
     p.workspace_bytes = plan->workspace_bytes;
     p.invariant_max_seq_len = invariant ? max_len : 0;
     p.programmatic_combine = impl_->programmatic_mla_combine;
+    p.min_share = impl_->mla_min_share;
     impl_->Check(InvokeMlaDecode(p, impl_->stream), what);
     MLASERVE_SKIP_IF_FAILED();
   }

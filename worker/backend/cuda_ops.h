@@ -138,6 +138,9 @@ class CudaOps : public Ops {
   // The MLA decode's combine launched programmatically dependent on its split kernel
   // (MlaDecodeParams::programmatic_combine). On by default.
   void SetProgrammaticMlaCombine(bool on);
+  // The MLA decode split's smallest share in 16-token units (MlaDecodeParams::min_share; 0, the
+  // default, keeps the kernels' own); for measurements.
+  void SetMlaMinShare(int units);
   // RmsNormLinear and SiluMulLinear as one skinny kernel each at 1-4 rows
   // (LinearGemm::RunWithPrologue): the q_a norm with q_b, the shared expert's SiLU with its down
   // projection. Off by default: slower at batches 2-4 on the H200 (sessions 7 and 11).

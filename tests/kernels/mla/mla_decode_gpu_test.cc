@@ -57,6 +57,7 @@ struct DecodeCase {
   // On a stream of its own with the combine launched programmatically (the split kernel's tail
   // overlapping the combine's launch; MlaDecodeParams::programmatic_combine).
   bool programmatic = false;
+  int min_share = 0;  // MlaDecodeParams::min_share (0: the default)
 };
 
 std::string Name(const DecodeCase& c) {
@@ -65,7 +66,8 @@ std::string Name(const DecodeCase& c) {
                   " max_workers=" + std::to_string(c.max_workers) +
                   (c.invariant ? " invariant" : "") +
                   (c.separate_rope ? " separate_rope" : "") +
-                  (c.programmatic ? " programmatic" : "") + " lens=";
+                  (c.programmatic ? " programmatic" : "") +
+                  (c.min_share > 0 ? " min_share=" + std::to_string(c.min_share) : "") + " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -176,6 +178,7 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   p.variant = c.variant;
   p.max_workers = c.max_workers;
   p.invariant_max_seq_len = invariant_len;
+  p.min_share = c.min_share;
   if (c.separate_rope) {
     p.q_rope = d_rope.ptr + kRopeCol;
     p.q_rope_stride = kRopeStride;
@@ -318,6 +321,26 @@ TEST(MlaDecodeGpuTest, ProgrammaticCombine) {
                            DecodeCase{f, 8, 1, {20000}, v}, DecodeCase{f, 64, 1, {5000, 17}, v}}) {
         c.programmatic = true;
         RunDecodeCase(c, seed++);
+      }
+    }
+  }
+}
+
+// Smaller minimum shares of the balanced split (MlaDecodeParams::min_share): more, shorter pieces
+// (down to 16 tokens, inside one 32-token tile) and more partials per sequence for the combine.
+TEST(MlaDecodeGpuTest, SmallShares) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 800;
+  for (KvCacheFormat f : kFormats) {
+    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
+      if (!MlaDecodeVariantAvailable(v, f)) continue;
+      for (int share : {1, 2}) {
+        for (DecodeCase c : {DecodeCase{f, 8, 1, {1025}, v},
+                             DecodeCase{f, 16, 2, {1025, 3000, 5}, v},
+                             DecodeCase{f, 64, 1, {700, 90}, v}}) {
+          c.min_share = share;
+          RunDecodeCase(c, seed++);
+        }
       }
     }
   }
