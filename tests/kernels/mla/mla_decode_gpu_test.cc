@@ -291,58 +291,59 @@ TEST(MlaDecodeGpuTest, EveryVariantHeadsSq) {
   }
 }
 
+// Runs each case that cases(format, variant) returns, after set(case), for every format and
+// every kernel variant available for it (seeds counted from `seed`).
+template <class Cases, class Set>
+void ForEveryVariant(uint32_t seed, const Cases& cases, const Set& set) {
+  for (KvCacheFormat f : kFormats) {
+    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
+      if (!MlaDecodeVariantAvailable(v, f)) continue;
+      for (DecodeCase c : cases(f, v)) {
+        set(c);
+        RunDecodeCase(c, seed++);
+      }
+    }
+  }
+}
+
 // q's RoPE dims read from the model's q rows (MlaDecodeParams::q_rope) by every variant, with
 // NaN where a kernel reading q's own RoPE columns would find them: 16-row and 64-row blocks,
 // 1-4 query tokens, split pieces.
 TEST(MlaDecodeGpuTest, RopeFromSeparateRows) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  uint32_t seed = 600;
-  for (KvCacheFormat f : kFormats) {
-    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
-      if (!MlaDecodeVariantAvailable(v, f)) continue;
-      for (int heads : {8, 64}) {
-        DecodeCase c{f, heads, heads == 8 ? 3 : 1, {70, 2000, 5}, v};
-        c.separate_rope = true;
-        RunDecodeCase(c, seed++);
-      }
-    }
-  }
+  ForEveryVariant(
+      600,
+      [](KvCacheFormat f, int v) {
+        return std::vector<DecodeCase>{{f, 8, 3, {70, 2000, 5}, v}, {f, 64, 1, {70, 2000, 5}, v}};
+      },
+      [](DecodeCase& c) { c.separate_rope = true; });
 }
 
 // The combine launched programmatically on a stream of its own, every variant and format: split
 // and unsplit sequences, the wide (16-row) and the narrow combine, 64-row blocks.
 TEST(MlaDecodeGpuTest, ProgrammaticCombine) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  uint32_t seed = 700;
-  for (KvCacheFormat f : kFormats) {
-    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
-      if (!MlaDecodeVariantAvailable(v, f)) continue;
-      for (DecodeCase c : {DecodeCase{f, 16, 2, {2, 63, 65, 3000}, v},
-                           DecodeCase{f, 8, 1, {20000}, v}, DecodeCase{f, 64, 1, {5000, 17}, v}}) {
-        c.programmatic = true;
-        RunDecodeCase(c, seed++);
-      }
-    }
-  }
+  ForEveryVariant(
+      700,
+      [](KvCacheFormat f, int v) {
+        return std::vector<DecodeCase>{
+            {f, 16, 2, {2, 63, 65, 3000}, v}, {f, 8, 1, {20000}, v}, {f, 64, 1, {5000, 17}, v}};
+      },
+      [](DecodeCase& c) { c.programmatic = true; });
 }
 
 // Smaller minimum shares of the balanced split (MlaDecodeParams::min_share): more, shorter pieces
 // (down to 16 tokens, inside one 32-token tile) and more partials per sequence for the combine.
 TEST(MlaDecodeGpuTest, SmallShares) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  uint32_t seed = 800;
-  for (KvCacheFormat f : kFormats) {
-    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
-      if (!MlaDecodeVariantAvailable(v, f)) continue;
-      for (int share : {1, 2}) {
-        for (DecodeCase c : {DecodeCase{f, 8, 1, {1025}, v},
-                             DecodeCase{f, 16, 2, {1025, 3000, 5}, v},
-                             DecodeCase{f, 64, 1, {700, 90}, v}}) {
-          c.min_share = share;
-          RunDecodeCase(c, seed++);
-        }
-      }
-    }
+  for (int share : {1, 2}) {
+    ForEveryVariant(
+        800 + 100 * share,
+        [](KvCacheFormat f, int v) {
+          return std::vector<DecodeCase>{
+              {f, 8, 1, {1025}, v}, {f, 16, 2, {1025, 3000, 5}, v}, {f, 64, 1, {700, 90}, v}};
+        },
+        [share](DecodeCase& c) { c.min_share = share; });
   }
 }
 
