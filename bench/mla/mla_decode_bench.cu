@@ -36,7 +36,7 @@ ABSL_FLAG(mlaserve::IntList, workers, (mlaserve::IntList{{0}}),
           "Caps on the persistent workers, each >= 0 (0: none).");
 ABSL_FLAG(mlaserve::IntList, min_share, (mlaserve::IntList{{0}}),
           "Smallest shares of the balanced split in 16-token units, each in [0, 1024] (0: the "
-          "default, MlaDecodeParams::min_share).");
+          "default rule, MlaDecodeParams::min_share; 4: the rule before session 13).");
 ABSL_FLAG(std::vector<std::string>, format, std::vector<std::string>({"bf16", "fp8", "fp8_tiled"}),
           "KV cache formats.");
 

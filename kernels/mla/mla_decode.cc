@@ -246,7 +246,7 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   // The split kernel computes small batches' schedule itself (one launch fewer).
   k.inline_schedule = p.batch <= mla::kInlineScheduleMaxBatch;
   k.programmatic_combine = p.programmatic_combine ? 1 : 0;
-  k.min_share = p.min_share > 0 ? p.min_share : mla::kMinTilesPerWorker;
+  k.min_share = p.min_share;  // 0: MlaBalancedShare's rule for short jobs
   if (!k.inline_schedule) {
     if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
         !s.ok()) {

@@ -73,11 +73,10 @@ struct MlaDecodeParams {
   // combine's launch overlaps the split kernel's tail. Needs a stream other than nullptr.
   bool programmatic_combine = false;
   // The smallest share of the balanced split, in 16-token cost units (a sequence piece also
-  // costs 3 units of fixed work): 0 takes the default (4, mla_decode_params.h's
-  // kMinTilesPerWorker); 1..1024 otherwise. Smaller shares cut short contexts (batch 1 x 1k: 17
-  // workers of ~64 tokens at 4) into more, shorter pieces and more partials for the combine.
-  // A tuning knob for benchmarks (mla_decode_bench --min-share); no effect on the
-  // batch-invariant schedule.
+  // costs 3 units of fixed work): 0 takes the default rule (mla_decode_params.h's
+  // MlaBalancedShare: 4 units, kMinTilesPerWorker, except for short jobs, which are cut into
+  // about 72 pieces of 1-3 units); 1..1024 force that smallest share. A tuning knob for
+  // benchmarks (mla_decode_bench --min-share); no effect on the batch-invariant schedule.
   int min_share = 0;
 };
 

@@ -11,7 +11,7 @@ namespace {
 constexpr int kScheduleThreads = 1024;
 
 // One block: prefix[b] = sum of costs of sequences < b, prefix[batch] = total,
-// prefix[batch + 1] = share of one worker (cost units, >= p.min_share). Worker w takes the
+// prefix[batch + 1] = share of one worker (cost units, MlaBalancedShare). Worker w takes the
 // cost range [w * share, (w + 1) * share); sequence b is split over the workers
 // prefix[b] / share .. (prefix[b + 1] - 1) / share.
 __global__ void __launch_bounds__(kScheduleThreads)
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kScheduleThreads)
     p.schedule[p.batch] = total;
     p.schedule[p.batch + 1] =
         p.fixed_share > 0 ? p.fixed_share
-                          : max((total + p.num_workers - 1) / p.num_workers, p.min_share);
+                          : MlaBalancedShare(total, p.num_workers, p.min_share);
   }
 }
 

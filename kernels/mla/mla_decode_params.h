@@ -14,6 +14,25 @@ constexpr int kCostTokens = 16;        // Schedule granularity: work shares are 
 constexpr int kSeqFixedCost = 3;       // Schedule cost of a sequence piece, in 16-token units
                                        // (q load, output write, pipeline fill).
 constexpr int kMinTilesPerWorker = 4;  // Smallest share: below it partials cost more than KV.
+// Short jobs (a batch's total cost below kShortJobWorkers * kMinTilesPerWorker units, e.g. one
+// sequence of up to ~3.4k tokens) are cut into about kShortJobWorkers pieces instead: measured on
+// the H200 (bench/RESULTS.md, session 13; mla_decode_bench --min-share), batch 1 x 1k went from 17
+// workers of 4 units to 67 of 1 unit: 10.0 -> 7.8 us (bf16, 8 heads), 11.3 -> 9.2 us (fp8_tiled),
+// while at 4k 259 one-unit workers lost to 65 of 4 units (11.4 -> 13.4 us): the combine's cost
+// grows with the piece count, so the count, not the share, is what the rule holds near 72.
+constexpr int kShortJobWorkers = 72;
+// The balanced split's share (cost units a worker) for a batch of `total` cost units over
+// `num_workers` workers; min_share > 0 overrides the smallest share (MlaDecodeParams::min_share),
+// 0 takes the rule above.
+constexpr int MlaBalancedShare(int total, int num_workers, int min_share) {
+  const int even = (total + num_workers - 1) / num_workers;
+  const int short_job = (total + kShortJobWorkers - 1) / kShortJobWorkers;
+  const int smallest = min_share > 0 ? min_share
+                       : short_job < 1 ? 1
+                       : short_job > kMinTilesPerWorker ? kMinTilesPerWorker
+                                                        : short_job;
+  return even > smallest ? even : smallest;
+}
 // Schedule cost of one sequence (kCostTokens units plus the fixed cost).
 constexpr int MlaSequenceCost(int len) {
   return (len + kCostTokens - 1) / kCostTokens + kSeqFixedCost;
@@ -45,7 +64,7 @@ struct MlaDecodeKernelParams {
   int fixed_share;             // 0: shares balanced over num_workers; > 0: batch-invariant.
   int inline_schedule;         // 1: the (sliced) split kernel computes the schedule itself.
   int programmatic_combine;    // 1: the combine is launched programmatically (MlaDecodeParams).
-  int min_share;               // smallest balanced share, in kCostTokens units (MlaDecodeParams)
+  int min_share;               // MlaDecodeParams::min_share (0: MlaBalancedShare's rule)
   float score_scale_log2;      // softmax_scale * log2(e) (* kv_scale for kFp8)
   float out_scale;             // kv_scale for kFp8, else 1
   uint16_t* __restrict__ out;  // bf16 [batch, s_q, heads, 512]

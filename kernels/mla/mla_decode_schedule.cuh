@@ -56,7 +56,7 @@ __device__ __forceinline__ const int32_t* InlineSchedule(const MlaDecodeKernelPa
     sched[p.batch] = total;
     sched[p.batch + 1] = p.fixed_share > 0
                              ? p.fixed_share
-                             : max((total + p.num_workers - 1) / p.num_workers, p.min_share);
+                             : MlaBalancedShare(total, p.num_workers, p.min_share);
   }
   __syncthreads();
   if (blockIdx.x == 0) {
