@@ -7,7 +7,8 @@
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
 //       [--moe-few-expert off] [--fused-prologues on] [--programmatic-small off]
 //       [--mla-q-fusion off] [--programmatic-dispatch off] [--shared-expert-overlap off]
-//       [--programmatic-mla-combine off] [--mla-min-share N] [--moe expert|tensor]
+//       [--programmatic-mla-combine off] [--mla-min-share N] [--mla-absorb-fusion on]
+//       [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
 // --synthetic-weights: the weights of a checkpoint of CONFIG_DIR's config.json (+
@@ -55,7 +56,9 @@
 // line before the router instead of on a side stream beside the routed experts (CudaOps::
 // SetSharedExpertOverlap; on by default, and off whenever --phases on times the phases).
 // --programmatic-mla-combine off: the MLA decode's combine launched plainly (CudaOps::
-// SetProgrammaticMlaCombine; on by default).
+// SetProgrammaticMlaCombine; on by default). --mla-absorb-fusion on: q's absorption inside the
+// fused MLA input kernel instead of by a cuBLASLt launch in the MLA decode at decode steps
+// of up to 4 rows (CudaOps::SetMlaAbsorbFusion; off by default).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -113,6 +116,10 @@ ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, mla_q_fusion, mlaserve::OnOff{true},
           "Rotate q inside the fused MLA input kernel and let the decode kernel read its RoPE dims "
           "in place (CudaOps::SetMlaQFusion); off: a RoPE kernel and a copy.");
+ABSL_FLAG(mlaserve::OnOff, mla_absorb_fusion, mlaserve::OnOff{false},
+          "Absorb q (q_nope W_kb) inside the fused MLA input kernel at decode steps of up to 4 "
+          "rows (CudaOps::SetMlaAbsorbFusion); off (the default): a cuBLASLt launch in the MLA "
+          "decode.");
 ABSL_FLAG(mlaserve::OnOff, programmatic_dispatch, mlaserve::OnOff{true},
           "Launch the routed experts' dispatch programmatically dependent on the router in decode "
           "batches (CudaOps::SetProgrammaticDispatch).");
@@ -124,7 +131,8 @@ ABSL_FLAG(mlaserve::OnOff, programmatic_mla_combine, mlaserve::OnOff{true},
           "(CudaOps::SetProgrammaticMlaCombine).");
 ABSL_FLAG(int32_t, mla_min_share, 0,
           "The MLA decode split's smallest share in 16-token units, 0..1024 (0: the kernels' "
-          "default; CudaOps::SetMlaMinShare).");
+          "rule, MlaBalancedShare; 4 forces the rule before session 13; "
+          "CudaOps::SetMlaMinShare).");
 ABSL_FLAG(int32_t, skinny_mma_rows, 0,
           "Projections of 5..N rows (N <= 16) on the skinny kernels' tensor-core variant; 0: "
           "cuBLASLt (CudaOps::SetSkinnyTensorCoreRows).");
@@ -316,6 +324,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);
     (*ops)->SetProgrammaticSmallKernels(absl::GetFlag(FLAGS_programmatic_small).on);
     (*ops)->SetMlaQFusion(absl::GetFlag(FLAGS_mla_q_fusion).on);
+    (*ops)->SetMlaAbsorbFusion(absl::GetFlag(FLAGS_mla_absorb_fusion).on);
     (*ops)->SetProgrammaticDispatch(absl::GetFlag(FLAGS_programmatic_dispatch).on);
     (*ops)->SetSharedExpertOverlap(absl::GetFlag(FLAGS_shared_expert_overlap).on);
     (*ops)->SetProgrammaticMlaCombine(absl::GetFlag(FLAGS_programmatic_mla_combine).on);

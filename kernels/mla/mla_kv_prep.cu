@@ -6,6 +6,7 @@
 
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/mla/kv_cache_write.cuh"
@@ -43,15 +44,106 @@ __device__ __forceinline__ void RotateQ(const MlaKvPrepParams& p, int64_t v, int
   vec[i + kHalf] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
 }
 
+// q's absorption (MlaKvPrepParams::w_kb), block `idx` of them: head j = idx / 16, output
+// columns 32 (idx % 16) .. + 31. Lane l of warp g takes column pair l % 16 and k group 2 g + l / 16
+// (k = kg, kg + 8, ...); its kRows rows' sums (rows past p.rows compute on zeros) meet those of
+// the other half-warp by a shuffle, then warps 1-3 hand theirs to warp 0 through shared memory,
+// which adds them in warp order and rounds. kRows is the step's row count rounded up to 1, 2 or 4.
+// Measured against cuBLASLt's absorption on the H200 (bench/RESULTS.md, session 13): a first
+// version (64-column blocks, 32 k a thread, every row guarded in an unrolled 16-row loop) ran
+// ~2,200 instructions a warp at one warp a scheduler: 15-23 us in ncu against nvjet's 3.5-4.1,
+// and the 16-layer Kimi shard's batch-1 step 1.28 -> 1.39-1.58 ms. The work a warp is what
+// sets the time here, so this form keeps it near 100 instructions at one row.
+constexpr int kAbsorbCols = 32;                              // output columns a block
+constexpr int kAbsorbKGroups = 2 * kPrepWarps;               // k groups a block
+constexpr int kAbsorbK = kMlaPrepAbsorbMaxNope / kAbsorbKGroups;  // W_kb words a thread
+
+template <int kRows>
+__device__ __forceinline__ void AbsorbQ(const MlaKvPrepParams& p, unsigned idx) {
+  constexpr int kChunks = kMlaLatentDim / kAbsorbCols;
+  __shared__ float qs[kRows * kMlaPrepAbsorbMaxNope];
+  __shared__ float2 part[kPrepWarps - 1][kRows][16];
+  const int j = static_cast<int>(idx / kChunks), chunk = static_cast<int>(idx % kChunks);
+  const int rows = static_cast<int>(p.rows), nope = p.absorb_nope;
+  const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
+  const int pair = lane & 15, kg = 2 * g + (lane >> 4);
+  // W_kb first (every load in flight at once), then q's nope values of head j (zeros past rows).
+  const uint32_t* w = static_cast<const uint32_t*>(p.w_kb) +
+                      (static_cast<size_t>(j) * nope * kMlaLatentDim + chunk * kAbsorbCols) / 2 +
+                      pair;
+  uint32_t wv[kAbsorbK];
+#pragma unroll
+  for (int i = 0; i < kAbsorbK; ++i) {
+    const int k = kg + kAbsorbKGroups * i;
+    wv[i] = k < nope ? __ldg(w + static_cast<size_t>(k) * (kMlaLatentDim / 2)) : 0u;
+  }
+  const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q);
+  for (int i = tid; i < kRows * nope; i += kPrepWarps * 32) {
+    const int r = i / nope, k = i % nope;
+    qs[i] = r < rows ? __bfloat162float(q[r * p.q_row_stride + j * p.q_vec_stride + k]) : 0.0f;
+  }
+  __syncthreads();
+  float2 acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = make_float2(0.0f, 0.0f);
+#pragma unroll
+  for (int i = 0; i < kAbsorbK; ++i) {
+    const int k = kg + kAbsorbKGroups * i;
+    if (k < nope) {
+      const float w0 = Lo(wv[i]), w1 = Hi(wv[i]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float x = qs[r * nope + k];
+        acc[r].x = fmaf(x, w0, acc[r].x);
+        acc[r].y = fmaf(x, w1, acc[r].y);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    acc[r].x += __shfl_xor_sync(0xffffffffu, acc[r].x, 16);
+    acc[r].y += __shfl_xor_sync(0xffffffffu, acc[r].y, 16);
+  }
+  if (g > 0 && lane < 16) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) part[g - 1][r][lane] = acc[r];
+  }
+  __syncthreads();
+  if (g > 0 || lane >= 16) return;
+  uint32_t* out = static_cast<uint32_t*>(p.q_abs);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r < rows) {
+      float2 v = acc[r];
+#pragma unroll
+      for (int o = 0; o < kPrepWarps - 1; ++o) {
+        v.x += part[o][r][lane].x;
+        v.y += part[o][r][lane].y;
+      }
+      const size_t at =
+          (static_cast<size_t>(r) * p.q_heads + j) * kMlaQkDim + chunk * kAbsorbCols;
+      out[at / 2 + lane] = Bf16Bits(v.x) | (Bf16Bits(v.y) << 16);
+    }
+  }
+}
+
 // One warp per row. Lane l holds latent dims 16 l .. 16 l + 15 and rope dims 2 l, 2 l + 1 (the
 // cache write's layout, kv_cache_write.cuh) and rotates rope pair l. Blocks from kv_blocks on
-// rotate q's vectors (RotateQ).
-template <KvCacheFormat kFormat>
+// rotate q's vectors (RotateQ), and from absorb_begin on absorb q (AbsorbQ<kAbsorbRows>; 0: no
+// absorption blocks).
+template <KvCacheFormat kFormat, int kAbsorbRows>
 __global__ void __launch_bounds__(kPrepWarps * 32)
-    MlaKvPrepKernel(const MlaKvPrepParams p, const unsigned kv_blocks) {
+    MlaKvPrepKernel(const MlaKvPrepParams p, const unsigned kv_blocks,
+                    const unsigned absorb_begin) {
   pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
   pdl::AllowDependentLaunch();
   const int lane = threadIdx.x & 31;
+  if constexpr (kAbsorbRows > 0) {
+    if (blockIdx.x >= absorb_begin) {
+      AbsorbQ<kAbsorbRows>(p, blockIdx.x - absorb_begin);
+      return;
+    }
+  }
   if (blockIdx.x >= kv_blocks) {
     RotateQ(p, static_cast<int64_t>(blockIdx.x - kv_blocks) * kPrepWarps + (threadIdx.x >> 5),
             lane);
@@ -168,26 +260,56 @@ absl::Status InvokeMlaKvPrep(const MlaKvPrepParams& p, cudaStream_t stream) {
     }
     q_blocks = (p.rows * p.q_heads + kPrepWarps - 1) / kPrepWarps;
   }
+  int64_t absorb_blocks = 0;
+  if (p.w_kb != nullptr) {
+    if (p.q == nullptr || p.q_abs == nullptr || p.rows > kMlaPrepAbsorbMaxRows ||
+        p.absorb_nope < 4 || p.absorb_nope > kMlaPrepAbsorbMaxNope || p.absorb_nope % 4 != 0 ||
+        p.q_first_col != p.absorb_nope || !Aligned(p.w_kb, 4) || !Aligned(p.q_abs, 4)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "InvokeMlaKvPrep: q's absorption needs q and q_abs set, rows <= ",
+          kMlaPrepAbsorbMaxRows, " (got ", p.rows, "), a nope width that is a multiple of 4 in "
+          "[4, ", kMlaPrepAbsorbMaxNope, "] and equal to q_first_col (got ", p.absorb_nope, ", ",
+          p.q_first_col, "), w_kb and q_abs 4-byte aligned"));
+    }
+    absorb_blocks = static_cast<int64_t>(p.q_heads) * (kMlaLatentDim / kAbsorbCols);
+  }
   const int64_t kv_blocks = (p.rows + kPrepWarps - 1) / kPrepWarps;
-  if (kv_blocks + q_blocks > std::numeric_limits<int32_t>::max()) {
+  if (kv_blocks + q_blocks + absorb_blocks > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(
         absl::StrCat("InvokeMlaKvPrep: ", p.rows, " rows are too many for one launch"));
   }
-  const unsigned grid = static_cast<unsigned>(kv_blocks + q_blocks);
+  const unsigned grid = static_cast<unsigned>(kv_blocks + q_blocks + absorb_blocks);
   const unsigned kvb = static_cast<unsigned>(kv_blocks);
+  const unsigned absorb_begin = static_cast<unsigned>(kv_blocks + q_blocks);
+  const int absorb_rows = absorb_blocks == 0 ? 0 : p.rows <= 1 ? 1 : p.rows <= 2 ? 2 : 4;
+  auto launch = [&](auto kernel) {
+    return pdl::LaunchKernel(kernel, dim3(grid), dim3(kPrepWarps * 32), 0, stream, p.programmatic,
+                             p, kvb, absorb_begin);
+  };
+  // One kernel per (format, absorbed rows) pair.
+  auto for_format = [&](auto format_tag) {
+    constexpr KvCacheFormat f = decltype(format_tag)::value;
+    switch (absorb_rows) {
+      case 1:
+        return launch(MlaKvPrepKernel<f, 1>);
+      case 2:
+        return launch(MlaKvPrepKernel<f, 2>);
+      case 4:
+        return launch(MlaKvPrepKernel<f, 4>);
+      default:
+        return launch(MlaKvPrepKernel<f, 0>);
+    }
+  };
   cudaError_t err = cudaSuccess;
   switch (p.format) {
     case KvCacheFormat::kBf16:
-      err = pdl::LaunchKernel(MlaKvPrepKernel<KvCacheFormat::kBf16>, dim3(grid),
-                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p, kvb);
+      err = for_format(std::integral_constant<KvCacheFormat, KvCacheFormat::kBf16>{});
       break;
     case KvCacheFormat::kFp8:
-      err = pdl::LaunchKernel(MlaKvPrepKernel<KvCacheFormat::kFp8>, dim3(grid),
-                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p, kvb);
+      err = for_format(std::integral_constant<KvCacheFormat, KvCacheFormat::kFp8>{});
       break;
     case KvCacheFormat::kFp8Tiled:
-      err = pdl::LaunchKernel(MlaKvPrepKernel<KvCacheFormat::kFp8Tiled>, dim3(grid),
-                              dim3(kPrepWarps * 32), 0, stream, p.programmatic, p, kvb);
+      err = for_format(std::integral_constant<KvCacheFormat, KvCacheFormat::kFp8Tiled>{});
       break;
     default:
       return absl::InvalidArgumentError(

@@ -44,10 +44,32 @@ struct MlaKvPrepParams {
   void* q = nullptr;
   int q_heads = 0;
   int64_t q_row_stride = 0, q_first_col = 0, q_vec_stride = 0;
+  // And q's absorption into the latent space (the absorbed MLA decode's first product), where
+  // w_kb is set: for rows r < rows (at most kMlaPrepAbsorbMaxRows) and heads j < q_heads,
+  //   q_abs[(r * q_heads + j) * 576 + n] = bf16(sum over k < absorb_nope of
+  //       q[r * q_row_stride + j * q_vec_stride + k] * w_kb[(j * absorb_nope + k) * 512 + n])
+  // for n < 512, products and sums in fp32 (the k order: k = kg, kg + 8, ... per k group kg,
+  // then the two groups of a warp, then the four warps in order), one rounding; dims 512..575 of
+  // q_abs are left alone (the decode kernel reads q's rotated RoPE dims where they are,
+  // MlaDecodeParams::q_rope). q's nope dims (the absorb_nope values before q_first_col in each
+  // vector's head) are read, never written, by these blocks, so they run beside the RoPE blocks.
+  // Needs q set, q_first_col == absorb_nope, absorb_nope a multiple of 4 in [4,
+  // kMlaPrepAbsorbMaxNope], w_kb and q_abs 4-byte aligned. Meant to replace the cuBLASLt launch
+  // that absorbs q at batch 1-4 (~3.5 us of a ~75 us layer); its first two forms were slower
+  // than that launch, this third one is unmeasured (bench/RESULTS.md, session 13; off in the
+  // model by default, CudaOps::SetMlaAbsorbFusion).
+  const void* w_kb = nullptr;  // bf16 [q_heads, absorb_nope, 512]
+  int absorb_nope = 0;
+  void* q_abs = nullptr;       // bf16 [rows, q_heads, 576]
   // Launch programmatically dependent on the stream's previous kernel
   // (kernels/programmatic_launch.cuh): the kernel waits for it before reading anything.
   bool programmatic = false;
 };
+
+// Limits of the absorption blocks (MlaKvPrepParams::w_kb): decode steps of a few rows, where
+// the absorption's 1 MB (8 heads) of W_kb is the work; larger batches take a tensor-core GEMM.
+constexpr int kMlaPrepAbsorbMaxRows = 4;
+constexpr int kMlaPrepAbsorbMaxNope = 128;  // DeepSeek-V2/V3, Kimi-K2: 128
 
 // rows = 0 is a no-op. Asynchronous; no allocation (graph-capturable).
 absl::Status InvokeMlaKvPrep(const MlaKvPrepParams& p, cudaStream_t stream);

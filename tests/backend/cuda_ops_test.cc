@@ -30,6 +30,7 @@
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/mla/kv_cache_format.h"
+#include "kernels/mla/mla_kv_prep.h"
 #include "kernels/moe/nvfp4_ref.h"
 #include "tests/kernels/device_buffer.h"
 #include "worker/backend/cpu_ops.h"
@@ -159,6 +160,27 @@ class CudaOpsTest : public ::testing::Test {
     auto l = BuildStepLayout(b, o);
     EXPECT_TRUE(l.ok()) << l.status();
     return *l;
+  }
+
+  // A host pool of `blocks` cache blocks holding every sequence's cached prefix (context_len
+  // rows) of random bf16-representable latent and RoPE values, encoded in `format` (fp8 scale
+  // 0.5) at the slots of the sequence's block table.
+  static Tensor CachedPrefixes(const StepLayout& L, KvCacheFormat format, int blocks,
+                               std::mt19937& rng) {
+    const size_t row = KvCacheBytesPerToken(format);
+    Tensor pool = Tensor::Host(DType::kU8, {blocks, kKvBlockTokens, int64_t(row)});
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> lat(kMlaLatentDim), rope(kMlaRopeDim);
+    for (const SequenceSlice& s : L.seqs) {
+      for (int j = 0; j < s.context_len; ++j) {
+        for (float& x : lat) x = Bf16ToFloat(FloatToBf16(d(rng)));
+        for (float& x : rope) x = Bf16ToFloat(FloatToBf16(d(rng)));
+        const int64_t slot =
+            int64_t{s.block_table[j / kKvBlockTokens]} * kKvBlockTokens + j % kKvBlockTokens;
+        KvCacheEncodeRow(format, lat.data(), rope.data(), 0.5f, pool.data<uint8_t>() + slot * row);
+      }
+    }
+    return pool;
   }
 
   std::unique_ptr<CudaOps> gpu_;
@@ -362,6 +384,119 @@ TEST_F(CudaOpsTest, MlaKvPrepFused) {
   }
 }
 
+// q's absorption inside the fused MLA input kernel (CudaOps::SetMlaAbsorbFusion; decode steps of
+// at most 4 rows; more rows leave q_abs empty): q_abs's 512 latent dims of every head against a double-precision sum of the
+// same bf16 inputs (one bf16 rounding, NMSE ~1e-6; a wrong head, column or row is O(1): bound
+// 1e-5); q itself (its RoPE dims rotated, its nope dims read only) bit-identical to the path
+// without the absorption; MlaDecode given the absorbed q against MlaDecode absorbing q itself
+// through cuBLASLt (the same bf16 values up to fp32 summation order: bound 1e-5). A step with a
+// prefill row leaves q_abs empty.
+TEST_F(CudaOpsTest, MlaInputPrepAbsorbsQ) {
+  std::mt19937 rng(37);
+  std::vector<float> inv(32);
+  for (int i = 0; i < 32; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / 64);
+  auto gi = gpu_->Upload(HostF32(inv, {32}));
+  const auto norm_w = RandomBf16(kMlaLatentDim, rng, 0.5f);
+  auto gw = gpu_->Upload(HostF32(norm_w, {kMlaLatentDim}));
+  struct Case {
+    int heads, nope;
+    KvCacheFormat format;
+    std::vector<std::pair<int, int>> seqs;  // (context, new tokens)
+  };
+  const std::vector<Case> cases = {
+      {8, 128, KvCacheFormat::kBf16, {{1000, 1}}},
+      {8, 128, KvCacheFormat::kFp8Tiled, {{70, 1}, {3000, 1}, {5, 1}}},
+      {16, 64, KvCacheFormat::kFp8, {{100, 2}, {1200, 2}}},
+      {4, 16, KvCacheFormat::kBf16, {{10, 1}, {20, 1}}},
+      {8, 128, KvCacheFormat::kBf16,
+       {{70, 1}, {3000, 1}, {5, 1}, {200, 1}, {64, 1}, {1, 1}, {900, 1}, {33, 1}}},
+  };
+  for (const Case& c : cases) {
+    const int blocks = 256, qk = c.nope + kMlaRopeDim, v_dim = 128;
+    const StepLayout L = Layout(c.seqs, blocks, rng);
+    const std::string tag = std::to_string(c.heads) + " heads, nope " + std::to_string(c.nope) +
+                            ", " + std::to_string(L.num_tokens) + " rows " +
+                            std::string(KvCacheFormatName(c.format));
+    const Tensor pool = CachedPrefixes(L, c.format, blocks, rng);
+    KvCacheLayer ga{*gpu_->Upload(pool), c.format, 0.5f}, gb{*gpu_->Upload(pool), c.format, 0.5f};
+    StepTensors gs;
+    ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+    const int64_t T = L.num_tokens;
+    const auto kv = RandomBf16(T * (kMlaLatentDim + kMlaRopeDim), rng, 2.0f);
+    const auto q = RandomBf16(T * c.heads * qk, rng);
+    const auto kb = RandomBf16(size_t(c.heads) * c.nope * kMlaLatentDim, rng, 0.04f);
+    const auto vb = RandomBf16(size_t(c.heads) * v_dim * kMlaLatentDim, rng, 0.04f);
+    Tensor gkv = GpuAct(kv, {T, kMlaLatentDim + kMlaRopeDim});
+    Tensor qa = GpuAct(q, {T, c.heads * qk}), qb = GpuAct(q, {T, c.heads * qk});
+    Tensor gkb = GpuAct(kb, {c.heads, c.nope, kMlaLatentDim});
+    Tensor gvb = GpuAct(vb, {c.heads, v_dim, kMlaLatentDim});
+    Tensor la = gpu_->Activation({T, kMlaLatentDim}), ra = gpu_->Activation({T, kMlaRopeDim});
+    Tensor lb = gpu_->Activation({T, kMlaLatentDim}), rb = gpu_->Activation({T, kMlaRopeDim});
+    Tensor abs_a, abs_b;
+    gpu_->SetMlaAbsorbFusion(true);
+    gpu_->MlaInputPrep(gkv, *gw, 1e-6f, gs, *gi, 1.0f, false, ga, la, ra, qa, c.nope, c.heads, qk,
+                       gkb, abs_a);
+    gpu_->SetMlaAbsorbFusion(false);
+    gpu_->MlaInputPrep(gkv, *gw, 1e-6f, gs, *gi, 1.0f, false, gb, lb, rb, qb, c.nope, c.heads, qk,
+                       gkb, abs_b);
+    ASSERT_TRUE(gpu_->Synchronize().ok()) << tag;
+    ASSERT_TRUE(abs_b.empty()) << tag;
+    if (T > kMlaPrepAbsorbMaxRows) {  // cuBLASLt's absorption in MlaDecode
+      EXPECT_TRUE(abs_a.empty()) << tag;
+      continue;
+    }
+    ASSERT_FALSE(abs_a.empty()) << tag;
+    ExpectExact(qa, qb, "MlaInputPrep q with and without the absorption " + tag);
+    // The reference: q's nope dims (not touched by the RoPE) times W_kb in double.
+    const std::vector<float> got = Download(abs_a);
+    std::vector<float> g512, want;
+    for (int64_t r = 0; r < T; ++r) {
+      for (int h = 0; h < c.heads; ++h) {
+        const float* qn = q.data() + (r * c.heads + h) * qk;
+        for (int n = 0; n < kMlaLatentDim; ++n) {
+          double acc = 0;
+          for (int k = 0; k < c.nope; ++k) {
+            acc += double(qn[k]) * kb[(size_t(h) * c.nope + k) * kMlaLatentDim + n];
+          }
+          want.push_back(float(acc));
+          g512.push_back(got[(r * c.heads + h) * kMlaQkDim + n]);
+        }
+      }
+    }
+    const double e = Nmse(g512, want);
+    std::printf("[cuda_ops] %-60s nmse %.3g (bound 1e-05)\n", ("absorbed q " + tag).c_str(), e);
+    EXPECT_LE(e, 1e-5) << tag;
+    MlaShape shape{c.heads, c.nope, kMlaRopeDim, v_dim, kMlaLatentDim,
+                   1.0f / std::sqrt(float(qk))};
+    Tensor oa = gpu_->Activation({T, c.heads * v_dim}), ob = gpu_->Activation({T, c.heads * v_dim});
+    for (size_t g = 0; g < L.decode.size(); ++g) {
+      gpu_->MlaDecode(shape, qa, gkb, gvb, ga, gs, int(g), oa, abs_a);
+      gpu_->MlaDecode(shape, qb, gkb, gvb, gb, gs, int(g), ob, Tensor());
+    }
+    ASSERT_TRUE(gpu_->Synchronize().ok()) << tag;
+    const double eo = Nmse(Download(oa), Download(ob));
+    std::printf("[cuda_ops] %-60s nmse %.3g (bound 1e-05)\n",
+                ("MlaDecode, q absorbed in the prep vs by cuBLASLt " + tag).c_str(), eo);
+    EXPECT_LE(eo, 1e-5) << tag;
+  }
+  // A step with a prefill row: no absorption (MlaDecode absorbs its own rows).
+  const StepLayout L = Layout({{0, 3}, {100, 1}}, 64, rng);
+  StepTensors gs;
+  ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+  const int64_t T = L.num_tokens;
+  Tensor pool = *gpu_->Upload(Tensor::Host(DType::kU8, {64, kKvBlockTokens, 1152}));
+  KvCacheLayer gk{pool, KvCacheFormat::kBf16, 1.0f};
+  Tensor gkv = GpuAct(RandomBf16(T * 576, rng), {T, 576});
+  Tensor q = GpuAct(RandomBf16(T * 8 * 192, rng), {T, 8 * 192});
+  Tensor gkb = GpuAct(RandomBf16(8 * 128 * 512, rng), {8, 128, 512});
+  Tensor l = gpu_->Activation({T, 512}), r = gpu_->Activation({T, 64}), absorbed;
+  gpu_->SetMlaAbsorbFusion(true);
+  gpu_->MlaInputPrep(gkv, *gw, 1e-6f, gs, *gi, 1.0f, false, gk, l, r, q, 128, 8, 192, gkb,
+                     absorbed);
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_TRUE(absorbed.empty());
+}
+
 // KvWrite, then MlaPrefill and MlaDecode on a cache whose prefix was written by both backends
 // from the same values.
 TEST_F(CudaOpsTest, MlaPrefillAndDecode) {
@@ -385,23 +520,8 @@ TEST_F(CudaOpsTest, MlaPrefillAndDecode) {
     const StepLayout L = Layout(c.seqs, blocks, rng);
     const std::string tag = std::to_string(c.heads) + " heads " + std::to_string(c.nope) + "/" +
                             std::to_string(c.v) + " " + std::string(KvCacheFormatName(c.format));
-    const size_t row = KvCacheBytesPerToken(c.format);
     // The cached prefixes: random rows encoded on the host into one pool for both backends.
-    Tensor pool = Tensor::Host(DType::kU8, {blocks, kKvBlockTokens, int64_t(row)});
-    {
-      std::normal_distribution<float> d(0.0f, 1.0f);
-      std::vector<float> lat(kMlaLatentDim), rope(kMlaRopeDim);
-      for (const SequenceSlice& s : L.seqs) {
-        for (int j = 0; j < s.context_len; ++j) {
-          for (float& x : lat) x = Bf16ToFloat(FloatToBf16(d(rng)));
-          for (float& x : rope) x = Bf16ToFloat(FloatToBf16(d(rng)));
-          const int64_t slot =
-              int64_t{s.block_table[j / kKvBlockTokens]} * kKvBlockTokens + j % kKvBlockTokens;
-          KvCacheEncodeRow(c.format, lat.data(), rope.data(), 0.5f,
-                           pool.data<uint8_t>() + slot * row);
-        }
-      }
-    }
+    Tensor pool = CachedPrefixes(L, c.format, blocks, rng);
     KvCacheLayer ck{pool, c.format, 0.5f};
     KvCacheLayer gk{*gpu_->Upload(pool), c.format, 0.5f};
     StepTensors cs, gs;
@@ -448,8 +568,8 @@ TEST_F(CudaOpsTest, MlaPrefillAndDecode) {
     cpu_.MlaPrefill(shape, cq, cl, ckr, *ckvb, ck, cs, co);
     gpu_->MlaPrefill(shape, gq, gl, gkr, *gkvb, gk, gs, go);
     for (size_t g = 0; g < L.decode.size(); ++g) {
-      cpu_.MlaDecode(shape, cq, ckb, cvb, ck, cs, int(g), co);
-      gpu_->MlaDecode(shape, gq, gkb, gvb, gk, gs, int(g), go);
+      cpu_.MlaDecode(shape, cq, ckb, cvb, ck, cs, int(g), co, Tensor());
+      gpu_->MlaDecode(shape, gq, gkb, gvb, gk, gs, int(g), go, Tensor());
     }
     ExpectClose(go, co, 2e-4, "MLA prefill+decode " + tag);
   }

@@ -289,7 +289,7 @@ void CpuOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& latent
 
 void CpuOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
                        const Tensor& w_vb, const KvCacheLayer& cache, const StepTensors& step,
-                       int group, Tensor& out) {
+                       int group, Tensor& out, const Tensor& /*q_abs: never set on the CPU*/) {
   const StepLayout& L = *step.layout;
   const StepLayout::DecodeGroup& g = L.decode[group];
   const int qk = s.qk_nope + s.qk_rope;

@@ -51,8 +51,8 @@ class CpuOps : public Ops {
   void MlaMergeExpand(const MlaShape& shape, const DcpShape& dcp, const Tensor& latent_all,
                       const Tensor& lse_all, const Tensor& w_vb, Tensor& out) override;
   void MlaDecode(const MlaShape& shape, const Tensor& q, const Tensor& w_kb, const Tensor& w_vb,
-                 const KvCacheLayer& cache, const StepTensors& step, int group,
-                 Tensor& out) override;
+                 const KvCacheLayer& cache, const StepTensors& step, int group, Tensor& out,
+                 const Tensor& q_abs) override;
   void MoeRoute(const MoeRouting& routing, const Tensor& logits, const Tensor& bias, Tensor& ids,
                 Tensor& weights) override;
   void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,

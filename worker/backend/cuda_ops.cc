@@ -79,6 +79,7 @@ struct CudaOps::Impl {
   bool fused_prologues = false;  // SetFusedPrologues
   bool programmatic_small = true;  // SetProgrammaticSmallKernels
   bool mla_q_fusion = true;  // SetMlaQFusion
+  bool mla_absorb_fusion = false;  // SetMlaAbsorbFusion
   bool programmatic_dispatch = true;  // SetProgrammaticDispatch
   bool shared_overlap = true;  // SetSharedExpertOverlap
   bool programmatic_mla_combine = true;  // SetProgrammaticMlaCombine
@@ -285,6 +286,7 @@ void CudaOps::SetMoePrefillWgmma(bool on) { impl_->moe_prefill_wgmma = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
 void CudaOps::SetMlaQFusion(bool on) { impl_->mla_q_fusion = on; }
+void CudaOps::SetMlaAbsorbFusion(bool on) { impl_->mla_absorb_fusion = on; }
 void CudaOps::SetProgrammaticDispatch(bool on) { impl_->programmatic_dispatch = on; }
 void CudaOps::SetSharedExpertOverlap(bool on) { impl_->shared_overlap = on; }
 void CudaOps::SetProgrammaticMlaCombine(bool on) { impl_->programmatic_mla_combine = on; }
@@ -965,27 +967,40 @@ void CudaOps::MlaInputPrep(const Tensor& kv, const Tensor& norm_weight, float ep
                            const StepTensors& step, const Tensor& inv_freq,
                            float attention_scaling, bool interleaved, KvCacheLayer& cache,
                            Tensor& latent, Tensor& k_rope, Tensor& q, int64_t q_first_col,
-                           int q_heads, int64_t q_stride) {
+                           int q_heads, int64_t q_stride, const Tensor& w_kb, Tensor& q_abs) {
   MLASERVE_SKIP_IF_FAILED();
   const int64_t T = kv.dim(0);
   // q's rows: T rows of q_heads vectors of 64 bf16 (RopeKernel's checks, for one rope width).
   const bool q_fits = impl_->mla_q_fusion && q.dtype() == DType::kBF16 && q.dim(0) == T &&
                       T > 0 && q_heads > 0 && q_first_col >= 0 && q_stride >= kMlaRopeDim &&
                       q_first_col + (q_heads - 1) * q_stride + kMlaRopeDim <= q.numel() / T;
+  // q's absorption as well (SetMlaAbsorbFusion): decode-only steps of at most
+  // kMlaPrepAbsorbMaxRows rows, where it replaces a cuBLASLt launch of ~1 MB a layer; not in the
+  // batch-invariant mode, where the absorption's bits must not depend on the batch's size.
+  const bool absorb =
+      q_fits && impl_->mla_absorb_fusion && !impl_->batch_invariant && !w_kb.empty() &&
+      w_kb.dtype() == DType::kBF16 && step.layout->prefill.num_seqs == 0 &&
+      T <= kMlaPrepAbsorbMaxRows && q_first_col % 4 == 0 && q_first_col >= 4 &&
+      q_first_col <= kMlaPrepAbsorbMaxNope && q_stride == q_first_col + kMlaRopeDim &&
+      w_kb.numel() == int64_t{q_heads} * q_first_col * kMlaLatentDim;
+  Tensor absorbed;
+  if (absorb) absorbed = Activation({T, q_heads, kMlaQkDim});
+  MLASERVE_SKIP_IF_FAILED();
   if (q_fits && FusedMlaInput(kv, norm_weight, eps, step, inv_freq, attention_scaling,
                               interleaved, cache, latent, k_rope, &q, q_first_col, q_heads,
-                              q_stride)) {
+                              q_stride, absorb ? &w_kb : nullptr, absorb ? &absorbed : nullptr)) {
+    if (absorb) q_abs = absorbed;
     return;
   }
   Ops::MlaInputPrep(kv, norm_weight, eps, step, inv_freq, attention_scaling, interleaved, cache,
-                    latent, k_rope, q, q_first_col, q_heads, q_stride);
+                    latent, k_rope, q, q_first_col, q_heads, q_stride, w_kb, q_abs);
 }
 
 bool CudaOps::FusedMlaInput(const Tensor& kv, const Tensor& norm_weight, float eps,
                             const StepTensors& step, const Tensor& inv_freq,
                             float attention_scaling, bool interleaved, KvCacheLayer& cache,
                             Tensor& latent, Tensor& k_rope, Tensor* q, int64_t q_first_col,
-                            int q_heads, int64_t q_stride) {
+                            int q_heads, int64_t q_stride, const Tensor* w_kb, Tensor* q_abs) {
   const int64_t T = kv.dim(0);
   const bool fused = impl_->fused_mla_input && T > 0 && kv.dtype() == DType::kBF16 &&
                      kv.numel() == T * (kMlaLatentDim + kMlaRopeDim) &&
@@ -1016,10 +1031,16 @@ bool CudaOps::FusedMlaInput(const Tensor& kv, const Tensor& norm_weight, float e
     p.q_row_stride = q->numel() / T;
     p.q_first_col = q_first_col;
     p.q_vec_stride = q_stride;
+    if (w_kb != nullptr) {
+      p.w_kb = w_kb->data<void>();
+      p.absorb_nope = static_cast<int>(q_first_col);
+      p.q_abs = q_abs->data<void>();
+    }
   }
   p.programmatic = impl_->programmatic_small;
   impl_->Check(InvokeMlaKvPrep(p, impl_->stream), [&] {
-    return absl::StrCat(q != nullptr ? "MlaInputPrep " : "MlaKvPrep ", Shape(kv), " ",
+    return absl::StrCat(q != nullptr ? "MlaInputPrep " : "MlaKvPrep ", Shape(kv),
+                        w_kb != nullptr ? " (q absorbed) " : " ",
                         std::string(KvCacheFormatName(cache.format)));
   });
   return true;
@@ -1083,7 +1104,7 @@ void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& laten
 
 void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, const Tensor& w_vb,
                         const KvCacheLayer& cache, const StepTensors& step, int group,
-                        Tensor& out) {
+                        Tensor& out, const Tensor& absorbed) {
   MLASERVE_SKIP_IF_FAILED();
   const StepLayout::DecodeGroup& g = step.layout->decode[group];
   const int H = s.heads, qk = s.qk_nope + s.qk_rope;
@@ -1121,27 +1142,39 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
     return;
   }
   const int rows = g.num_seqs * g.s_q;
-  Tensor q_abs = Activation({rows, H, kMlaQkDim});
+  // q absorbed by MlaInputPrep (every row of the step), or here.
+  const bool have_abs = !absorbed.empty();
+  if (have_abs &&
+      (absorbed.dtype() != DType::kBF16 || absorbed.numel() != q.dim(0) * H * kMlaQkDim)) {
+    impl_->Fail(absl::InvalidArgumentError(
+        absl::StrCat(what(), ": the absorbed q is ", Shape(absorbed), ", not [", q.dim(0), ", ", H,
+                     ", ", kMlaQkDim, "] bf16")));
+    return;
+  }
+  Tensor q_abs = have_abs ? absorbed.Rows(g.row_begin, rows) : Activation({rows, H, kMlaQkDim});
   Tensor latent_out = Activation({rows, H, kMlaLatentDim});
   void* workspace = impl_->ArenaAlloc(plan->workspace_bytes);
   MLASERVE_SKIP_IF_FAILED();
   const uint16_t* q_rows = q.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * qk;
   // q_abs[r, h, :512] = q_nope[r, h, :] W_kb[h] for every head (W_kb[h] is [nope, 512]).
-  LinearGemm::Args absorb;
-  absorb.m = rows;
-  absorb.n = kMlaLatentDim;
-  absorb.k = s.qk_nope;
-  absorb.x = q_rows;
-  absorb.x_stride = static_cast<int64_t>(H) * qk;
-  absorb.w = w_kb.data<void>();
-  absorb.w_kn = true;
-  absorb.out = q_abs.data<void>();
-  absorb.out_stride = static_cast<int64_t>(H) * kMlaQkDim;
-  absorb.batch = H;
-  absorb.x_batch_stride = qk;
-  absorb.w_batch_stride = static_cast<int64_t>(s.qk_nope) * kMlaLatentDim;
-  absorb.out_batch_stride = kMlaQkDim;
-  impl_->Check(impl_->gemm->Run(absorb, impl_->stream), [&] { return what() + " (q absorb)"; });
+  if (!have_abs) {
+    LinearGemm::Args absorb;
+    absorb.m = rows;
+    absorb.n = kMlaLatentDim;
+    absorb.k = s.qk_nope;
+    absorb.x = q_rows;
+    absorb.x_stride = static_cast<int64_t>(H) * qk;
+    absorb.w = w_kb.data<void>();
+    absorb.w_kn = true;
+    absorb.out = q_abs.data<void>();
+    absorb.out_stride = static_cast<int64_t>(H) * kMlaQkDim;
+    absorb.batch = H;
+    absorb.x_batch_stride = qk;
+    absorb.w_batch_stride = static_cast<int64_t>(s.qk_nope) * kMlaLatentDim;
+    absorb.out_batch_stride = kMlaQkDim;
+    impl_->Check(impl_->gemm->Run(absorb, impl_->stream),
+                 [&] { return what() + " (q absorb)"; });
+  }
   // The rope part of q: read by the decode kernel where it is (q_rope), or copied to columns
   // 512..575 of each head of q_abs.
   const uint16_t* q_rope = q_rows + s.qk_nope;

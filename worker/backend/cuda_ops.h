@@ -74,7 +74,8 @@ class CudaOps : public Ops {
   void MlaInputPrep(const Tensor& kv, const Tensor& norm_weight, float eps, const StepTensors& step,
                     const Tensor& inv_freq, float attention_scaling, bool interleaved,
                     KvCacheLayer& cache, Tensor& latent, Tensor& k_rope, Tensor& q,
-                    int64_t q_first_col, int q_heads, int64_t q_stride) override;
+                    int64_t q_first_col, int q_heads, int64_t q_stride,
+                    const Tensor& w_kb, Tensor& q_abs) override;
   void MlaPrefill(const MlaShape& shape, const Tensor& q, const Tensor& latent,
                   const Tensor& k_rope, const LinearWeight& kv_b, const KvCacheLayer& cache,
                   const StepTensors& step, Tensor& out) override;
@@ -88,8 +89,8 @@ class CudaOps : public Ops {
   void MlaMergeExpand(const MlaShape& shape, const DcpShape& dcp, const Tensor& latent_all,
                       const Tensor& lse_all, const Tensor& w_vb, Tensor& out) override;
   void MlaDecode(const MlaShape& shape, const Tensor& q, const Tensor& w_kb, const Tensor& w_vb,
-                 const KvCacheLayer& cache, const StepTensors& step, int group,
-                 Tensor& out) override;
+                 const KvCacheLayer& cache, const StepTensors& step, int group, Tensor& out,
+                 const Tensor& q_abs) override;
   void MoeRoute(const MoeRouting& routing, const Tensor& logits, const Tensor& bias, Tensor& ids,
                 Tensor& weights) override;
   void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -129,6 +130,12 @@ class CudaOps : public Ops {
   // (MlaDecodeParams::q_rope) instead of a 2-D copy into the absorbed q (a memcpy node in the
   // step's graph that also ended the programmatic chain). On by default.
   void SetMlaQFusion(bool on);
+  // q's absorption (q_nope W_kb[h], the MLA decode's first product) inside the fused MLA input
+  // kernel at decode steps of at most 4 rows (Ops::MlaInputPrep's q_abs) instead of a cuBLASLt
+  // launch in MlaDecode; needs SetMlaQFusion, off in the batch-invariant mode. Off by default:
+  // its first two forms measured slower than cuBLASLt's absorption (bench/RESULTS.md, session
+  // 13), and the third (kernels/mla/mla_kv_prep.cu's AbsorbQ) has not run on a GPU yet.
+  void SetMlaAbsorbFusion(bool on);
   // The routed experts' dispatch in decode batches launched programmatically dependent on the
   // router (MoeExpertsRunParams::programmatic_dispatch), as the GEMMs after it are. On by default.
   void SetProgrammaticDispatch(bool on);
@@ -139,7 +146,8 @@ class CudaOps : public Ops {
   // (MlaDecodeParams::programmatic_combine). On by default.
   void SetProgrammaticMlaCombine(bool on);
   // The MLA decode split's smallest share in 16-token units (MlaDecodeParams::min_share; 0, the
-  // default, keeps the kernels' own); for measurements.
+  // default, keeps the kernels' rule, 4 the rule before it cut short jobs finer); for
+  // measurements.
   void SetMlaMinShare(int units);
   // RmsNormLinear and SiluMulLinear as one skinny kernel each at 1-4 rows
   // (LinearGemm::RunWithPrologue): the q_a norm with q_b, the shared expert's SiLU with its down
@@ -173,12 +181,14 @@ class CudaOps : public Ops {
   size_t arena_bytes() const;
 
  private:
-  // The fused MLA input kernel (with q's RoPE when q is set) where it takes these tensors;
-  // false, with nothing enqueued, where it does not.
+  // The fused MLA input kernel (with q's RoPE when q is set, and q's absorption into q_abs
+  // when w_kb is set as well) where it takes these tensors; false, with nothing enqueued, where
+  // it does not.
   bool FusedMlaInput(const Tensor& kv, const Tensor& norm_weight, float eps,
                      const StepTensors& step, const Tensor& inv_freq, float attention_scaling,
                      bool interleaved, KvCacheLayer& cache, Tensor& latent, Tensor& k_rope,
-                     Tensor* q, int64_t q_first_col, int q_heads, int64_t q_stride);
+                     Tensor* q, int64_t q_first_col, int q_heads, int64_t q_stride,
+                     const Tensor* w_kb = nullptr, Tensor* q_abs = nullptr);
   struct Impl;
   explicit CudaOps(std::unique_ptr<Impl> impl);
   // out = T(x) W^T as one skinny kernel (LinearGemm::RunWithPrologue); false where that does

@@ -241,11 +241,18 @@ class Ops {
   // MlaKvPrep, then q's RoPE: Rope(q, q_first_col, q_heads, q_stride, rope, ...) with rope =
   // k_rope's width, the same positions, frequencies and scaling. One op so that the CUDA backend
   // can run both in one launch (CudaOps::SetMlaQFusion); this default is the two ops.
+  // w_kb (MlaDecode's, or empty) lets a backend also absorb q for MlaDecode in the same launch
+  // (CudaOps::SetMlaAbsorbFusion, decode steps of a few rows): it then sets q_abs to
+  // [T, q_heads, 576] with dims 0..511 of each head = q_nope W_kb[h] (q_nope: the q_first_col
+  // values before each head's RoPE dims), for MlaDecode's q_abs. Otherwise, as in this default,
+  // q_abs is left empty and MlaDecode absorbs q itself.
   virtual void MlaInputPrep(const Tensor& kv, const Tensor& norm_weight, float eps,
                             const StepTensors& step, const Tensor& inv_freq,
                             float attention_scaling, bool interleaved, KvCacheLayer& cache,
                             Tensor& latent, Tensor& k_rope, Tensor& q, int64_t q_first_col,
-                            int q_heads, int64_t q_stride) {
+                            int q_heads, int64_t q_stride, const Tensor& w_kb, Tensor& q_abs) {
+    (void)w_kb;
+    (void)q_abs;
     MlaKvPrep(kv, norm_weight, eps, step, inv_freq, attention_scaling, interleaved, cache, latent,
               k_rope);
     const int rope = static_cast<int>(k_rope.numel() / std::max<int64_t>(k_rope.dim(0), 1));
@@ -263,10 +270,12 @@ class Ops {
   // tokens already written): q_nope folded through kv_b's key half into the 512-dim latent
   // space, attention against the cached rows (causal inside the new tokens), output expanded
   // through kv_b's value half. w_kb: [heads, nope, 512], w_vb: [heads, v, 512]. Writes the
-  // group's rows of out.
+  // group's rows of out. q_abs: empty, or MlaInputPrep's absorbed q for every row of the step
+  // (dims 0..511 of each head; the RoPE dims are q's), which the backend may use instead of
+  // absorbing q itself (the same values up to fp32 summation order).
   virtual void MlaDecode(const MlaShape& shape, const Tensor& q, const Tensor& w_kb,
                          const Tensor& w_vb, const KvCacheLayer& cache, const StepTensors& step,
-                         int group, Tensor& out) = 0;
+                         int group, Tensor& out, const Tensor& q_abs) = 0;
 
   // The absorbed attention in three parts, for decode context parallelism (the model gathers
   // q_abs and the partial outputs between the parts; StepLayoutOptions::dcp_size).

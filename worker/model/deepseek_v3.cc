@@ -659,9 +659,11 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
   }
   Tensor latent = ops_.Activation({T, c.kv_lora_rank});
   Tensor k_rope = ops_.Activation({T, c.qk_rope_head_dim});
+  // q_abs: q absorbed for MlaDecode where the backend does it here (empty otherwise).
+  Tensor q_abs;
   ops_.MlaInputPrep(kv, L.kv_a_norm, c.rms_norm_eps, step, inv_freq_, rope_scaling_,
                     c.rope.interleaved, L.kv, latent, k_rope, q, c.qk_nope_head_dim, heads_.count,
-                    qk);
+                    qk, options_.dcp > 1 ? Tensor() : L.w_kb, q_abs);
   ops_.Phase("attn.mla");
 
   Tensor attn = ops_.Activation({T, static_cast<int64_t>(heads_.count) * c.v_head_dim});
@@ -698,7 +700,7 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
     ops_.MlaPrefill(mla_, q, latent, k_rope, L.kv_b, L.kv, step, attn);
   }
   for (size_t g = 0; g < step.layout->decode.size(); ++g) {
-    ops_.MlaDecode(mla_, q, L.w_kb, L.w_vb, L.kv, step, static_cast<int>(g), attn);
+    ops_.MlaDecode(mla_, q, L.w_kb, L.w_vb, L.kv, step, static_cast<int>(g), attn, q_abs);
   }
   ops_.Phase("attn.o_proj");
   ops_.Linear(attn, L.o_proj, out);
