@@ -15,6 +15,7 @@
 // public key a line) make the client socket CURVE-authenticated and encrypted; --worker-curve-key
 // does the same for the worker socket with the job's key pair (deploy/mlaserve-launch makes one
 // when the worker socket is not on loopback). Key files: coordinator/auth/curve_keys.h.
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -67,15 +68,27 @@ ABSL_FLAG(
     "The job's CURVE key pair file for the worker socket (the workers' --coordinator-curve-key).");
 
 namespace {
-mlaserve::Coordinator* g_coordinator = nullptr;
+// The handlers are installed first thing in main, so a SIGTERM that arrives while the coordinator
+// is still being built (a launcher giving up on a job within a second of starting it) is kept in
+// g_stop_early and honoured once the coordinator exists, instead of killing the process by the
+// default action with nothing said.
+std::atomic<mlaserve::Coordinator*> g_coordinator{nullptr};
+volatile std::sig_atomic_t g_stop_early = 0;
 void OnSignal(int) {
-  if (g_coordinator != nullptr) g_coordinator->RequestShutdown();
+  if (mlaserve::Coordinator* c = g_coordinator.load(); c != nullptr) {
+    c->RequestShutdown();
+  } else {
+    g_stop_early = 1;
+  }
 }
 constexpr char kUsage[] = "mlaserve-coordinator --model DIR [flags]";
 }  // namespace
 
 int main(int argc, char** argv) {
   using mlaserve::FlagInRange;
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGPIPE, SIG_IGN);
   mlaserve::ParseFlags(argc, argv, kUsage);
   mlaserve::CoordinatorOptions o;
   o.model_dir = mlaserve::RequiredFlag(FLAGS_model, "DIR");
@@ -102,10 +115,8 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(FlagInRange(FLAGS_worker_start_timeout_ms, 1, kDayMs));
   o.client_backlog_limit_bytes = FlagInRange(FLAGS_client_backlog_limit_bytes, 1, int64_t{1} << 40);
   mlaserve::Coordinator coordinator(o);
-  g_coordinator = &coordinator;
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGPIPE, SIG_IGN);
+  g_coordinator.store(&coordinator);
+  if (g_stop_early != 0) coordinator.RequestShutdown();  // a signal before the store above
   if (auto s = coordinator.Start(); !s.ok()) {
     std::fprintf(stderr, "mlaserve-coordinator: %s\n", std::string(s.message()).c_str());
     return 1;

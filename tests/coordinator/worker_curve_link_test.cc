@@ -117,7 +117,7 @@ class WorkerCurveLinkTest : public ::testing::Test {
 TEST_F(WorkerCurveLinkTest, LaunchedReplicaServesAnAllowedClientOverACurveWorkerLink) {
   // Rank 0 sends a heartbeat every 250 ms on its own socket; with no request in flight nothing
   // else reaches the coordinator, which fails the job after this long without one.
-  constexpr int kHeartbeatTimeoutMs = 1200;
+  constexpr int kHeartbeatTimeoutMs = 3000;  // 12 beats: a loaded CI machine misses a few
   KeyPair("server");
   KeyPair("alice");
   std::ofstream(dir_ / "allowed") << ReadFile(dir_ / "alice.pub");
@@ -204,7 +204,7 @@ TEST_F(WorkerCurveLinkTest, LaunchedReplicaServesAnAllowedClientOverACurveWorker
   // Idle for twice the heartbeat timeout: only the heartbeat socket keeps the job alive now.
   for (const auto until = Clock::now() + std::chrono::milliseconds(2 * kHeartbeatTimeoutMs + 100);
        Clock::now() < until; std::this_thread::sleep_for(100ms)) {
-    auto h = (*client)->Health(2s);
+    auto h = (*client)->Health(5s);
     ASSERT_TRUE(h.ok()) << h.status();
     ASSERT_TRUE(h->ok) << h->text << "\n" << Logs({"launch.log"});
   }
@@ -296,7 +296,7 @@ TEST_F(WorkerCurveLinkTest, WorkerWithAnotherJobsKeyNeverBecomesReady) {
   auto client = Client::Connect("ipc://" + (dir_ / "clients"));
   ASSERT_TRUE(client.ok()) << client.status();
   bool healthy = false;
-  for (const auto deadline = Clock::now() + 20s; !healthy && Clock::now() < deadline;) {
+  for (const auto deadline = Clock::now() + 60s; !healthy && Clock::now() < deadline;) {
     auto h = (*client)->Health(500ms);
     healthy = h.ok() && h->ok;
     ASSERT_EQ(right.Exited(0ms), -1) << Logs({"coordinator-other.log", "workers.log"});
