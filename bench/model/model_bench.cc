@@ -58,7 +58,8 @@
 // --programmatic-mla-combine off: the MLA decode's combine launched plainly (CudaOps::
 // SetProgrammaticMlaCombine; on by default). --mla-absorb-fusion on: q's absorption inside the
 // fused MLA input kernel instead of by a cuBLASLt launch in the MLA decode at decode steps
-// of up to 4 rows (CudaOps::SetMlaAbsorbFusion; off by default).
+// of up to 4 rows (CudaOps::SetMlaAbsorbFusion; off by default). --moe-route-split on: the
+// router's block-a-token kernel at decode sizes (CudaOps::SetMoeRouteSplit; off by default).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -120,6 +121,9 @@ ABSL_FLAG(mlaserve::OnOff, mla_absorb_fusion, mlaserve::OnOff{false},
           "Absorb q (q_nope W_kb) inside the fused MLA input kernel at decode steps of up to 4 "
           "rows (CudaOps::SetMlaAbsorbFusion); off (the default): a cuBLASLt launch in the MLA "
           "decode.");
+ABSL_FLAG(mlaserve::OnOff, moe_route_split, mlaserve::OnOff{false},
+          "Route decode-size batches with a block of 4 warps a token (sigmoid routers with one "
+          "expert group; CudaOps::SetMoeRouteSplit); off (the default): one warp a token.");
 ABSL_FLAG(mlaserve::OnOff, programmatic_dispatch, mlaserve::OnOff{true},
           "Launch the routed experts' dispatch programmatically dependent on the router in decode "
           "batches (CudaOps::SetProgrammaticDispatch).");
@@ -325,6 +329,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetProgrammaticSmallKernels(absl::GetFlag(FLAGS_programmatic_small).on);
     (*ops)->SetMlaQFusion(absl::GetFlag(FLAGS_mla_q_fusion).on);
     (*ops)->SetMlaAbsorbFusion(absl::GetFlag(FLAGS_mla_absorb_fusion).on);
+    (*ops)->SetMoeRouteSplit(absl::GetFlag(FLAGS_moe_route_split).on);
     (*ops)->SetProgrammaticDispatch(absl::GetFlag(FLAGS_programmatic_dispatch).on);
     (*ops)->SetSharedExpertOverlap(absl::GetFlag(FLAGS_shared_expert_overlap).on);
     (*ops)->SetProgrammaticMlaCombine(absl::GetFlag(FLAGS_programmatic_mla_combine).on);

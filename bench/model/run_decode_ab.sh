@@ -66,7 +66,7 @@ bench() {  # name, model dir, extra flags... (BENCH_TIMEOUT seconds, default 590
 common=(--kv bf16 --batches 1,2,4,8,64)
 none=(--moe-few-expert off --programmatic off --fused-mla-input off --programmatic-small off
   --mla-q-fusion off --programmatic-dispatch off --shared-expert-overlap off
-  --programmatic-mla-combine off --mla-absorb-fusion off --mla-min-share 4)
+  --programmatic-mla-combine off --mla-absorb-fusion off --mla-min-share 4 --moe-route-split off)
 if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_default "$short" "${common[@]}"
   bench short_tile "$short" "${common[@]}" --moe-few-expert off
@@ -80,6 +80,7 @@ if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_plain_mla_combine "$short" "${common[@]}" --programmatic-mla-combine off
   bench short_absorb_fusion "$short" "${common[@]}" --mla-absorb-fusion on
   bench short_min_share4 "$short" "${common[@]}" --mla-min-share 4
+  bench short_route_split "$short" "${common[@]}" --moe-route-split on
   bench short_new "$short" "${common[@]}" --fused-prologues on
   bench short_none "$short" "${common[@]}" "${none[@]}"
   bench short_default2 "$short" "${common[@]}"

@@ -146,6 +146,125 @@ __global__ void __launch_bounds__(32 * kRouterWarps) MoeRouteKernel(const MoeRou
   }
 }
 
+// The decode-size path (MoeRouteParams::split): one block of kSplitWarps warps per token, for
+// sigmoid scoring with one expert group (Kimi-K2: 384 experts, top 8). The one-warp kernel above
+// is latency-bound at small batches: a lone warp runs ~2,000 dependent instructions for Kimi (16
+// experts a lane through 8 argmax rounds; 6.3 us a layer at batch 1 on the H200, ncu, bench/
+// RESULTS.md session 11). Here warp w ranks only experts [w E', (w + 1) E') (E' = 32 kPer, kPer
+// = 3 for Kimi), keeps its top_k in rank order in shared memory, and warp 0 merges the
+// kSplitWarps * top_k candidates with the same argmax rounds. Better is a total order, so the
+// merge picks the same experts in the same order as one pass over all of them; the sigmoid is per
+// expert and the weights' sum runs in rank order as above, so ids and weight bits are identical to
+// MoeRouteRef's. (Softmax scoring sums over all experts in the one-warp kernel's order, and the
+// group stage needs every expert of a group in one warp: both stay on the one-warp kernel.)
+constexpr int kSplitWarps = 4;
+constexpr int kSplitMaxTokens = 512;  // above: the one-warp kernel (prefill; the work dominates)
+
+template <int kPer>
+__global__ void __launch_bounds__(32 * kSplitWarps) MoeRouteSplitKernel(const MoeRouteParams p) {
+  __shared__ float s_score[kSplitWarps * 32], s_raw[kSplitWarps * 32];
+  __shared__ int s_index[kSplitWarps * 32];
+  pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
+  pdl::AllowDependentLaunch();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t = blockIdx.x;
+  const MoeRouterConfig& c = p.config;
+  const int E = c.num_experts, K = c.top_k;
+  const float* l = p.logits + static_cast<size_t>(t) * E;
+  const int base = warp * 32 * kPer;
+  float score[kPer], choice[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = base + lane + 32 * i;
+    score[i] = e < E ? l[e] : 0.0f;
+    choice[i] = e < E && p.bias ? p.bias[e] : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    score[i] = rm::Sigmoid(score[i]);
+    const float v = p.bias ? rm::Add(score[i], choice[i]) : score[i];
+    choice[i] = !isnan(v) ? v : -INFINITY;
+  }
+  // This warp's top K (fewer where it holds fewer experts): lane r keeps round r's candidate.
+  unsigned taken = 0;
+  float my_s = -INFINITY, my_raw = 0.0f;
+  int my_i = INT_MAX;
+  for (int r = 0; r < K; ++r) {
+    float s = -INFINITY, raw = 0.0f;
+    int idx = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = base + lane + 32 * i;
+      if (e < E && !((taken >> i) & 1u) && rm::Better(choice[i], e, s, idx)) {
+        s = choice[i];
+        idx = e;
+        raw = score[i];
+      }
+    }
+    WarpBest(s, idx);
+    if (idx == INT_MAX) break;  // this warp's experts are all taken (uniform across the warp)
+    const int owner = (idx - base) & 31;
+    raw = __shfl_sync(0xffffffffu, raw, owner);
+    if (owner == lane) taken |= 1u << ((idx - base) >> 5);
+    if (lane == r) {
+      my_s = s;
+      my_i = idx;
+      my_raw = raw;
+    }
+  }
+  s_score[warp * 32 + lane] = my_s;
+  s_index[warp * 32 + lane] = my_i;
+  s_raw[warp * 32 + lane] = my_raw;
+  __syncthreads();
+  if (warp != 0) return;
+  // The merge: lane l holds candidates l + 32 j (j < kSplitWarps), warp j's rank-l pick.
+  float cs[kSplitWarps], craw[kSplitWarps];
+  int ci[kSplitWarps];
+#pragma unroll
+  for (int j = 0; j < kSplitWarps; ++j) {
+    cs[j] = s_score[j * 32 + lane];
+    ci[j] = s_index[j * 32 + lane];
+    craw[j] = s_raw[j * 32 + lane];
+  }
+  int32_t* ids = p.topk_ids + static_cast<size_t>(t) * K;
+  float* w = p.topk_weights + static_cast<size_t>(t) * K;
+  float sum = 0.0f, mine = 0.0f;
+  for (int r = 0; r < K; ++r) {
+    float s = -INFINITY, raw = 0.0f;
+    int idx = INT_MAX, from = 0;
+#pragma unroll
+    for (int j = 0; j < kSplitWarps; ++j) {
+      if (ci[j] != INT_MAX && rm::Better(cs[j], ci[j], s, idx)) {
+        s = cs[j];
+        idx = ci[j];
+        raw = craw[j];
+        from = j;
+      }
+    }
+    const int mine_idx = idx;
+    WarpBest(s, idx);
+    // The winner's owner lane: the one whose best was it (indices are distinct).
+    const unsigned won = __ballot_sync(0xffffffffu, mine_idx == idx);
+    const int owner = __ffs(won) - 1;
+    raw = __shfl_sync(0xffffffffu, raw, owner);
+    if (owner == lane) {
+#pragma unroll
+      for (int j = 0; j < kSplitWarps; ++j) {
+        if (j == from) ci[j] = INT_MAX;
+      }
+    }
+    if (lane == 0) ids[r] = idx;
+    if (lane == r) mine = raw;
+    sum = rm::Add(sum, raw);  // rank order, identical in every lane
+  }
+  if (lane < K) {
+    const float denom = rm::Add(sum, 1e-20f);
+    float v = mine;
+    if (c.norm_topk_prob) v = rm::Div(v, denom);
+    w[lane] = rm::Mul(v, c.routed_scaling_factor);
+  }
+}
+
 }  // namespace
 
 cublasStatus_t InvokeMoeRouterLogits(const MoeRouterLogitsParams& p, cudaStream_t stream) {
@@ -163,6 +282,19 @@ cublasStatus_t InvokeMoeRouterLogits(const MoeRouterLogitsParams& p, cudaStream_
 cudaError_t InvokeMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
   if (!ValidateMoeRouterConfig(p.config).ok()) return cudaErrorInvalidValue;
   if (p.tokens <= 0) return cudaSuccess;
+  const MoeRouterConfig& c = p.config;
+  if (p.split && !c.softmax_scoring && c.n_group == 1 && p.tokens <= kSplitMaxTokens &&
+      c.num_experts <= kSplitWarps * 32 * 8) {
+    auto split = [&](auto kernel) {
+      return pdl::LaunchKernel(kernel, dim3(p.tokens), dim3(32 * kSplitWarps), 0, stream,
+                               p.programmatic, p);
+    };
+    const int per = (c.num_experts + kSplitWarps * 32 - 1) / (kSplitWarps * 32);
+    if (per <= 2) return split(MoeRouteSplitKernel<2>);
+    if (per <= 3) return split(MoeRouteSplitKernel<3>);
+    if (per <= 4) return split(MoeRouteSplitKernel<4>);
+    return split(MoeRouteSplitKernel<8>);
+  }
   const int blocks = (p.tokens + kRouterWarps - 1) / kRouterWarps;
   auto go = [&](auto kernel) {
     return pdl::LaunchKernel(kernel, dim3(blocks), dim3(32 * kRouterWarps), 0, stream,

@@ -37,9 +37,16 @@ struct MoeRouteParams {
   // Launch programmatically dependent on the stream's previous kernel
   // (kernels/programmatic_launch.cuh): the kernel waits for it before reading anything.
   bool programmatic = false;
+  // At up to 512 tokens with sigmoid scoring and one expert group (Kimi-K2's router): a block of
+  // 4 warps a token, each ranking a quarter of the experts, then one warp merging their picks
+  // (moe_router.cu). Same ids and weight bits; false keeps one warp a token everywhere. Off by
+  // default until it has run on a GPU (written in session 14 without one; moe_gpu_test's
+  // RouterIdsAndWeightsIdenticalToCpu runs both paths).
+  bool split = false;
 };
 
-// One warp per token; same rule, arithmetic and tie-breaking as MoeRouteRef.
+// One warp per token (or one block: MoeRouteParams::split); same rule, arithmetic and tie-breaking
+// as MoeRouteRef.
 cudaError_t InvokeMoeRoute(const MoeRouteParams& params, cudaStream_t stream);
 
 }  // namespace mlaserve

@@ -80,6 +80,7 @@ struct CudaOps::Impl {
   bool programmatic_small = true;  // SetProgrammaticSmallKernels
   bool mla_q_fusion = true;  // SetMlaQFusion
   bool mla_absorb_fusion = false;  // SetMlaAbsorbFusion
+  bool moe_route_split = false;    // SetMoeRouteSplit
   bool programmatic_dispatch = true;  // SetProgrammaticDispatch
   bool shared_overlap = true;  // SetSharedExpertOverlap
   bool programmatic_mla_combine = true;  // SetProgrammaticMlaCombine
@@ -287,6 +288,7 @@ void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
 void CudaOps::SetMlaQFusion(bool on) { impl_->mla_q_fusion = on; }
 void CudaOps::SetMlaAbsorbFusion(bool on) { impl_->mla_absorb_fusion = on; }
+void CudaOps::SetMoeRouteSplit(bool on) { impl_->moe_route_split = on; }
 void CudaOps::SetProgrammaticDispatch(bool on) { impl_->programmatic_dispatch = on; }
 void CudaOps::SetSharedExpertOverlap(bool on) { impl_->shared_overlap = on; }
 void CudaOps::SetProgrammaticMlaCombine(bool on) { impl_->programmatic_mla_combine = on; }
@@ -1261,6 +1263,7 @@ void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& 
   p.topk_ids = ids.data<int32_t>();
   p.topk_weights = weights.data<float>();
   p.programmatic = impl_->programmatic_small;
+  p.split = impl_->moe_route_split;
   impl_->Check(InvokeMoeRoute(p, impl_->stream),
                [&] { return absl::StrCat("MoeRoute ", Shape(logits)); });
 }

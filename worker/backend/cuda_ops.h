@@ -136,6 +136,10 @@ class CudaOps : public Ops {
   // its first two forms measured slower than cuBLASLt's absorption (bench/RESULTS.md, session
   // 13), and the third (kernels/mla/mla_kv_prep.cu's AbsorbQ) has not run on a GPU yet.
   void SetMlaAbsorbFusion(bool on);
+  // The router's decode-size path (MoeRouteParams::split): a block of 4 warps a token instead
+  // of one warp, for sigmoid routers with one expert group (Kimi-K2). Same ids and weights. Off
+  // by default until measured (not yet run on a GPU).
+  void SetMoeRouteSplit(bool on);
   // The routed experts' dispatch in decode batches launched programmatically dependent on the
   // router (MoeExpertsRunParams::programmatic_dispatch), as the GEMMs after it are. On by default.
   void SetProgrammaticDispatch(bool on);

@@ -270,10 +270,16 @@ TEST(MoeGpuTest, RouterIdsAndWeightsIdenticalToCpu) {
       {"tiny_en", {16, 4, 4, 2, false, true, 2.5f}, true},
       {"wide_1024", {1024, 8, 32, 4, false, true, 1.0f}, true},
       {"wide_1024_softmax", {1024, 32, 1, 1, true, true, 1.0f}, false},
+      // The split kernel's widths (MoeRouteParams::split: sigmoid, one group): 2 experts a lane
+      // with a part-filled third warp and an empty fourth, 4, and 8 with top 32 (the merge's 128
+      // candidates, 4 a lane); kimi_k2 above is its 3.
+      {"split_160_top6", {160, 6, 1, 1, false, true, 1.0f}, true},
+      {"split_512_no_norm", {512, 8, 1, 1, false, false, 2.5f}, false},
+      {"split_1024_top32", {1024, 32, 1, 1, false, true, 1.0f}, true},
   };
   std::mt19937 rng(1);
   for (const RouterCase& c : cases) {
-    for (int tokens : {1, 7, 64, 1000, 8192}) {
+    for (int tokens : {1, 7, 64, 512, 1000, 8192}) {
       const int E = c.config.num_experts, K = c.config.top_k;
       std::normal_distribution<float> nd(0.0f, 2.0f);
       std::vector<float> logits(static_cast<size_t>(tokens) * E), bias(E);
@@ -290,20 +296,23 @@ TEST(MoeGpuTest, RouterIdsAndWeightsIdenticalToCpu) {
                   ref_w.data());
       DevBuf<float> d_logits(logits), d_bias(bias), d_w(ref_w.size());
       DevBuf<int32_t> d_ids(ref_ids.size());
-      d_ids.Poison();
-      d_w.Poison();
-      MoeRouteParams p{c.config, tokens, d_logits.p, c.bias ? d_bias.p : nullptr, d_ids.p, d_w.p};
-      CUDA_OK(InvokeMoeRoute(p, nullptr));
-      CUDA_OK(cudaDeviceSynchronize());
-      const std::vector<int32_t> ids = d_ids.Get();
-      const std::vector<float> w = d_w.Get();
-      int id_mismatch = 0, w_mismatch = 0;
-      for (size_t i = 0; i < ids.size(); ++i) {
-        id_mismatch += ids[i] != ref_ids[i];
-        w_mismatch += std::memcmp(&w[i], &ref_w[i], 4) != 0;
+      for (bool split : {false, true}) {
+        d_ids.Poison();
+        d_w.Poison();
+        MoeRouteParams p{c.config, tokens, d_logits.p, c.bias ? d_bias.p : nullptr, d_ids.p, d_w.p};
+        p.split = split;
+        CUDA_OK(InvokeMoeRoute(p, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<int32_t> ids = d_ids.Get();
+        const std::vector<float> w = d_w.Get();
+        int id_mismatch = 0, w_mismatch = 0;
+        for (size_t i = 0; i < ids.size(); ++i) {
+          id_mismatch += ids[i] != ref_ids[i];
+          w_mismatch += std::memcmp(&w[i], &ref_w[i], 4) != 0;
+        }
+        EXPECT_EQ(id_mismatch, 0) << c.name << " tokens " << tokens << " split " << split;
+        EXPECT_EQ(w_mismatch, 0) << c.name << " tokens " << tokens << " split " << split;
       }
-      EXPECT_EQ(id_mismatch, 0) << c.name << " tokens " << tokens;
-      EXPECT_EQ(w_mismatch, 0) << c.name << " tokens " << tokens;
     }
   }
 }
