@@ -60,6 +60,8 @@
 // fused MLA input kernel instead of by a cuBLASLt launch in the MLA decode at decode steps
 // of up to 4 rows (CudaOps::SetMlaAbsorbFusion; off by default). --moe-route-split on: the
 // router's block-a-token kernel at decode sizes (CudaOps::SetMoeRouteSplit; off by default).
+// --moe-route-dispatch-fusion on (with --moe-route-split on): that kernel does the routed
+// experts' dispatch too (CudaOps::SetMoeRouteDispatchFusion; off by default).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -124,6 +126,10 @@ ABSL_FLAG(mlaserve::OnOff, mla_absorb_fusion, mlaserve::OnOff{false},
 ABSL_FLAG(mlaserve::OnOff, moe_route_split, mlaserve::OnOff{false},
           "Route decode-size batches with a block of 4 warps a token (sigmoid routers with one "
           "expert group; CudaOps::SetMoeRouteSplit); off (the default): one warp a token.");
+ABSL_FLAG(mlaserve::OnOff, moe_route_dispatch_fusion, mlaserve::OnOff{false},
+          "The router and the routed experts' dispatch as one kernel at decode sizes (needs "
+          "--moe-route-split on; CudaOps::SetMoeRouteDispatchFusion); off (the default): two "
+          "launches.");
 ABSL_FLAG(mlaserve::OnOff, programmatic_dispatch, mlaserve::OnOff{true},
           "Launch the routed experts' dispatch programmatically dependent on the router in decode "
           "batches (CudaOps::SetProgrammaticDispatch).");
@@ -330,6 +336,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetMlaQFusion(absl::GetFlag(FLAGS_mla_q_fusion).on);
     (*ops)->SetMlaAbsorbFusion(absl::GetFlag(FLAGS_mla_absorb_fusion).on);
     (*ops)->SetMoeRouteSplit(absl::GetFlag(FLAGS_moe_route_split).on);
+    (*ops)->SetMoeRouteDispatchFusion(absl::GetFlag(FLAGS_moe_route_dispatch_fusion).on);
     (*ops)->SetProgrammaticDispatch(absl::GetFlag(FLAGS_programmatic_dispatch).on);
     (*ops)->SetSharedExpertOverlap(absl::GetFlag(FLAGS_shared_expert_overlap).on);
     (*ops)->SetProgrammaticMlaCombine(absl::GetFlag(FLAGS_programmatic_mla_combine).on);

@@ -81,6 +81,8 @@ if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_absorb_fusion "$short" "${common[@]}" --mla-absorb-fusion on
   bench short_min_share4 "$short" "${common[@]}" --mla-min-share 4
   bench short_route_split "$short" "${common[@]}" --moe-route-split on
+  bench short_route_dispatch "$short" "${common[@]}" --moe-route-split on \
+    --moe-route-dispatch-fusion on
   bench short_new "$short" "${common[@]}" --fused-prologues on
   bench short_none "$short" "${common[@]}" "${none[@]}"
   bench short_default2 "$short" "${common[@]}"

@@ -105,8 +105,10 @@ cudaError_t InvokeInt4Moe(const Int4MoeParams& p, cudaStream_t stream) {
   const bool pdl = !p.plain_launches && p.tile_tokens == kMoeTileTokensSmall &&
                    static_cast<long long>(p.tokens) * p.top_k <= kMoeProgrammaticMaxRows;
   const Nvfp4MoeWorkspace ws = Carve(p);
-  if (cudaError_t e = Dispatch(p, stream, pdl && p.programmatic_dispatch); e != cudaSuccess) {
-    return e;
+  if (!p.dispatched) {
+    if (cudaError_t e = Dispatch(p, stream, pdl && p.programmatic_dispatch); e != cudaSuccess) {
+      return e;
+    }
   }
   if (cudaError_t e = InvokeInt4MoeGateUp(GemmParams(p, ws, true, pdl), stream); e != cudaSuccess) {
     return e;

@@ -37,6 +37,9 @@ struct Int4MoeParams {
   // With the programmatic launches above, the dispatch too (MoeDispatchParams::programmatic);
   // false launches it plainly, as before session 12 (for A/B runs).
   bool programmatic_dispatch = true;
+  // The caller has already dispatched this call's ids into the workspace (MoeExpertsRunParams::
+  // route: the router fused with the dispatch); the call starts at gate_up.
+  bool dispatched = false;
   const __nv_bfloat16* x;           // [tokens, hidden]
   const int32_t* topk_ids;          // [tokens, top_k] global expert ids
   const float* topk_weights;        // [tokens, top_k]

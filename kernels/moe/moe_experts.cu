@@ -450,6 +450,13 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
         p.x ? "" : ", x null", p.topk_ids ? "" : ", topk_ids null",
         p.topk_weights ? "" : ", topk_weights null", p.out ? "" : ", out null"));
   }
+  if (p.route != nullptr &&
+      (p.route->topk_ids != p.topk_ids || p.route->topk_weights != p.topk_weights ||
+       p.route->tokens != p.tokens || p.route->config.top_k != p.top_k)) {
+    return absl::InvalidArgumentError(
+        "MoE experts: the router's outputs must be this call's topk_ids and topk_weights, for its "
+        "tokens and top_k");
+  }
   const int H = g.hidden(), Hp = g.padded_hidden(), E = g.num_local_experts();
   const size_t out_bytes = static_cast<size_t>(p.tokens) * H * 2;
   // shared_out read first thing (copied, or padded), or by the combine (shared_ready below).
@@ -461,6 +468,11 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
   }
   const cudaEvent_t shared_ready = early_shared ? nullptr : p.shared_ready;
   if (E == 0) {
+    if (p.route != nullptr) {  // nothing to dispatch; the ids are still this call's outputs
+      if (cudaError_t e = InvokeMoeRoute(*p.route, stream); e != cudaSuccess) {
+        return CudaStatus(e, "router");
+      }
+    }
     const cudaError_t e =
         p.shared_out != nullptr
             ? cudaMemcpyAsync(p.out, p.shared_out, out_bytes, cudaMemcpyDeviceToDevice, stream)
@@ -509,6 +521,31 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     }
     out = ws.out_padded;
   }
+  // The router, fused with the dispatch where it can be (MoeExpertsRunParams::route): every
+  // format's workspace starts with the NVFP4 sequence's dispatch arrays.
+  if (p.route != nullptr) {
+    const Nvfp4MoeWorkspace w =
+        CarveNvfp4MoeWorkspace(ws.core, p.tokens, p.top_k, E, Hp, g.padded_intermediate());
+    MoeDispatchParams d{};
+    d.tokens = p.tokens;
+    d.top_k = p.top_k;
+    d.first_expert = g.first_expert();
+    d.num_local_experts = E;
+    d.tile_tokens = tile;
+    d.topk_ids = p.topk_ids;
+    d.expert_counts = w.expert_counts;
+    d.expert_offsets = w.expert_offsets;
+    d.tile_offsets = w.tile_offsets;
+    d.sorted_assignment = w.sorted_assignment;
+    d.assignment_row = w.assignment_row;
+    d.programmatic =
+        tile == kMoeTileTokensSmall && rows <= kMoeProgrammaticMaxRows && p.programmatic_dispatch;
+    if (cudaError_t e = InvokeMoeRouteDispatch(*p.route, d, p.route_counter, stream);
+        e != cudaSuccess) {
+      return CudaStatus(e, "router and dispatch");
+    }
+  }
+  const bool dispatched = p.route != nullptr;
 
   if (g.nvfp4()) {
     Nvfp4MoeParams np{};
@@ -527,6 +564,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     np.tile_tokens = tile;
     np.plain_launches = false;
     np.programmatic_dispatch = p.programmatic_dispatch;
+    np.dispatched = dispatched;
     np.x = x;
     np.topk_ids = p.topk_ids;
     np.topk_weights = p.topk_weights;
@@ -556,6 +594,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     ip.tile_tokens = tile;
     ip.plain_launches = false;
     ip.programmatic_dispatch = p.programmatic_dispatch;
+    ip.dispatched = dispatched;
     ip.x = x;
     ip.topk_ids = p.topk_ids;
     ip.topk_weights = p.topk_weights;
@@ -585,6 +624,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     fp.tile_tokens = tile;
     fp.plain_launches = false;
     fp.programmatic_dispatch = p.programmatic_dispatch;
+    fp.dispatched = dispatched;
     fp.x = x;
     fp.topk_ids = p.topk_ids;
     fp.topk_weights = p.topk_weights;
@@ -617,8 +657,10 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     d.sorted_assignment = w.sorted_assignment;
     d.assignment_row = w.assignment_row;
     d.programmatic = pdl && p.programmatic_dispatch;
-    if (cudaError_t e = InvokeMoeDispatch(d, stream); e != cudaSuccess) {
-      return CudaStatus(e, "dispatch");
+    if (!dispatched) {
+      if (cudaError_t e = InvokeMoeDispatch(d, stream); e != cudaSuccess) {
+        return CudaStatus(e, "dispatch");
+      }
     }
     Bf16MoeGemmParams gm{};
     gm.tile_tokens = tile;

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/moe/moe_few_expert.h"
+#include "kernels/moe/moe_router.h"
 
 namespace mlaserve {
 
@@ -150,6 +151,11 @@ struct MoeExpertsRunParams {
   // Small decode batches' dispatch launched programmatically dependent on the router, as the
   // GEMMs and the combine after it are (Nvfp4MoeParams::programmatic_dispatch); false: plainly.
   bool programmatic_dispatch = true;
+  // When set, the call routes first: the router's outputs must be topk_ids and topk_weights
+  // above, and it runs fused with the dispatch where InvokeMoeRouteDispatch can (route_counter:
+  // its device counter, 0 between calls), else as the router's launch before the dispatch's.
+  const MoeRouteParams* route = nullptr;
+  int* route_counter = nullptr;
 };
 
 // No host syncs, no allocations (graph-capturable). tokens == 0 is a no-op; a rank with no local

@@ -160,8 +160,173 @@ __global__ void __launch_bounds__(32 * kRouterWarps) MoeRouteKernel(const MoeRou
 constexpr int kSplitWarps = 4;
 constexpr int kSplitMaxTokens = 512;  // above: the one-warp kernel (prefill; the work dominates)
 
-template <int kPer>
-__global__ void __launch_bounds__(32 * kSplitWarps) MoeRouteSplitKernel(const MoeRouteParams p) {
+// The fused dispatch's limits: MoeDispatchKernel's one-warp placement range, and its expert count.
+constexpr int kFusedDispatchMaxAssignments = 256;
+constexpr int kFusedDispatchMaxExperts = 1024;
+
+// The tail of MoeRouteSplitKernel<kPer, true>, all kSplitWarps warps.
+__device__ __forceinline__ void FusedDispatch(const MoeRouteParams& p, const MoeDispatchParams& d,
+                                              int* counter) {
+  __shared__ int s_count[kFusedDispatchMaxExperts], s_cursor[kFusedDispatchMaxExperts];
+  __shared__ int s_local[kFusedDispatchMaxAssignments];
+  __shared__ int s_warp_sum[kSplitWarps][2];
+  __shared__ int s_last;
+  constexpr int kThreads = 32 * kSplitWarps;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Warp 0's ids reach the device before the block counts itself done (the classic last-block
+  // pattern: release by the fence, the atomic orders the blocks, the last one fences again before
+  // it reads the others' ids through L2). One token: its block is the last, no counter.
+  if (p.tokens > 1) {
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(counter, 1) == p.tokens - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+  } else {
+    __syncthreads();
+  }
+  const int E = d.num_local_experts, A = d.tokens * d.top_k;
+  for (int e = tid; e < E; e += kThreads) s_count[e] = 0;
+  for (int a = tid; a < A; a += kThreads) {
+    const int local = __ldcg(d.topk_ids + a) - d.first_expert;
+    s_local[a] = local >= 0 && local < E ? local : -1;
+  }
+  __syncthreads();
+  for (int a = tid; a < A; a += kThreads) {
+    if (s_local[a] >= 0) atomicAdd(&s_count[s_local[a]], 1);
+  }
+  __syncthreads();
+  // Exclusive sums of the counts and of their tiles: thread i owns experts [i per, (i + 1) per).
+  const int per = (E + kThreads - 1) / kThreads;
+  const int lo = min(E, tid * per), hi = min(E, lo + per);
+  int rows = 0, tiles = 0;
+  for (int e = lo; e < hi; ++e) {
+    rows += s_count[e];
+    tiles += (s_count[e] + d.tile_tokens - 1) / d.tile_tokens;
+  }
+  int rows_incl = rows, tiles_incl = tiles;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int r = __shfl_up_sync(0xffffffffu, rows_incl, o);
+    const int t = __shfl_up_sync(0xffffffffu, tiles_incl, o);
+    if (lane >= o) {
+      rows_incl += r;
+      tiles_incl += t;
+    }
+  }
+  if (lane == 31) {
+    s_warp_sum[warp][0] = rows_incl;
+    s_warp_sum[warp][1] = tiles_incl;
+  }
+  __syncthreads();
+  int row = rows_incl - rows, tile = tiles_incl - tiles, total_rows = 0, total_tiles = 0;
+#pragma unroll
+  for (int w = 0; w < kSplitWarps; ++w) {
+    if (w < warp) {
+      row += s_warp_sum[w][0];
+      tile += s_warp_sum[w][1];
+    }
+    total_rows += s_warp_sum[w][0];
+    total_tiles += s_warp_sum[w][1];
+  }
+  for (int e = lo; e < hi; ++e) {
+    const int c = s_count[e];
+    d.expert_counts[e] = c;
+    d.expert_offsets[e] = row;
+    d.tile_offsets[e] = tile;
+    s_cursor[e] = row;
+    row += c;
+    tile += (c + d.tile_tokens - 1) / d.tile_tokens;
+  }
+  if (tid == 0) {
+    d.expert_offsets[E] = total_rows;
+    d.tile_offsets[E] = total_tiles;
+  }
+  __syncthreads();
+  // Stable placement by warp 0, 32 assignments a step (MoeDispatchKernel<false>'s walk).
+  if (warp == 0) {
+    const unsigned lanes_below = (1u << lane) - 1u;
+    for (int i0 = 0; i0 < A; i0 += 32) {
+      const int i = i0 + lane;
+      const int local = i < A ? s_local[i] : -2;
+      const unsigned peers = __match_any_sync(0xffffffffu, local);
+      const int rank = __popc(peers & lanes_below);
+      if (local >= 0) {
+        const int r = s_cursor[local] + rank;
+        d.sorted_assignment[r] = i;
+        d.assignment_row[i] = r;
+      } else if (local == -1) {
+        d.assignment_row[i] = -1;
+      }
+      __syncwarp();
+      if (local >= 0 && rank == 0) s_cursor[local] += __popc(peers);
+      __syncwarp();
+    }
+    if (lane == 0 && p.tokens > 1) *counter = 0;  // for the next call
+  }
+}
+
+// Warp 0 of MoeRouteSplitKernel: the merge of the warps' picks, and the outputs.
+__device__ __forceinline__ void MergeSplitPicks(const MoeRouteParams& p, int t, int lane,
+                                                const float* s_score, const int* s_index,
+                                                const float* s_raw) {
+  const MoeRouterConfig& c = p.config;
+  const int K = c.top_k;
+  // The merge: lane l holds candidates l + 32 j (j < kSplitWarps), warp j's rank-l pick.
+  float cs[kSplitWarps], craw[kSplitWarps];
+  int ci[kSplitWarps];
+#pragma unroll
+  for (int j = 0; j < kSplitWarps; ++j) {
+    cs[j] = s_score[j * 32 + lane];
+    ci[j] = s_index[j * 32 + lane];
+    craw[j] = s_raw[j * 32 + lane];
+  }
+  int32_t* ids = p.topk_ids + static_cast<size_t>(t) * K;
+  float* w = p.topk_weights + static_cast<size_t>(t) * K;
+  float sum = 0.0f, mine = 0.0f;
+  for (int r = 0; r < K; ++r) {
+    float s = -INFINITY, raw = 0.0f;
+    int idx = INT_MAX, from = 0;
+#pragma unroll
+    for (int j = 0; j < kSplitWarps; ++j) {
+      if (ci[j] != INT_MAX && rm::Better(cs[j], ci[j], s, idx)) {
+        s = cs[j];
+        idx = ci[j];
+        raw = craw[j];
+        from = j;
+      }
+    }
+    const int mine_idx = idx;
+    WarpBest(s, idx);
+    // The winner's owner lane: the one whose best was it (indices are distinct).
+    const unsigned won = __ballot_sync(0xffffffffu, mine_idx == idx);
+    const int owner = __ffs(won) - 1;
+    raw = __shfl_sync(0xffffffffu, raw, owner);
+    if (owner == lane) {
+#pragma unroll
+      for (int j = 0; j < kSplitWarps; ++j) {
+        if (j == from) ci[j] = INT_MAX;
+      }
+    }
+    if (lane == 0) ids[r] = idx;
+    if (lane == r) mine = raw;
+    sum = rm::Add(sum, raw);  // rank order, identical in every lane
+  }
+  if (lane < K) {
+    const float denom = rm::Add(sum, 1e-20f);
+    float v = mine;
+    if (c.norm_topk_prob) v = rm::Div(v, denom);
+    w[lane] = rm::Mul(v, c.routed_scaling_factor);
+  }
+}
+
+// kDispatch: the experts' dispatch follows in the same kernel (InvokeMoeRouteDispatch): each
+// block counts itself done on `counter` once its token's ids are out, and the last one places
+// every assignment as MoeDispatchKernel does (same rows), then sets the counter back to 0.
+template <int kPer, bool kDispatch>
+__global__ void __launch_bounds__(32 * kSplitWarps)
+    MoeRouteSplitKernel(const MoeRouteParams p, const MoeDispatchParams d, int* counter) {
   __shared__ float s_score[kSplitWarps * 32], s_raw[kSplitWarps * 32];
   __shared__ int s_index[kSplitWarps * 32];
   pdl::WaitForPrerequisiteGrid();  // launched programmatically: nothing is read before this
@@ -216,53 +381,8 @@ __global__ void __launch_bounds__(32 * kSplitWarps) MoeRouteSplitKernel(const Mo
   s_index[warp * 32 + lane] = my_i;
   s_raw[warp * 32 + lane] = my_raw;
   __syncthreads();
-  if (warp != 0) return;
-  // The merge: lane l holds candidates l + 32 j (j < kSplitWarps), warp j's rank-l pick.
-  float cs[kSplitWarps], craw[kSplitWarps];
-  int ci[kSplitWarps];
-#pragma unroll
-  for (int j = 0; j < kSplitWarps; ++j) {
-    cs[j] = s_score[j * 32 + lane];
-    ci[j] = s_index[j * 32 + lane];
-    craw[j] = s_raw[j * 32 + lane];
-  }
-  int32_t* ids = p.topk_ids + static_cast<size_t>(t) * K;
-  float* w = p.topk_weights + static_cast<size_t>(t) * K;
-  float sum = 0.0f, mine = 0.0f;
-  for (int r = 0; r < K; ++r) {
-    float s = -INFINITY, raw = 0.0f;
-    int idx = INT_MAX, from = 0;
-#pragma unroll
-    for (int j = 0; j < kSplitWarps; ++j) {
-      if (ci[j] != INT_MAX && rm::Better(cs[j], ci[j], s, idx)) {
-        s = cs[j];
-        idx = ci[j];
-        raw = craw[j];
-        from = j;
-      }
-    }
-    const int mine_idx = idx;
-    WarpBest(s, idx);
-    // The winner's owner lane: the one whose best was it (indices are distinct).
-    const unsigned won = __ballot_sync(0xffffffffu, mine_idx == idx);
-    const int owner = __ffs(won) - 1;
-    raw = __shfl_sync(0xffffffffu, raw, owner);
-    if (owner == lane) {
-#pragma unroll
-      for (int j = 0; j < kSplitWarps; ++j) {
-        if (j == from) ci[j] = INT_MAX;
-      }
-    }
-    if (lane == 0) ids[r] = idx;
-    if (lane == r) mine = raw;
-    sum = rm::Add(sum, raw);  // rank order, identical in every lane
-  }
-  if (lane < K) {
-    const float denom = rm::Add(sum, 1e-20f);
-    float v = mine;
-    if (c.norm_topk_prob) v = rm::Div(v, denom);
-    w[lane] = rm::Mul(v, c.routed_scaling_factor);
-  }
+  if (warp == 0) MergeSplitPicks(p, t, lane, s_score, s_index, s_raw);
+  if constexpr (kDispatch) FusedDispatch(p, d, counter);
 }
 
 }  // namespace
@@ -279,22 +399,35 @@ cublasStatus_t InvokeMoeRouterLogits(const MoeRouterLogitsParams& p, cudaStream_
                       CUBLAS_GEMM_DEFAULT);
 }
 
+namespace {
+
+// Where MoeRouteSplitKernel serves the call (MoeRouteParams::split).
+bool SplitApplies(const MoeRouteParams& p) {
+  const MoeRouterConfig& c = p.config;
+  return p.split && !c.softmax_scoring && c.n_group == 1 && p.tokens <= kSplitMaxTokens &&
+         c.num_experts <= kSplitWarps * 32 * 8;
+}
+
+template <bool kDispatch>
+cudaError_t LaunchSplit(const MoeRouteParams& p, const MoeDispatchParams& d, int* counter,
+                        cudaStream_t stream) {
+  auto split = [&](auto kernel) {
+    return pdl::LaunchKernel(kernel, dim3(p.tokens), dim3(32 * kSplitWarps), 0, stream,
+                             p.programmatic, p, d, counter);
+  };
+  const int per = (p.config.num_experts + kSplitWarps * 32 - 1) / (kSplitWarps * 32);
+  if (per <= 2) return split(MoeRouteSplitKernel<2, kDispatch>);
+  if (per <= 3) return split(MoeRouteSplitKernel<3, kDispatch>);
+  if (per <= 4) return split(MoeRouteSplitKernel<4, kDispatch>);
+  return split(MoeRouteSplitKernel<8, kDispatch>);
+}
+
+}  // namespace
+
 cudaError_t InvokeMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
   if (!ValidateMoeRouterConfig(p.config).ok()) return cudaErrorInvalidValue;
   if (p.tokens <= 0) return cudaSuccess;
-  const MoeRouterConfig& c = p.config;
-  if (p.split && !c.softmax_scoring && c.n_group == 1 && p.tokens <= kSplitMaxTokens &&
-      c.num_experts <= kSplitWarps * 32 * 8) {
-    auto split = [&](auto kernel) {
-      return pdl::LaunchKernel(kernel, dim3(p.tokens), dim3(32 * kSplitWarps), 0, stream,
-                               p.programmatic, p);
-    };
-    const int per = (c.num_experts + kSplitWarps * 32 - 1) / (kSplitWarps * 32);
-    if (per <= 2) return split(MoeRouteSplitKernel<2>);
-    if (per <= 3) return split(MoeRouteSplitKernel<3>);
-    if (per <= 4) return split(MoeRouteSplitKernel<4>);
-    return split(MoeRouteSplitKernel<8>);
-  }
+  if (SplitApplies(p)) return LaunchSplit<false>(p, MoeDispatchParams{}, nullptr, stream);
   const int blocks = (p.tokens + kRouterWarps - 1) / kRouterWarps;
   auto go = [&](auto kernel) {
     return pdl::LaunchKernel(kernel, dim3(blocks), dim3(32 * kRouterWarps), 0, stream,
@@ -303,6 +436,23 @@ cudaError_t InvokeMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
   if (p.config.num_experts <= 8 * 32) return go(MoeRouteKernel<8>);
   if (p.config.num_experts <= 16 * 32) return go(MoeRouteKernel<16>);
   return go(MoeRouteKernel<32>);
+}
+
+cudaError_t InvokeMoeRouteDispatch(const MoeRouteParams& route, const MoeDispatchParams& dispatch,
+                                   int* counter, cudaStream_t stream) {
+  if (!ValidateMoeRouterConfig(route.config).ok() || route.topk_ids != dispatch.topk_ids ||
+      route.tokens != dispatch.tokens || route.config.top_k != dispatch.top_k ||
+      dispatch.num_local_experts < 1 || dispatch.num_local_experts > kFusedDispatchMaxExperts ||
+      dispatch.tile_tokens < 1) {
+    return cudaErrorInvalidValue;
+  }
+  if (route.tokens <= 0) return cudaSuccess;
+  if (counter != nullptr && SplitApplies(route) &&
+      route.tokens * route.config.top_k <= kFusedDispatchMaxAssignments) {
+    return LaunchSplit<true>(route, dispatch, counter, stream);
+  }
+  if (cudaError_t e = InvokeMoeRoute(route, stream); e != cudaSuccess) return e;
+  return InvokeMoeDispatch(dispatch, stream);
 }
 
 }  // namespace mlaserve

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/moe/moe_dispatch.h"
 #include "kernels/moe/moe_router_ref.h"
 
 namespace mlaserve {
@@ -48,5 +49,15 @@ struct MoeRouteParams {
 // One warp per token (or one block: MoeRouteParams::split); same rule, arithmetic and tie-breaking
 // as MoeRouteRef.
 cudaError_t InvokeMoeRoute(const MoeRouteParams& params, cudaStream_t stream);
+
+// The router, then the routed experts' dispatch of its ids (dispatch.topk_ids == route.topk_ids;
+// same tokens and top_k): InvokeMoeRoute and InvokeMoeDispatch's outputs, bit for bit. Where the
+// split path serves the route (MoeRouteParams::split) and the batch has at most 256 assignments
+// (decode), one kernel does both: its blocks count themselves done on `counter` (a device int
+// that is 0 before the call and is 0 again after it; one per stream) and the last one places the
+// assignments (moe_router.cu); the launch is programmatic as route.programmatic says. Otherwise,
+// or with counter nullptr, the two launches.
+cudaError_t InvokeMoeRouteDispatch(const MoeRouteParams& route, const MoeDispatchParams& dispatch,
+                                   int* counter, cudaStream_t stream);
 
 }  // namespace mlaserve

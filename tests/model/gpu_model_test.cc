@@ -325,6 +325,45 @@ TEST_P(GpuModelTest, MlaQFusionIsBitIdenticalToSeparateOps) {
               GetParam());
 }
 
+// CudaOps::SetMoeRouteSplit and SetMoeRouteDispatchFusion (the router a block a token, and fused
+// with the routed experts' dispatch where it has at most 256 assignments) against the one-warp
+// router and the dispatch's own launch: the same ids, weights and rows by construction, so the
+// prefill (two launches: too many assignments, or a grouped router) and 16 decode steps (one
+// kernel where the fixture's router is a one-group sigmoid one) are bit-identical.
+TEST_P(GpuModelTest, MoeRouteDispatchFusionIsBitIdentical) {
+  auto g = CudaOps::Create();
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::unique_ptr<CudaOps> ops = std::move(*g);
+  ops->SetMoeRouteSplit(false);
+  ops->SetMoeRouteDispatchFusion(false);
+  gpu_ops_->SetMoeRouteSplit(true);
+  gpu_ops_->SetMoeRouteDispatchFusion(true);
+  ModelOptions o;
+  o.kv_format = KvCacheFormat::kBf16;
+  o.num_kv_blocks = 8;
+  auto m = DeepseekV3Model::Load(dir_, o, *ops, comm_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const auto prompt = golden_->Get<int32_t>("p2.ids");
+  LocalSession fused(*gpu_), plain(**m);
+  auto a = fused.Feed(prompt, false);
+  auto b = plain.Feed(prompt, false);
+  for (int step = 0; step <= 16; ++step) {
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(a->size(), b->size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a->size(); ++i) differ += (*a)[i] != (*b)[i];
+    ASSERT_EQ(differ, 0u) << "step " << step << " (0: the prefill)";
+    const int32_t next = int32_t(std::max_element(a->begin(), a->end()) - a->begin());
+    a = fused.Feed({next}, false);
+    b = plain.Feed({next}, false);
+  }
+  std::printf(
+      "[gpu_model] %s MoE router + dispatch fusion: prefill and 16 decode steps "
+      "bit-identical\n",
+      GetParam());
+}
+
 // CudaOps::SetMlaAbsorbFusion (q absorbed inside the fused MLA input kernel at decode steps of up
 // to 4 rows) against q absorbed by cuBLASLt in the MLA decode: the prefill bit-identical (it
 // does not absorb there), then 16 decode steps fed the same tokens, logits within relative L2

@@ -81,6 +81,8 @@ struct CudaOps::Impl {
   bool mla_q_fusion = true;  // SetMlaQFusion
   bool mla_absorb_fusion = false;  // SetMlaAbsorbFusion
   bool moe_route_split = false;    // SetMoeRouteSplit
+  bool moe_route_dispatch_fusion = false;  // SetMoeRouteDispatchFusion
+  int* route_counter = nullptr;            // InvokeMoeRouteDispatch\'s counter (0 between calls)
   bool programmatic_dispatch = true;  // SetProgrammaticDispatch
   bool shared_overlap = true;  // SetSharedExpertOverlap
   bool programmatic_mla_combine = true;  // SetProgrammaticMlaCombine
@@ -216,6 +218,7 @@ struct CudaOps::Impl {
     for (Chunk& c : chunks) cudaFree(c.base);
     for (cudaEvent_t e : phase_events) cudaEventDestroy(e);
     cudaFree(step_dev);
+    cudaFree(route_counter);
     cudaFreeHost(step_host);
     cudaFreeHost(sample_host);
     gemm.reset();
@@ -247,6 +250,15 @@ absl::StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create() {
         !s.ok()) {
       return s;
     }
+  }
+  if (auto s = CudaStatus(cudaMalloc(reinterpret_cast<void**>(&impl->route_counter), sizeof(int)),
+                          "router counter");
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CudaStatus(cudaMemset(impl->route_counter, 0, sizeof(int)), "router counter");
+      !s.ok()) {
+    return s;
   }
   auto gemm = LinearGemm::Create();
   if (!gemm.ok()) return gemm.status();
@@ -289,6 +301,7 @@ void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small =
 void CudaOps::SetMlaQFusion(bool on) { impl_->mla_q_fusion = on; }
 void CudaOps::SetMlaAbsorbFusion(bool on) { impl_->mla_absorb_fusion = on; }
 void CudaOps::SetMoeRouteSplit(bool on) { impl_->moe_route_split = on; }
+void CudaOps::SetMoeRouteDispatchFusion(bool on) { impl_->moe_route_dispatch_fusion = on; }
 void CudaOps::SetProgrammaticDispatch(bool on) { impl_->programmatic_dispatch = on; }
 void CudaOps::SetSharedExpertOverlap(bool on) { impl_->shared_overlap = on; }
 void CudaOps::SetProgrammaticMlaCombine(bool on) { impl_->programmatic_mla_combine = on; }
@@ -1250,9 +1263,9 @@ void CudaOps::MlaMergeExpand(const MlaShape&, const DcpShape&, const Tensor&, co
       "decode context parallelism (--dcp) runs on the CPU backend only so far"));
 }
 
-void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& bias, Tensor& ids,
-                       Tensor& weights) {
-  MLASERVE_SKIP_IF_FAILED();
+namespace {
+MoeRouteParams RouteParams(const MoeRouting& r, const Tensor& logits, const Tensor& bias,
+                           Tensor& ids, Tensor& weights, bool programmatic, bool split) {
   MoeRouteParams p;
   p.config = {r.num_experts,          r.top_k,           r.n_group,
               r.topk_group,           r.softmax_scoring, r.norm_topk_prob,
@@ -1262,14 +1275,43 @@ void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& 
   p.bias = bias.empty() ? nullptr : bias.data<float>();
   p.topk_ids = ids.data<int32_t>();
   p.topk_weights = weights.data<float>();
-  p.programmatic = impl_->programmatic_small;
-  p.split = impl_->moe_route_split;
+  p.programmatic = programmatic;
+  p.split = split;
+  return p;
+}
+}  // namespace
+
+void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& bias, Tensor& ids,
+                       Tensor& weights) {
+  MLASERVE_SKIP_IF_FAILED();
+  const MoeRouteParams p =
+      RouteParams(r, logits, bias, ids, weights, impl_->programmatic_small, impl_->moe_route_split);
   impl_->Check(InvokeMoeRoute(p, impl_->stream),
                [&] { return absl::StrCat("MoeRoute ", Shape(logits)); });
 }
 
+void CudaOps::MoeRouteExperts(const MoeRouting& r, const Tensor& logits, const Tensor& bias,
+                              const Tensor& x, const RoutedExperts& experts, const Tensor& shared,
+                              Tensor& ids, Tensor& weights, Tensor& out) {
+  if (!impl_->moe_route_dispatch_fusion || impl_->phase_timing || !experts.device ||
+      x.dim(0) == 0) {
+    Ops::MoeRouteExperts(r, logits, bias, x, experts, shared, ids, weights, out);
+    return;
+  }
+  MLASERVE_SKIP_IF_FAILED();
+  const MoeRouteParams p =
+      RouteParams(r, logits, bias, ids, weights, impl_->programmatic_small, impl_->moe_route_split);
+  RunMoeExperts(x, ids, weights, experts, shared, out, &p);
+}
+
 void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                          const RoutedExperts& experts, const Tensor& shared, Tensor& out) {
+  RunMoeExperts(x, ids, weights, experts, shared, out, nullptr);
+}
+
+void CudaOps::RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                            const RoutedExperts& experts, const Tensor& shared, Tensor& out,
+                            const MoeRouteParams* route) {
   MLASERVE_SKIP_IF_FAILED();
   const int tokens = static_cast<int>(x.dim(0)), top_k = static_cast<int>(ids.dim(1));
   const auto what = [&] {
@@ -1307,6 +1349,8 @@ void CudaOps::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weigh
   p.prefill_wgmma = impl_->moe_prefill_wgmma && !impl_->batch_invariant;
   p.programmatic_dispatch = impl_->programmatic_dispatch;
   if (pass_join) p.shared_ready = impl_->join_event;
+  p.route = route;
+  p.route_counter = impl_->route_counter;
   p.workspace_bytes = gpu.WorkspaceBytes(tokens, top_k);
   p.workspace = impl_->ArenaAlloc(p.workspace_bytes);
   if (!impl_->failed()) impl_->Check(InvokeMoeExperts(gpu, p, impl_->stream), what);

@@ -28,6 +28,8 @@
 
 namespace mlaserve {
 
+struct MoeRouteParams;
+
 class CudaOps : public Ops {
  public:
   // Uses the current CUDA device; fails with the CUDA error when there is none.
@@ -95,6 +97,11 @@ class CudaOps : public Ops {
                 Tensor& weights) override;
   void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                   const RoutedExperts& experts, const Tensor& shared, Tensor& out) override;
+  // With SetMoeRouteDispatchFusion on (and phases not timed): the router's launch folded into
+  // the experts' call, fused with their dispatch at decode sizes (InvokeMoeRouteDispatch).
+  void MoeRouteExperts(const MoeRouting& routing, const Tensor& logits, const Tensor& bias,
+                       const Tensor& x, const RoutedExperts& experts, const Tensor& shared,
+                       Tensor& ids, Tensor& weights, Tensor& out) override;
   absl::Status Sample(const Tensor& logits, const SamplingBatch& batch,
                       std::vector<SampledOutput>* out) override;
 
@@ -140,6 +147,11 @@ class CudaOps : public Ops {
   // of one warp, for sigmoid routers with one expert group (Kimi-K2). Same ids and weights. Off
   // by default until measured (not yet run on a GPU).
   void SetMoeRouteSplit(bool on);
+  // MoeRouteExperts with the router and the routed experts' dispatch as one kernel where the
+  // split router serves the batch (SetMoeRouteSplit) and it has at most 256 assignments: one
+  // launch a MoE layer fewer. Same ids, weights and dispatch rows. Off by default until measured
+  // (written in session 14 without a GPU).
+  void SetMoeRouteDispatchFusion(bool on);
   // The routed experts' dispatch in decode batches launched programmatically dependent on the
   // router (MoeExpertsRunParams::programmatic_dispatch), as the GEMMs after it are. On by default.
   void SetProgrammaticDispatch(bool on);
@@ -185,6 +197,10 @@ class CudaOps : public Ops {
   size_t arena_bytes() const;
 
  private:
+  // MoeExperts' body; route: MoeExpertsRunParams::route (the router runs in the call) or nullptr.
+  void RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                     const RoutedExperts& experts, const Tensor& shared, Tensor& out,
+                     const MoeRouteParams* route);
   // The fused MLA input kernel (with q's RoPE when q is set, and q's absorption into q_abs
   // when w_kb is set as well) where it takes these tensors; false, with nothing enqueued, where
   // it does not.

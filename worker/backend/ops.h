@@ -303,6 +303,16 @@ class Ops {
   // up x), plus `shared` (the shared experts' output) when it is not empty.
   virtual void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                           const RoutedExperts& experts, const Tensor& shared, Tensor& out) = 0;
+  // MoeRoute, the phase "moe.experts" (Phase below), then MoeExperts, as the model's MoE layer
+  // calls them: a backend may fuse the router with the experts' dispatch (CudaOps::
+  // SetMoeRouteDispatchFusion). ids and weights end as MoeRoute leaves them.
+  virtual void MoeRouteExperts(const MoeRouting& routing, const Tensor& logits, const Tensor& bias,
+                               const Tensor& x, const RoutedExperts& experts, const Tensor& shared,
+                               Tensor& ids, Tensor& weights, Tensor& out) {
+    MoeRoute(routing, logits, bias, ids, weights);
+    Phase("moe.experts");
+    MoeExperts(x, ids, weights, experts, shared, out);
+  }
 
   // Samples one token per row of logits ([R, vocab] fp32); only ids and logprobs reach the host.
   virtual absl::Status Sample(const Tensor& logits, const SamplingBatch& batch,

@@ -749,9 +749,7 @@ absl::Status DeepseekV3Model::Mlp(Layer& L, const Tensor& h, Tensor& out) {
     ops_.Phase("moe.router");
     Tensor ids = ops_.Activation({T, c.num_experts_per_tok}, DType::kI32);
     Tensor weights = ops_.Activation({T, c.num_experts_per_tok}, DType::kF32);
-    ops_.MoeRoute(routing_, logits, L.router_bias, ids, weights);
-    ops_.Phase("moe.experts");
-    ops_.MoeExperts(h, ids, weights, L.experts, shared, out);
+    ops_.MoeRouteExperts(routing_, logits, L.router_bias, h, L.experts, shared, ids, weights, out);
   }
   return AllReduce(out);
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -413,6 +414,99 @@ TEST(MoeGpuTest, DispatchGroupsStablyForLocalRanges) {
     EXPECT_EQ(gs, rs) << c.tokens;
     EXPECT_EQ(row.Get(), rrow) << c.tokens;
   }
+}
+
+// The router fused with the dispatch (InvokeMoeRouteDispatch): ids and weights bit-identical to
+// MoeRouteRef, the dispatch rows identical to the CPU counting sort above, on the fused kernel
+// (split routers, <= 256 assignments: one token, several, exactly 256) and on its two-launch
+// fallback (257+ assignments, softmax, groups). Each case runs three times on the same counter,
+// outputs poisoned in between: a counter left non-zero by one call would leave the next call's
+// dispatch arrays unwritten.
+TEST(MoeGpuTest, RouterFusedWithDispatchMatchesRouterThenDispatch) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    const char* name;
+    MoeRouterConfig config;
+    int tokens, first, local, tile;
+  };
+  const Case cases[] = {
+      {"kimi_ep8_b1", {384, 8, 1, 1, false, true, 2.827f}, 1, 48, 48, 16},
+      {"kimi_ep8_b2", {384, 8, 1, 1, false, true, 2.827f}, 2, 48, 48, 16},
+      {"kimi_all_b7", {384, 8, 1, 1, false, true, 2.827f}, 7, 0, 384, 16},
+      {"kimi_last_rank_b32", {384, 8, 1, 1, false, true, 2.827f}, 32, 336, 48, 16},
+      {"kimi_b33_fallback", {384, 8, 1, 1, false, true, 2.827f}, 33, 0, 48, 16},
+      {"split_160_b5", {160, 6, 1, 1, false, true, 1.0f}, 5, 40, 80, 16},
+      {"split_1024_top32_b8", {1024, 32, 1, 1, false, true, 1.0f}, 8, 0, 1024, 64},
+      {"deepseek_groups_fallback", {256, 8, 8, 4, false, true, 2.5f}, 4, 32, 32, 16},
+  };
+  std::mt19937 rng(11);
+  DevBuf<int32_t> counter(1);
+  CUDA_OK(cudaMemset(counter.p, 0, sizeof(int32_t)));
+  for (const Case& c : cases) {
+    const int E = c.config.num_experts, K = c.config.top_k, A = c.tokens * K;
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    std::vector<float> logits(static_cast<size_t>(c.tokens) * E), bias(E);
+    for (size_t i = 0; i < logits.size(); ++i) {
+      logits[i] = nd(rng);
+      if ((i / E) % 3 == 2) logits[i] = std::round(logits[i] * 2.0f) / 2.0f;  // ties
+    }
+    std::uniform_real_distribution<float> ud(0.0f, 0.1f);
+    for (float& b : bias) b = std::round(ud(rng) * 64.0f) / 64.0f;
+    std::vector<int32_t> ref_ids(A);
+    std::vector<float> ref_w(A);
+    MoeRouteRef(c.config, logits.data(), bias.data(), c.tokens, ref_ids.data(), ref_w.data());
+    // CPU: counting sort by local expert, stable in assignment index.
+    std::vector<int32_t> rc(c.local, 0), ro(c.local + 1, 0), rt(c.local + 1, 0), rrow(A, -1);
+    for (int a = 0; a < A; ++a) {
+      const int l = ref_ids[a] - c.first;
+      if (l >= 0 && l < c.local) ++rc[l];
+    }
+    for (int e = 0; e < c.local; ++e) {
+      ro[e + 1] = ro[e] + rc[e];
+      rt[e + 1] = rt[e] + (rc[e] + c.tile - 1) / c.tile;
+    }
+    std::vector<int32_t> rs(ro[c.local]);
+    std::vector<int32_t> cur(ro.begin(), ro.end() - 1);
+    for (int a = 0; a < A; ++a) {
+      const int l = ref_ids[a] - c.first;
+      if (l >= 0 && l < c.local) {
+        rs[cur[l]] = a;
+        rrow[a] = cur[l]++;
+      }
+    }
+    DevBuf<float> d_logits(logits), d_bias(bias), d_w(A);
+    DevBuf<int32_t> d_ids(A), counts(c.local), offs(c.local + 1), toffs(c.local + 1), sorted(A),
+        row(A);
+    for (int round = 0; round < 3; ++round) {
+      // 0x5a5a5a5a: not -1, the value the dispatch writes for other ranks' assignments.
+      for (auto* b : {&d_ids, &counts, &offs, &toffs, &sorted, &row}) {
+        CUDA_OK(cudaMemset(b->p, 0x5a, b->n * sizeof(int32_t)));
+      }
+      d_w.Poison();
+      MoeRouteParams rp{c.config, c.tokens, d_logits.p, d_bias.p, d_ids.p, d_w.p};
+      rp.split = true;
+      MoeDispatchParams dp{c.tokens, K,      c.first, c.local,  c.tile, d_ids.p,
+                           counts.p, offs.p, toffs.p, sorted.p, row.p};
+      CUDA_OK(InvokeMoeRouteDispatch(rp, dp, counter.p, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::string tag = std::string(c.name) + " round " + std::to_string(round);
+      EXPECT_EQ(d_ids.Get(), ref_ids) << tag;
+      const std::vector<float> w = d_w.Get();
+      EXPECT_EQ(std::memcmp(w.data(), ref_w.data(), 4 * w.size()), 0) << tag;
+      EXPECT_EQ(counts.Get(), rc) << tag;
+      EXPECT_EQ(offs.Get(), ro) << tag;
+      EXPECT_EQ(toffs.Get(), rt) << tag;
+      std::vector<int32_t> gs = sorted.Get();
+      gs.resize(rs.size());
+      EXPECT_EQ(gs, rs) << tag;
+      EXPECT_EQ(row.Get(), rrow) << tag;
+    }
+  }
+  EXPECT_EQ(counter.Get(), std::vector<int32_t>{0});
+  // Mismatched router and dispatch are refused.
+  MoeRouteParams rp{cases[0].config, 1, nullptr, nullptr, nullptr, nullptr};
+  MoeDispatchParams dp{2, 8, 0, 48, 16, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  EXPECT_EQ(InvokeMoeRouteDispatch(rp, dp, counter.p, nullptr), cudaErrorInvalidValue);
 }
 
 // ---------------------------------------------------------------------------------------------
