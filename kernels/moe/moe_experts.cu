@@ -521,25 +521,27 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     }
     out = ws.out_padded;
   }
-  // The router, fused with the dispatch where it can be (MoeExpertsRunParams::route): every
-  // format's workspace starts with the NVFP4 sequence's dispatch arrays.
+  // Small decode batches run programmatically: dispatch, gate_up, down and combine.
+  const bool pdl = tile == kMoeTileTokensSmall && rows <= kMoeProgrammaticMaxRows;
+  // The dispatch into the workspace's first arrays (every format's workspace starts with the NVFP4
+  // sequence's): here with the router where it runs in this call (MoeExpertsRunParams::route,
+  // fused where InvokeMoeRouteDispatch can), else by the format's own sequence below.
+  const Nvfp4MoeWorkspace dw =
+      CarveNvfp4MoeWorkspace(ws.core, p.tokens, p.top_k, E, Hp, g.padded_intermediate());
+  MoeDispatchParams d{};
+  d.tokens = p.tokens;
+  d.top_k = p.top_k;
+  d.first_expert = g.first_expert();
+  d.num_local_experts = E;
+  d.tile_tokens = tile;
+  d.topk_ids = p.topk_ids;
+  d.expert_counts = dw.expert_counts;
+  d.expert_offsets = dw.expert_offsets;
+  d.tile_offsets = dw.tile_offsets;
+  d.sorted_assignment = dw.sorted_assignment;
+  d.assignment_row = dw.assignment_row;
+  d.programmatic = pdl && p.programmatic_dispatch;
   if (p.route != nullptr) {
-    const Nvfp4MoeWorkspace w =
-        CarveNvfp4MoeWorkspace(ws.core, p.tokens, p.top_k, E, Hp, g.padded_intermediate());
-    MoeDispatchParams d{};
-    d.tokens = p.tokens;
-    d.top_k = p.top_k;
-    d.first_expert = g.first_expert();
-    d.num_local_experts = E;
-    d.tile_tokens = tile;
-    d.topk_ids = p.topk_ids;
-    d.expert_counts = w.expert_counts;
-    d.expert_offsets = w.expert_offsets;
-    d.tile_offsets = w.tile_offsets;
-    d.sorted_assignment = w.sorted_assignment;
-    d.assignment_row = w.assignment_row;
-    d.programmatic =
-        tile == kMoeTileTokensSmall && rows <= kMoeProgrammaticMaxRows && p.programmatic_dispatch;
     if (cudaError_t e = InvokeMoeRouteDispatch(*p.route, d, p.route_counter, stream);
         e != cudaSuccess) {
       return CudaStatus(e, "router and dispatch");
@@ -642,21 +644,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     // The NVFP4 sequence (nvfp4_moe.cu) with the BF16 GEMMs: dispatch, gate_up, down and combine
     // programmatically in small decode batches.
     const int Ip = g.padded_intermediate();
-    const bool pdl = tile == kMoeTileTokensSmall && rows <= kMoeProgrammaticMaxRows;
-    const Nvfp4MoeWorkspace w = CarveNvfp4MoeWorkspace(ws.core, p.tokens, p.top_k, E, Hp, Ip);
-    MoeDispatchParams d{};
-    d.tokens = p.tokens;
-    d.top_k = p.top_k;
-    d.first_expert = g.first_expert();
-    d.num_local_experts = E;
-    d.tile_tokens = tile;
-    d.topk_ids = p.topk_ids;
-    d.expert_counts = w.expert_counts;
-    d.expert_offsets = w.expert_offsets;
-    d.tile_offsets = w.tile_offsets;
-    d.sorted_assignment = w.sorted_assignment;
-    d.assignment_row = w.assignment_row;
-    d.programmatic = pdl && p.programmatic_dispatch;
+    const Nvfp4MoeWorkspace& w = dw;
     if (!dispatched) {
       if (cudaError_t e = InvokeMoeDispatch(d, stream); e != cudaSuccess) {
         return CudaStatus(e, "dispatch");

@@ -160,6 +160,24 @@ std::string CpuDir(const std::string& name, const std::string& dir) {
   return t->dir.string();
 }
 
+// The prompt, then 16 greedy decode steps (a's argmax fed to both): every logit bit-identical.
+void ExpectPrefillAndDecodeBitIdentical(LocalSession& a_session, LocalSession& b_session,
+                                        const std::vector<int32_t>& prompt) {
+  auto a = a_session.Feed(prompt, false);
+  auto b = b_session.Feed(prompt, false);
+  for (int step = 0; step <= 16; ++step) {
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(a->size(), b->size());
+    size_t differ = 0;
+    for (size_t i = 0; i < a->size(); ++i) differ += (*a)[i] != (*b)[i];
+    ASSERT_EQ(differ, 0u) << "step " << step << " (0: the prefill)";
+    const int32_t next = int32_t(std::max_element(a->begin(), a->end()) - a->begin());
+    a = a_session.Feed({next}, false);
+    b = b_session.Feed({next}, false);
+  }
+}
+
 class GpuModelTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -308,19 +326,7 @@ TEST_P(GpuModelTest, MlaQFusionIsBitIdenticalToSeparateOps) {
   ASSERT_TRUE(m.ok()) << m.status();
   const auto prompt = golden_->Get<int32_t>("p2.ids");
   LocalSession fused(*gpu_), plain(**m);
-  auto a = fused.Feed(prompt, false);
-  auto b = plain.Feed(prompt, false);
-  for (int step = 0; step <= 16; ++step) {
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    ASSERT_EQ(a->size(), b->size());
-    size_t differ = 0;
-    for (size_t i = 0; i < a->size(); ++i) differ += (*a)[i] != (*b)[i];
-    ASSERT_EQ(differ, 0u) << "step " << step << " (0: the prefill)";
-    const int32_t next = int32_t(std::max_element(a->begin(), a->end()) - a->begin());
-    a = fused.Feed({next}, false);
-    b = plain.Feed({next}, false);
-  }
+  ExpectPrefillAndDecodeBitIdentical(fused, plain, prompt);
   std::printf("[gpu_model] %s MLA q fusion: prefill and 16 decode steps bit-identical\n",
               GetParam());
 }
@@ -345,19 +351,7 @@ TEST_P(GpuModelTest, MoeRouteDispatchFusionIsBitIdentical) {
   ASSERT_TRUE(m.ok()) << m.status();
   const auto prompt = golden_->Get<int32_t>("p2.ids");
   LocalSession fused(*gpu_), plain(**m);
-  auto a = fused.Feed(prompt, false);
-  auto b = plain.Feed(prompt, false);
-  for (int step = 0; step <= 16; ++step) {
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(b.ok()) << b.status();
-    ASSERT_EQ(a->size(), b->size());
-    size_t differ = 0;
-    for (size_t i = 0; i < a->size(); ++i) differ += (*a)[i] != (*b)[i];
-    ASSERT_EQ(differ, 0u) << "step " << step << " (0: the prefill)";
-    const int32_t next = int32_t(std::max_element(a->begin(), a->end()) - a->begin());
-    a = fused.Feed({next}, false);
-    b = plain.Feed({next}, false);
-  }
+  ExpectPrefillAndDecodeBitIdentical(fused, plain, prompt);
   std::printf(
       "[gpu_model] %s MoE router + dispatch fusion: prefill and 16 decode steps "
       "bit-identical\n",

@@ -251,6 +251,33 @@ std::vector<int32_t> RandomIds(int tokens, int top_k, int num_experts, std::mt19
   return ids;
 }
 
+// The dispatch on the CPU: a counting sort of the assignments by local expert, stable in
+// assignment index (what InvokeMoeDispatch must write).
+struct CpuDispatch {
+  std::vector<int32_t> counts, offsets, tile_offsets, sorted, row;
+  CpuDispatch(const std::vector<int32_t>& ids, int first, int local, int tile)
+      : counts(local, 0), offsets(local + 1, 0), tile_offsets(local + 1, 0), row(ids.size(), -1) {
+    const int A = static_cast<int>(ids.size());
+    for (int a = 0; a < A; ++a) {
+      const int l = ids[a] - first;
+      if (l >= 0 && l < local) ++counts[l];
+    }
+    for (int e = 0; e < local; ++e) {
+      offsets[e + 1] = offsets[e] + counts[e];
+      tile_offsets[e + 1] = tile_offsets[e] + (counts[e] + tile - 1) / tile;
+    }
+    sorted.resize(offsets[local]);
+    std::vector<int32_t> cur(offsets.begin(), offsets.end() - 1);
+    for (int a = 0; a < A; ++a) {
+      const int l = ids[a] - first;
+      if (l >= 0 && l < local) {
+        sorted[cur[l]] = a;
+        row[a] = cur[l]++;
+      }
+    }
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Router.
 
@@ -386,33 +413,14 @@ TEST(MoeGpuTest, DispatchGroupsStablyForLocalRanges) {
                         counts.p, offs.p,  toffs.p, sorted.p, row.p};
     CUDA_OK(InvokeMoeDispatch(p, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
-    // CPU: counting sort by local expert, stable in assignment index.
-    std::vector<int32_t> rc(c.local, 0), ro(c.local + 1, 0), rt(c.local + 1, 0), rrow(A, -1);
-    std::vector<int32_t> rs;
-    for (int a = 0; a < A; ++a) {
-      const int l = ids[a] - c.first;
-      if (l >= 0 && l < c.local) ++rc[l];
-    }
-    for (int e = 0; e < c.local; ++e) {
-      ro[e + 1] = ro[e] + rc[e];
-      rt[e + 1] = rt[e] + (rc[e] + c.tile - 1) / c.tile;
-    }
-    rs.resize(ro[c.local]);
-    std::vector<int32_t> cur(ro.begin(), ro.end() - 1);
-    for (int a = 0; a < A; ++a) {
-      const int l = ids[a] - c.first;
-      if (l >= 0 && l < c.local) {
-        rs[cur[l]] = a;
-        rrow[a] = cur[l]++;
-      }
-    }
-    EXPECT_EQ(counts.Get(), rc);
-    EXPECT_EQ(offs.Get(), ro);
-    EXPECT_EQ(toffs.Get(), rt);
+    const CpuDispatch r(ids, c.first, c.local, c.tile);
+    EXPECT_EQ(counts.Get(), r.counts);
+    EXPECT_EQ(offs.Get(), r.offsets);
+    EXPECT_EQ(toffs.Get(), r.tile_offsets);
     std::vector<int32_t> gs = sorted.Get();
-    gs.resize(rs.size());
-    EXPECT_EQ(gs, rs) << c.tokens;
-    EXPECT_EQ(row.Get(), rrow) << c.tokens;
+    gs.resize(r.sorted.size());
+    EXPECT_EQ(gs, r.sorted) << c.tokens;
+    EXPECT_EQ(row.Get(), r.row) << c.tokens;
   }
 }
 
@@ -455,25 +463,7 @@ TEST(MoeGpuTest, RouterFusedWithDispatchMatchesRouterThenDispatch) {
     std::vector<int32_t> ref_ids(A);
     std::vector<float> ref_w(A);
     MoeRouteRef(c.config, logits.data(), bias.data(), c.tokens, ref_ids.data(), ref_w.data());
-    // CPU: counting sort by local expert, stable in assignment index.
-    std::vector<int32_t> rc(c.local, 0), ro(c.local + 1, 0), rt(c.local + 1, 0), rrow(A, -1);
-    for (int a = 0; a < A; ++a) {
-      const int l = ref_ids[a] - c.first;
-      if (l >= 0 && l < c.local) ++rc[l];
-    }
-    for (int e = 0; e < c.local; ++e) {
-      ro[e + 1] = ro[e] + rc[e];
-      rt[e + 1] = rt[e] + (rc[e] + c.tile - 1) / c.tile;
-    }
-    std::vector<int32_t> rs(ro[c.local]);
-    std::vector<int32_t> cur(ro.begin(), ro.end() - 1);
-    for (int a = 0; a < A; ++a) {
-      const int l = ref_ids[a] - c.first;
-      if (l >= 0 && l < c.local) {
-        rs[cur[l]] = a;
-        rrow[a] = cur[l]++;
-      }
-    }
+    const CpuDispatch r(ref_ids, c.first, c.local, c.tile);
     DevBuf<float> d_logits(logits), d_bias(bias), d_w(A);
     DevBuf<int32_t> d_ids(A), counts(c.local), offs(c.local + 1), toffs(c.local + 1), sorted(A),
         row(A);
@@ -493,13 +483,13 @@ TEST(MoeGpuTest, RouterFusedWithDispatchMatchesRouterThenDispatch) {
       EXPECT_EQ(d_ids.Get(), ref_ids) << tag;
       const std::vector<float> w = d_w.Get();
       EXPECT_EQ(std::memcmp(w.data(), ref_w.data(), 4 * w.size()), 0) << tag;
-      EXPECT_EQ(counts.Get(), rc) << tag;
-      EXPECT_EQ(offs.Get(), ro) << tag;
-      EXPECT_EQ(toffs.Get(), rt) << tag;
+      EXPECT_EQ(counts.Get(), r.counts) << tag;
+      EXPECT_EQ(offs.Get(), r.offsets) << tag;
+      EXPECT_EQ(toffs.Get(), r.tile_offsets) << tag;
       std::vector<int32_t> gs = sorted.Get();
-      gs.resize(rs.size());
-      EXPECT_EQ(gs, rs) << tag;
-      EXPECT_EQ(row.Get(), rrow) << tag;
+      gs.resize(r.sorted.size());
+      EXPECT_EQ(gs, r.sorted) << tag;
+      EXPECT_EQ(row.Get(), r.row) << tag;
     }
   }
   EXPECT_EQ(counter.Get(), std::vector<int32_t>{0});
