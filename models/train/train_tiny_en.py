@@ -291,6 +291,133 @@ def token_rows(tok, examples, seed):
 
 
 # ---------------------------------------------------------------------------------------------
+# The KV cache formats, emulated (issue 18: format-aware training and in-run agreement)
+#
+# What mlaserve's MLA cache stores per token is the normalised latent (kv_a_layernorm's output,
+# 512 values) and the rotated k_rope (64). The formats (kernels/mla/kv_cache_format.cc):
+#   bf16:      both rounded to bf16;
+#   fp8:       both divided by the layer's scale (1 without a k_scale in the checkpoint, as here)
+#              and rounded to e4m3fn (ties to even, saturating at +-448: common/dtype.cc);
+#   fp8_tiled: the latent in 4 tiles of 128, each divided by its power-of-two scale
+#              2^ceil(log2(max(amax / 448, 1e-4))) and rounded to e4m3fn; k_rope in bf16.
+# Under `kv_format_emulation(model, fmt)` transformers computes what a correct absorbed decode
+# over a cache in that format computes (tests/oracle/make_tiny_models.py's bf16_kv_cache is the
+# bf16 case); with ste=True the rounding passes gradients straight through, so training can see
+# the format (quantization-aware training of the cache, as Kimi-K2-Thinking's INT4 experts were
+# trained aware of their format).
+
+KV_FORMATS = ("none", "bf16", "fp8", "fp8_tiled")
+E4M3_MAX = 448.0
+FP8_TILE = 128                  # kFp8TileDim
+FP8_TILED_MIN_SCALE_INV = 1e-4  # kFp8TiledMinScaleInv
+
+
+def e4m3_round(x):
+    """x rounded to the nearest e4m3fn value, ties to even, saturating at +-448 (FloatToE4m3),
+    computed in fp32: every step is exact (power-of-two quanta). Same dtype as x."""
+    import torch
+    a = x.float()
+    mag = a.abs().clamp(max=E4M3_MAX)
+    _, e = torch.frexp(mag)                   # mag = m * 2^e, m in [0.5, 1)
+    unbiased = (e - 1).clamp(min=-6)          # below 2^-6 (e4m3's smallest normal): subnormal
+    quantum = torch.ldexp(torch.ones_like(mag), unbiased - 3)  # 3 mantissa bits
+    r = (torch.round(mag / quantum) * quantum).clamp(max=E4M3_MAX)  # torch.round: ties to even
+    return torch.copysign(r, a).to(x.dtype)
+
+
+def ue8m0_round_up(x):
+    """The power of two at or above x > 0 (FloatToUe8m0RoundUp)."""
+    import torch
+    m, e = torch.frexp(x)
+    return torch.ldexp(torch.ones_like(x), torch.where(m == 0.5, e - 1, e))
+
+
+def fp8_tiled_round(latent):
+    import torch
+    a = latent.float()
+    t = a.reshape(*a.shape[:-1], a.shape[-1] // FP8_TILE, FP8_TILE)
+    scale = ue8m0_round_up(torch.clamp(t.abs().amax(-1, keepdim=True) / E4M3_MAX,
+                                       min=FP8_TILED_MIN_SCALE_INV))
+    return (e4m3_round(t / scale) * scale).reshape(a.shape).to(latent.dtype)
+
+
+def kv_format_rounders(fmt):
+    """-> (latent rounder, k_rope rounder) of a format, None where it keeps the value."""
+    import torch
+    bf16 = lambda t: t.to(torch.bfloat16).to(t.dtype)
+    return {"none": (None, None), "bf16": (bf16, bf16), "fp8": (e4m3_round, e4m3_round),
+            "fp8_tiled": (fp8_tiled_round, bf16)}[fmt]
+
+
+class kv_format_emulation:
+    """Context manager: the model's attention reads its cache in `fmt` (see above)."""
+
+    def __init__(self, model, fmt, ste=False):
+        if fmt not in KV_FORMATS:
+            raise SystemExit(f"unknown KV format {fmt!r}: expected one of {', '.join(KV_FORMATS)}")
+        self.model, self.ste = model, ste
+        self.latent, self.rope = kv_format_rounders(fmt)
+
+    def _round(self, fn, t):
+        return t + (fn(t) - t).detach() if self.ste else fn(t)
+
+    def __enter__(self):
+        from transformers.models.deepseek_v3 import modeling_deepseek_v3 as mdsv3
+        self.mdsv3 = mdsv3
+        self.saved = (mdsv3.apply_rotary_pos_emb, mdsv3.apply_rotary_pos_emb_interleave)
+        self.hooks = []
+        if self.rope is not None:
+            def wrap(fn):
+                def rotated(q, k, cos, sin, *args, **kwargs):
+                    q_embed, k_embed = fn(q, k, cos, sin, *args, **kwargs)
+                    return q_embed, self._round(self.rope, k_embed)
+                return rotated
+            mdsv3.apply_rotary_pos_emb = wrap(self.saved[0])
+            mdsv3.apply_rotary_pos_emb_interleave = wrap(self.saved[1])
+        if self.latent is not None:
+            self.hooks = [layer.self_attn.kv_a_layernorm.register_forward_hook(
+                lambda m, i, o: self._round(self.latent, o)) for layer in self.model.model.layers]
+        return self
+
+    def __exit__(self, *exc):
+        self.mdsv3.apply_rotary_pos_emb, self.mdsv3.apply_rotary_pos_emb_interleave = self.saved
+        for h in self.hooks:
+            h.remove()
+        return False
+
+
+def format_agreement(model, rows, batch, formats=("fp8", "fp8_tiled")):
+    """Teacher-forced held-out figures in fp32 (autocast's bf16 would drown the cache's
+    rounding): the bf16-cache reference's loss, and per format its loss and the share of
+    positions whose top-1 token equals the reference's -- what tests/accuracy measure on
+    mlaserve, here in transformers and in-run."""
+    import torch
+    model.eval()
+    out = {}
+    with torch.no_grad():
+        n = 0
+        stats = {f: [0.0, 0] for f in ("bf16",) + tuple(formats)}
+        for i in range(0, rows.shape[0], batch):
+            x = rows[i:i + batch].cuda()
+            tgt = x[:, 1:].reshape(-1)
+            top = {}
+            for f in ("bf16",) + tuple(formats):
+                with kv_format_emulation(model, f):
+                    logits = model(input_ids=x[:, :-1]).logits.float()
+                logits = logits.reshape(-1, logits.shape[-1])
+                stats[f][0] += float(torch.nn.functional.cross_entropy(logits, tgt,
+                                                                       reduction="sum"))
+                top[f] = logits.argmax(-1)
+                if f != "bf16":
+                    stats[f][1] += int((top[f] == top["bf16"]).sum())
+            n += tgt.numel()
+    model.train()
+    for f, (loss, agree) in stats.items():
+        out[f] = (loss / max(n, 1), agree / max(n, 1))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Training
 
 class BiasBalancer:
@@ -392,6 +519,13 @@ def evaluate(model, rows, batch):
     return total / max(n, 1)
 
 
+def agreement_line(agree):
+    ref = agree["bf16"][0]
+    return "bf16-cache loss {:.4f}; ".format(ref) + ", ".join(
+        f"{f} x{math.exp(loss - ref):.5f} ppl, top-1 {a:.4f}"
+        for f, (loss, a) in agree.items() if f != "bf16")
+
+
 def train(args):
     import torch
     preset = PRESETS[args.preset]
@@ -403,12 +537,16 @@ def train(args):
     held_rows, n_held = token_rows(
         tok, chat_examples(load_paragraphs(os.path.join(args.corpus, "heldout.txt"))), args.seed)
     held_rows = held_rows[:256]
+    kv_formats = [f.strip() for f in (args.kv_formats or "none").split(",") if f.strip()]
+    for f in kv_formats:
+        if f not in KV_FORMATS:
+            sys.exit(f"--kv-formats: unknown format {f!r}: expected {', '.join(KV_FORMATS)}")
     model = build_model(args.preset, tok, args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"train: preset {args.preset}, {n_params / 1e6:.2f} M parameters, "
           f"{n_train} training tokens in {train_rows.shape[0]} rows, {n_held} held-out tokens; "
-          f"{steps} steps of {batch} x {SEQ} tokens ({steps * batch * SEQ / n_train:.1f} epochs)",
-          flush=True)
+          f"{steps} steps of {batch} x {SEQ} tokens ({steps * batch * SEQ / n_train:.1f} epochs); "
+          f"KV formats per step {kv_formats}, consistency {args.kv_consistency}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -436,10 +574,22 @@ def train(args):
             cursor = 0
         x = train_rows[order[cursor:cursor + batch]].cuda(non_blocking=True)
         cursor += batch
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(input_ids=x[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        fmt = kv_formats[step % len(kv_formats)]
+        with torch.autocast("cuda", dtype=torch.bfloat16), \
+                kv_format_emulation(model, fmt, ste=True):
+            logits = model(input_ids=x[:, :-1]).logits.float()
+        logits = logits.reshape(-1, logits.shape[-1])
+        loss = torch.nn.functional.cross_entropy(logits, x[:, 1:].reshape(-1))
+        if args.kv_consistency > 0 and fmt != "none":
+            # The same batch without the format; the two forwards' losses are averaged and
+            # their distributions pulled together (KL, gradients into both).
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                clean = model(input_ids=x[:, :-1]).logits.float()
+            clean = clean.reshape(-1, clean.shape[-1])
+            loss = 0.5 * (loss + torch.nn.functional.cross_entropy(clean, x[:, 1:].reshape(-1)))
+            loss = loss + args.kv_consistency * torch.nn.functional.kl_div(
+                torch.log_softmax(logits, -1), torch.log_softmax(clean, -1),
+                log_target=True, reduction="batchmean")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -450,10 +600,11 @@ def train(args):
             held = evaluate(model, held_rows, batch)
             if held < best[0]:
                 best = (held, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
+            agree = format_agreement(model, held_rows[:args.agreement_rows], batch)
             print(f"step {step} loss {float(loss):.3f} held-out {held:.3f} "
                   f"(ppl {math.exp(held):.1f}) lr {lr:.2e} max-load/mean "
-                  f"{max(imbalance) if imbalance else 0:.2f} {time.time() - start:.0f} s",
-                  flush=True)
+                  f"{max(imbalance) if imbalance else 0:.2f} {time.time() - start:.0f} s; "
+                  + agreement_line(agree), flush=True)
         if args.max_minutes and time.time() - start > 60 * args.max_minutes:
             print(f"train: stopped at step {done} of {steps}: the {args.max_minutes}-minute "
                   "limit", flush=True)
@@ -465,7 +616,9 @@ def train(args):
         model.load_state_dict(best[2])
     print(f"train: done {done} steps in {time.time() - start:.0f} s; last held-out loss "
           f"{held:.3f}; kept step {best[1]}: held-out loss {best[0]:.3f} "
-          f"(ppl {math.exp(best[0]):.2f})", flush=True)
+          f"(ppl {math.exp(best[0]):.2f}); kept model, fp32, {args.agreement_rows} held-out rows: "
+          + agreement_line(format_agreement(model, held_rows[:args.agreement_rows], batch)),
+          flush=True)
     save(model, tok, args, preset)
 
 
@@ -578,6 +731,18 @@ def sample(args):
             print(f"[{prompt!r} T={temp}] ->", tok.decode(out[0, ids.shape[1]:].tolist()))
 
 
+def add_kv_training_args(p):
+    p.add_argument("--kv-formats", default="none",
+                   help="KV cache formats the training forwards read, cycled a step each "
+                        "(none, bf16, fp8, fp8_tiled; e.g. none,fp8,none,fp8_tiled): "
+                        "format-aware training, gradients straight through the rounding")
+    p.add_argument("--kv-consistency", type=float, default=0.0,
+                   help="on a step with a format, also run the batch without it and add this "
+                        "weight times KL(without || with)")
+    p.add_argument("--agreement-rows", type=int, default=64,
+                   help="held-out rows (of 256 tokens) for the in-run fp8 / fp8_tiled figures")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -597,6 +762,7 @@ def main():
     tr.add_argument("--steps", type=int, default=0)
     tr.add_argument("--max-minutes", type=float, default=0)
     tr.add_argument("--seed", type=int, default=1234)
+    add_kv_training_args(tr)
     g = sub.add_parser("golden")
     g.add_argument("--model", required=True)
     g.add_argument("--corpus", required=True)
@@ -613,6 +779,7 @@ def main():
     a.add_argument("--steps", type=int, default=0)
     a.add_argument("--max-minutes", type=float, default=0)
     a.add_argument("--seed", type=int, default=1234)
+    add_kv_training_args(a)
     args = ap.parse_args()
     if args.cmd == "corpus":
         corpus(args)
@@ -632,7 +799,9 @@ def main():
         tokenizer(argparse.Namespace(corpus=os.path.join(out, "corpus"), out=model_dir))
         train(argparse.Namespace(preset="tiny", corpus=os.path.join(out, "corpus"),
                                  tokenizer=model_dir, out=model_dir, steps=args.steps,
-                                 max_minutes=args.max_minutes, seed=args.seed))
+                                 max_minutes=args.max_minutes, seed=args.seed,
+                                 kv_formats=args.kv_formats, kv_consistency=args.kv_consistency,
+                                 agreement_rows=args.agreement_rows))
         golden(argparse.Namespace(model=model_dir, corpus=os.path.join(out, "corpus"),
                                   tries=200, min_margin=0.5))
 
