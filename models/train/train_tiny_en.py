@@ -386,35 +386,65 @@ class kv_format_emulation:
         return False
 
 
-def format_agreement(model, rows, batch, formats=("fp8", "fp8_tiled")):
-    """Teacher-forced held-out figures in fp32 (autocast's bf16 would drown the cache's
-    rounding): the bf16-cache reference's loss, and per format its loss and the share of
-    positions whose top-1 token equals the reference's -- what tests/accuracy measure on
-    mlaserve, here in transformers and in-run."""
+def format_figures(logits_of, rows, batch, formats=("fp8", "fp8_tiled")):
+    """Teacher-forced held-out figures of the cache formats against the bf16 cache, from
+    `logits_of(x, fmt)` ([rows, positions, vocab] logits of input ids x with the cache read in
+    fmt, fp32: autocast's bf16 would drown the cache's rounding). -> (the bf16 cache's loss,
+    {fmt: (perplexity ratio, top-1 agreement, margin shift, near-ties)}): the top-1 agreement
+    is what tests/model/accuracy_test measures on mlaserve; the margin shift is the rms change
+    the format makes to the reference's top-1 minus top-2 logit, and near-ties the share of
+    positions whose reference margin is smaller than that (a top-1 flips where the shift beats
+    the margin, so these two explain the agreement)."""
     import torch
-    model.eval()
-    out = {}
+    stats = {f: [0.0, 0] for f in ("bf16",) + tuple(formats)}
+    margins, shifts = [], {f: [] for f in formats}
+    n = 0
     with torch.no_grad():
-        n = 0
-        stats = {f: [0.0, 0] for f in ("bf16",) + tuple(formats)}
         for i in range(0, rows.shape[0], batch):
-            x = rows[i:i + batch].cuda()
-            tgt = x[:, 1:].reshape(-1)
-            top = {}
+            x = rows[i:i + batch]
+            tgt = x[:, 1:].reshape(-1).to(getattr(logits_of, "device", "cpu"))
+            ref = None
             for f in ("bf16",) + tuple(formats):
-                with kv_format_emulation(model, f):
-                    logits = model(input_ids=x[:, :-1]).logits.float()
+                logits = logits_of(x[:, :-1], f).float()
                 logits = logits.reshape(-1, logits.shape[-1])
                 stats[f][0] += float(torch.nn.functional.cross_entropy(logits, tgt,
                                                                        reduction="sum"))
-                top[f] = logits.argmax(-1)
-                if f != "bf16":
-                    stats[f][1] += int((top[f] == top["bf16"]).sum())
+                if ref is None:
+                    ref = logits.topk(2, -1)
+                    margins.append(ref.values[:, 0] - ref.values[:, 1])
+                    continue
+                stats[f][1] += int((logits.argmax(-1) == ref.indices[:, 0]).sum())
+                moved = logits.gather(1, ref.indices)
+                shifts[f].append((moved[:, 0] - moved[:, 1]) - margins[-1])
             n += tgt.numel()
-    model.train()
-    for f, (loss, agree) in stats.items():
-        out[f] = (loss / max(n, 1), agree / max(n, 1))
-    return out
+    base = stats["bf16"][0] / max(n, 1)
+    m = torch.cat(margins)
+    out = {}
+    for f in formats:
+        rms = float(torch.cat(shifts[f]).pow(2).mean().sqrt())
+        out[f] = (math.exp(stats[f][0] / max(n, 1) - base), stats[f][1] / max(n, 1), rms,
+                  float((m < rms).float().mean()))
+    return base, out
+
+
+def figures_line(figures):
+    base, out = figures
+    return f"bf16-cache loss {base:.4f}; " + ", ".join(
+        f"{f} x{r:.5f} ppl, top-1 {a:.4f} (margin shift {rms:.4f} rms, near-ties {below:.4f})"
+        for f, (r, a, rms, below) in out.items())
+
+
+def transformers_figures(model, rows, batch):
+    """format_figures of a transformers DeepseekV3ForCausalLM on the GPU."""
+    def logits_of(x, fmt):
+        with kv_format_emulation(model, fmt):
+            return model(input_ids=x.cuda()).logits
+    logits_of.device = "cuda"
+    model.eval()
+    try:
+        return format_figures(logits_of, rows, batch)
+    finally:
+        model.train()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,7 +510,8 @@ class BiasBalancer:
         return imbalance
 
 
-def build_model(preset, tok, seed):
+def build_model(preset, tok, seed, init=None):
+    """A fresh model of the preset, or (init) a trained checkpoint to train on from, fp32."""
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     torch.manual_seed(seed)
@@ -489,6 +520,11 @@ def build_model(preset, tok, seed):
                pad_token_id=tok.token_to_id(PAD))
     for impl in ("sdpa", "eager"):
         try:
+            if init:
+                model = DeepseekV3ForCausalLM.from_pretrained(
+                    init, dtype=torch.float32, attn_implementation=impl).cuda()
+                print(f"note: training on from {init} with attn_implementation={impl}")
+                return model  # its correction biases are kept
             config = DeepseekV3Config(**cfg, attn_implementation=impl)
             model = DeepseekV3ForCausalLM(config).cuda()
             print(f"note: training with attn_implementation={config._attn_implementation}")
@@ -519,18 +555,13 @@ def evaluate(model, rows, batch):
     return total / max(n, 1)
 
 
-def agreement_line(agree):
-    ref = agree["bf16"][0]
-    return "bf16-cache loss {:.4f}; ".format(ref) + ", ".join(
-        f"{f} x{math.exp(loss - ref):.5f} ppl, top-1 {a:.4f}"
-        for f, (loss, a) in agree.items() if f != "bf16")
-
-
 def train(args):
     import torch
     preset = PRESETS[args.preset]
     steps = args.steps or preset["steps"]
-    batch, lr_peak, warmup = preset["batch"], preset["lr"], preset["warmup"]
+    batch = preset["batch"]
+    lr_peak = args.lr or preset["lr"]
+    warmup = args.warmup if args.warmup is not None else preset["warmup"]
     tok = load_tokenizer(args.tokenizer)
     train_rows, n_train = token_rows(
         tok, chat_examples(load_paragraphs(os.path.join(args.corpus, "train.txt"))), args.seed)
@@ -541,7 +572,7 @@ def train(args):
     for f in kv_formats:
         if f not in KV_FORMATS:
             sys.exit(f"--kv-formats: unknown format {f!r}: expected {', '.join(KV_FORMATS)}")
-    model = build_model(args.preset, tok, args.seed)
+    model = build_model(args.preset, tok, args.seed, args.init)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"train: preset {args.preset}, {n_params / 1e6:.2f} M parameters, "
           f"{n_train} training tokens in {train_rows.shape[0]} rows, {n_held} held-out tokens; "
@@ -563,7 +594,7 @@ def train(args):
     # every 100 steps, so more steps than the data supports cannot make it worse.
     best = (float("inf"), -1, None)
     for step in range(steps):
-        lr = lr_peak * min(1.0, (step + 1) / warmup)
+        lr = lr_peak * min(1.0, (step + 1) / max(1, warmup))
         if step >= warmup:
             lr = lr_peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) /
                                                             max(1, steps - warmup))))
@@ -600,11 +631,11 @@ def train(args):
             held = evaluate(model, held_rows, batch)
             if held < best[0]:
                 best = (held, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
-            agree = format_agreement(model, held_rows[:args.agreement_rows], batch)
+            figures = transformers_figures(model, held_rows[:args.agreement_rows], batch)
             print(f"step {step} loss {float(loss):.3f} held-out {held:.3f} "
                   f"(ppl {math.exp(held):.1f}) lr {lr:.2e} max-load/mean "
                   f"{max(imbalance) if imbalance else 0:.2f} {time.time() - start:.0f} s; "
-                  + agreement_line(agree), flush=True)
+                  + figures_line(figures), flush=True)
         if args.max_minutes and time.time() - start > 60 * args.max_minutes:
             print(f"train: stopped at step {done} of {steps}: the {args.max_minutes}-minute "
                   "limit", flush=True)
@@ -617,7 +648,7 @@ def train(args):
     print(f"train: done {done} steps in {time.time() - start:.0f} s; last held-out loss "
           f"{held:.3f}; kept step {best[1]}: held-out loss {best[0]:.3f} "
           f"(ppl {math.exp(best[0]):.2f}); kept model, fp32, {args.agreement_rows} held-out rows: "
-          + agreement_line(format_agreement(model, held_rows[:args.agreement_rows], batch)),
+          + figures_line(transformers_figures(model, held_rows[:args.agreement_rows], batch)),
           flush=True)
     save(model, tok, args, preset)
 
@@ -732,6 +763,10 @@ def sample(args):
 
 
 def add_kv_training_args(p):
+    p.add_argument("--init", help="train on from this checkpoint (its config) instead of a "
+                                  "fresh model: e.g. the committed models/tiny-en")
+    p.add_argument("--lr", type=float, default=0.0, help="peak learning rate (preset's if 0)")
+    p.add_argument("--warmup", type=int, help="warm-up steps (preset's if not given)")
     p.add_argument("--kv-formats", default="none",
                    help="KV cache formats the training forwards read, cycled a step each "
                         "(none, bf16, fp8, fp8_tiled; e.g. none,fp8,none,fp8_tiled): "
@@ -801,7 +836,8 @@ def main():
                                  tokenizer=model_dir, out=model_dir, steps=args.steps,
                                  max_minutes=args.max_minutes, seed=args.seed,
                                  kv_formats=args.kv_formats, kv_consistency=args.kv_consistency,
-                                 agreement_rows=args.agreement_rows))
+                                 agreement_rows=args.agreement_rows, init=args.init, lr=args.lr,
+                                 warmup=args.warmup))
         golden(argparse.Namespace(model=model_dir, corpus=os.path.join(out, "corpus"),
                                   tries=200, min_margin=0.5))
 
