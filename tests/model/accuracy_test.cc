@@ -39,7 +39,7 @@ namespace mlaserve {
 namespace {
 
 constexpr int kWindow = 512;   // tokens per teacher-forced window (a fresh sequence each)
-constexpr int kWindows = 4;
+constexpr int kWindows = 16;  // 8,176 scored positions: the standard error of a 99% agreement is 0.11%
 
 std::string ReadText(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -170,11 +170,14 @@ TEST_F(AccuracyTest, Fp8KvFormatsAgainstBf16Kv) {
                 kBackend, std::string(KvCacheFormatName(format)).c_str(), s.Perplexity(), ratio,
                 agree);
     // Perplexity within 1% is issue 18's threshold. Top-1: issue 18 asks >= 99%; measured on
-    // this model (held-out perplexity ~64, so many positions are near-ties between two
-    // continuations) 2026-12-01 on the CPU: fp8_tiled 0.9887, fp8 0.9653 (fp8 also rounds the
-    // rope key to e4m3, fp8_tiled keeps it bf16). The bounds below are what that supports, with
-    // room for the GPU's different summation order; the 99% target stays open (bench/RESULTS.md).
-    EXPECT_GE(agree, format == KvCacheFormat::kFp8Tiled ? 0.98 : 0.95) << KvCacheFormatName(format);
+    // this model (held-out perplexity ~68, so many positions are near-ties between two
+    // continuations) over 16 windows, 2026-12-05 on the CPU: fp8_tiled 0.9883, fp8 0.9561 (fp8
+    // also rounds the rope key to e4m3, fp8_tiled keeps it bf16; 4 windows had read 0.9887 /
+    // 0.9653, within their standard error of 0.2-0.4%). The bounds below are what that supports,
+    // with room for the GPU's different summation order (0.3-0.4 points lower on 4 windows); the
+    // 99% target stays open (bench/RESULTS.md).
+    EXPECT_GE(agree, format == KvCacheFormat::kFp8Tiled ? 0.98 : 0.945)
+        << KvCacheFormatName(format);
     EXPECT_LE(std::abs(ratio - 1), 0.01) << KvCacheFormatName(format);
   }
 }
@@ -188,10 +191,10 @@ TEST_F(AccuracyTest, Nvfp4ExpertsAgainstBf16) {
   std::printf("[accuracy] %s tiny-en-nvfp4: perplexity %.4f (x%.5f of BF16's %.4f), top-1 "
               "agreement with BF16 %.4f\n",
               kBackend, q.Perplexity(), ratio, ref.Perplexity(), agree);
-  // Measured 2026-12-01 on the CPU: perplexity x0.99944 (no loss), top-1 agreement 0.9227: the
-  // expert rounding moves near-ties but not what the model knows. Bounds: perplexity at most 2%
-  // worse, agreement >= 0.90 (the measurement less the spread a different summation order
-  // gives).
+  // Measured 2026-12-05 on the CPU over 16 windows: perplexity x1.00158, top-1 agreement 0.9148
+  // (4 windows, 2026-12-01: x0.99944, 0.9227): the expert rounding moves near-ties but not what
+  // the model knows. Bounds: perplexity at most 2% worse, agreement >= 0.90 (the measurement less
+  // the spread a different summation order gives).
   EXPECT_GE(agree, 0.90);
   EXPECT_LE(ratio, 1.02);
 }
