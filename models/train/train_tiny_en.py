@@ -510,12 +510,34 @@ class BiasBalancer:
         return imbalance
 
 
-def build_model(preset, tok, seed, init=None):
-    """A fresh model of the preset, or (init) a trained checkpoint to train on from, fp32."""
+def config_overrides(items):
+    """--set KEY=VALUE ... -> {KEY: VALUE}, VALUE read as JSON (a bare word stays a string)."""
+    out = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            sys.exit(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def build_model(preset, tok, seed, init=None, overrides=None):
+    """A fresh model of the preset (its config with `overrides`), or (init) a trained
+    checkpoint to train on from, fp32."""
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     torch.manual_seed(seed)
+    if init and overrides:
+        sys.exit("--set changes a fresh model's config; it does not apply with --init")
     cfg = dict(PRESETS[preset]["config"])
+    for key, value in (overrides or {}).items():
+        if key not in cfg:
+            sys.exit(f"--set {key}: not a key of preset {preset}'s config "
+                     f"({', '.join(sorted(cfg))})")
+        cfg[key] = value
     cfg.update(bos_token_id=tok.token_to_id(BOS), eos_token_id=tok.token_to_id(EOS),
                pad_token_id=tok.token_to_id(PAD))
     for impl in ("sdpa", "eager"):
@@ -572,7 +594,7 @@ def train(args):
     for f in kv_formats:
         if f not in KV_FORMATS:
             sys.exit(f"--kv-formats: unknown format {f!r}: expected {', '.join(KV_FORMATS)}")
-    model = build_model(args.preset, tok, args.seed, args.init)
+    model = build_model(args.preset, tok, args.seed, args.init, config_overrides(args.set))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"train: preset {args.preset}, {n_params / 1e6:.2f} M parameters, "
           f"{n_train} training tokens in {train_rows.shape[0]} rows, {n_held} held-out tokens; "
@@ -593,11 +615,21 @@ def train(args):
     # Brown is small (~1.5 M tokens): the model is kept at its best held-out loss, measured
     # every 100 steps, so more steps than the data supports cannot make it worse.
     best = (float("inf"), -1, None)
+    # The schedule: linear warm-up, then a cosine to a tenth of the peak over the run's progress,
+    # the larger of its share of the steps and (with --max-minutes) of the time, so a run cut
+    # short by the clock still ends on the low learning rate.
+    limit_s = 60 * args.max_minutes if args.max_minutes else 0.0
     for step in range(steps):
+        progress = (step - warmup) / max(1, steps - warmup)
+        if limit_s:
+            progress = max(progress, (time.time() - start) / limit_s)
+        if progress >= 1.0 and step > warmup:
+            print(f"train: stopped at step {done} of {steps}: the {args.max_minutes}-minute "
+                  "limit", flush=True)
+            break
         lr = lr_peak * min(1.0, (step + 1) / max(1, warmup))
         if step >= warmup:
-            lr = lr_peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) /
-                                                            max(1, steps - warmup))))
+            lr = lr_peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
         for g in opt.param_groups:
             g["lr"] = lr
         if cursor + batch > order.numel():
@@ -636,10 +668,6 @@ def train(args):
                   f"(ppl {math.exp(held):.1f}) lr {lr:.2e} max-load/mean "
                   f"{max(imbalance) if imbalance else 0:.2f} {time.time() - start:.0f} s; "
                   + figures_line(figures), flush=True)
-        if args.max_minutes and time.time() - start > 60 * args.max_minutes:
-            print(f"train: stopped at step {done} of {steps}: the {args.max_minutes}-minute "
-                  "limit", flush=True)
-            break
     held = evaluate(model, held_rows, batch)
     if held < best[0]:
         best = (held, done - 1, None)
@@ -765,6 +793,9 @@ def sample(args):
 def add_kv_training_args(p):
     p.add_argument("--init", help="train on from this checkpoint (its config) instead of a "
                                   "fresh model: e.g. the committed models/tiny-en")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a fresh model: this config key of the preset set to VALUE (JSON), e.g. "
+                        "--set qk_nope_head_dim=64; repeatable")
     p.add_argument("--lr", type=float, default=0.0, help="peak learning rate (preset's if 0)")
     p.add_argument("--warmup", type=int, help="warm-up steps (preset's if not given)")
     p.add_argument("--kv-formats", default="none",
@@ -837,7 +868,7 @@ def main():
                                  max_minutes=args.max_minutes, seed=args.seed,
                                  kv_formats=args.kv_formats, kv_consistency=args.kv_consistency,
                                  agreement_rows=args.agreement_rows, init=args.init, lr=args.lr,
-                                 warmup=args.warmup))
+                                 warmup=args.warmup, set=args.set))
         golden(argparse.Namespace(model=model_dir, corpus=os.path.join(out, "corpus"),
                                   tries=200, min_margin=0.5))
 
