@@ -169,15 +169,17 @@ TEST_F(AccuracyTest, Fp8KvFormatsAgainstBf16Kv) {
                 "with bf16 KV %.4f\n",
                 kBackend, std::string(KvCacheFormatName(format)).c_str(), s.Perplexity(), ratio,
                 agree);
-    // Perplexity within 1% is issue 18's threshold. Top-1: issue 18 asks >= 99%; measured on
-    // this model (held-out perplexity ~68, so many positions are near-ties between two
-    // continuations) over 16 windows, 2026-12-05 on the CPU: fp8_tiled 0.9883, fp8 0.9561 (fp8
-    // also rounds the rope key to e4m3, fp8_tiled keeps it bf16; 4 windows had read 0.9887 /
-    // 0.9653, within their standard error of 0.2-0.4%). The bounds below are what that supports,
-    // with room for the GPU's different summation order (0.3-0.4 points lower on 4 windows); the
-    // 99% target stays open (bench/RESULTS.md).
-    EXPECT_GE(agree, format == KvCacheFormat::kFp8Tiled ? 0.98 : 0.945)
-        << KvCacheFormatName(format);
+    // Issue 18's thresholds: perplexity within 1%, top-1 agreement >= 99%. The shipped model
+    // was trained aware of the formats (models/train/train_tiny_en.py --kv-formats, bench/
+    // RESULTS.md "Session 16"); measured over 16 windows, 2026-12-05: CPU fp8 0.9919, fp8_tiled
+    // 0.9950 (bf16 against the lossless f32 cache 0.9998); GPU (H200) fp8 0.9909, fp8_tiled
+    // 0.9927, perplexity within 0.03% everywhere. The model trained without the formats read
+    // fp8 0.9561, fp8_tiled 0.9883: a top-1 flips where the format's shift of the logit margin
+    // beats the margin, and this training cuts that shift ~4x (0.105 -> 0.023 logit rms for
+    // fp8, in-run). The bound is the issue's; the
+    // standard error of a 99% agreement over 8,176 positions is 0.11%, and each backend's
+    // summation order is fixed, so a run does not wander across it.
+    EXPECT_GE(agree, 0.99) << KvCacheFormatName(format);
     EXPECT_LE(std::abs(ratio - 1), 0.01) << KvCacheFormatName(format);
   }
 }
@@ -191,11 +193,13 @@ TEST_F(AccuracyTest, Nvfp4ExpertsAgainstBf16) {
   std::printf("[accuracy] %s tiny-en-nvfp4: perplexity %.4f (x%.5f of BF16's %.4f), top-1 "
               "agreement with BF16 %.4f\n",
               kBackend, q.Perplexity(), ratio, ref.Perplexity(), agree);
-  // Measured 2026-12-05 on the CPU over 16 windows: perplexity x1.00158, top-1 agreement 0.9148
-  // (4 windows, 2026-12-01: x0.99944, 0.9227): the expert rounding moves near-ties but not what
-  // the model knows. Bounds: perplexity at most 2% worse, agreement >= 0.90 (the measurement less
-  // the spread a different summation order gives).
-  EXPECT_GE(agree, 0.90);
+  // Measured 2026-12-05 over 16 windows on the shipped model: CPU perplexity x1.00886, top-1
+  // agreement 0.9330; GPU x1.00889, 0.9329 (the model trained without the formats: x1.00158,
+  // 0.9148). The expert rounding moves near-ties between two continuations (many in a model
+  // this small) but not what the model knows. Bounds: perplexity at most 2%
+  // worse, agreement >= 0.92 (the measurement less the spread a different summation order or
+  // a retrained model gives: 0.915-0.933 over three trained models).
+  EXPECT_GE(agree, 0.92);
   EXPECT_LE(ratio, 1.02);
 }
 
