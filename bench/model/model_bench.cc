@@ -58,10 +58,11 @@
 // --programmatic-mla-combine off: the MLA decode's combine launched plainly (CudaOps::
 // SetProgrammaticMlaCombine; on by default). --mla-absorb-fusion on: q's absorption inside the
 // fused MLA input kernel instead of by a cuBLASLt launch in the MLA decode at decode steps
-// of up to 4 rows (CudaOps::SetMlaAbsorbFusion; off by default). --moe-route-split on: the
-// router's block-a-token kernel at decode sizes (CudaOps::SetMoeRouteSplit; off by default).
-// --moe-route-dispatch-fusion on (with --moe-route-split on): that kernel does the routed
-// experts' dispatch too (CudaOps::SetMoeRouteDispatchFusion; off by default).
+// of up to 4 rows (CudaOps::SetMlaAbsorbFusion; off by default). --moe-route-split off: the
+// router's one-warp-a-token kernel at decode sizes instead of a block a token (CudaOps::
+// SetMoeRouteSplit; on by default). --moe-route-dispatch-fusion off: the split router's kernel
+// no longer does the routed experts' dispatch in one-token steps (CudaOps::
+// SetMoeRouteDispatchFusion; on by default).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -123,13 +124,12 @@ ABSL_FLAG(mlaserve::OnOff, mla_absorb_fusion, mlaserve::OnOff{false},
           "Absorb q (q_nope W_kb) inside the fused MLA input kernel at decode steps of up to 4 "
           "rows (CudaOps::SetMlaAbsorbFusion); off (the default): a cuBLASLt launch in the MLA "
           "decode.");
-ABSL_FLAG(mlaserve::OnOff, moe_route_split, mlaserve::OnOff{false},
+ABSL_FLAG(mlaserve::OnOff, moe_route_split, mlaserve::OnOff{true},
           "Route decode-size batches with a block of 4 warps a token (sigmoid routers with one "
-          "expert group; CudaOps::SetMoeRouteSplit); off (the default): one warp a token.");
-ABSL_FLAG(mlaserve::OnOff, moe_route_dispatch_fusion, mlaserve::OnOff{false},
-          "The router and the routed experts' dispatch as one kernel at decode sizes (needs "
-          "--moe-route-split on; CudaOps::SetMoeRouteDispatchFusion); off (the default): two "
-          "launches.");
+          "expert group; CudaOps::SetMoeRouteSplit); off: one warp a token.");
+ABSL_FLAG(mlaserve::OnOff, moe_route_dispatch_fusion, mlaserve::OnOff{true},
+          "The router and the routed experts' dispatch as one kernel in one-token steps (needs "
+          "--moe-route-split on; CudaOps::SetMoeRouteDispatchFusion); off: two launches.");
 ABSL_FLAG(mlaserve::OnOff, programmatic_dispatch, mlaserve::OnOff{true},
           "Launch the routed experts' dispatch programmatically dependent on the router in decode "
           "batches (CudaOps::SetProgrammaticDispatch).");

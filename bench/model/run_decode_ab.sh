@@ -66,7 +66,8 @@ bench() {  # name, model dir, extra flags... (BENCH_TIMEOUT seconds, default 590
 common=(--kv bf16 --batches 1,2,4,8,64)
 none=(--moe-few-expert off --programmatic off --fused-mla-input off --programmatic-small off
   --mla-q-fusion off --programmatic-dispatch off --shared-expert-overlap off
-  --programmatic-mla-combine off --mla-absorb-fusion off --mla-min-share 4 --moe-route-split off)
+  --programmatic-mla-combine off --mla-absorb-fusion off --mla-min-share 4 --moe-route-split off
+  --moe-route-dispatch-fusion off)
 if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_default "$short" "${common[@]}"
   bench short_tile "$short" "${common[@]}" --moe-few-expert off
@@ -80,9 +81,8 @@ if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_plain_mla_combine "$short" "${common[@]}" --programmatic-mla-combine off
   bench short_absorb_fusion "$short" "${common[@]}" --mla-absorb-fusion on
   bench short_min_share4 "$short" "${common[@]}" --mla-min-share 4
-  bench short_route_split "$short" "${common[@]}" --moe-route-split on
-  bench short_route_dispatch "$short" "${common[@]}" --moe-route-split on \
-    --moe-route-dispatch-fusion on
+  bench short_route_one_warp "$short" "${common[@]}" --moe-route-split off
+  bench short_route_no_dispatch_fusion "$short" "${common[@]}" --moe-route-dispatch-fusion off
   bench short_new "$short" "${common[@]}" --fused-prologues on
   bench short_none "$short" "${common[@]}" "${none[@]}"
   bench short_default2 "$short" "${common[@]}"

@@ -40,9 +40,9 @@ struct MoeRouteParams {
   bool programmatic = false;
   // At up to 512 tokens with sigmoid scoring and one expert group (Kimi-K2's router): a block of
   // 4 warps a token, each ranking a quarter of the experts, then one warp merging their picks
-  // (moe_router.cu). Same ids and weight bits; false keeps one warp a token everywhere. Off by
-  // default until it has run on a GPU (written in session 14 without one; moe_gpu_test's
-  // RouterIdsAndWeightsIdenticalToCpu runs both paths).
+  // (moe_router.cu). Same ids and weight bits; false keeps one warp a token everywhere.
+  // CudaOps sets it by default (SetMoeRouteSplit); moe_gpu_test's
+  // RouterIdsAndWeightsIdenticalToCpu runs both paths.
   bool split = false;
 };
 

@@ -80,8 +80,8 @@ struct CudaOps::Impl {
   bool programmatic_small = true;  // SetProgrammaticSmallKernels
   bool mla_q_fusion = true;  // SetMlaQFusion
   bool mla_absorb_fusion = false;  // SetMlaAbsorbFusion
-  bool moe_route_split = false;    // SetMoeRouteSplit
-  bool moe_route_dispatch_fusion = false;  // SetMoeRouteDispatchFusion
+  bool moe_route_split = true;     // SetMoeRouteSplit
+  bool moe_route_dispatch_fusion = true;   // SetMoeRouteDispatchFusion (1-token steps)
   int* route_counter = nullptr;            // InvokeMoeRouteDispatch\'s counter (0 between calls)
   bool programmatic_dispatch = true;  // SetProgrammaticDispatch
   bool shared_overlap = true;  // SetSharedExpertOverlap
@@ -1293,8 +1293,12 @@ void CudaOps::MoeRoute(const MoeRouting& r, const Tensor& logits, const Tensor& 
 void CudaOps::MoeRouteExperts(const MoeRouting& r, const Tensor& logits, const Tensor& bias,
                               const Tensor& x, const RoutedExperts& experts, const Tensor& shared,
                               Tensor& ids, Tensor& weights, Tensor& out) {
+  // The fused kernel's last block places every assignment alone: measured on the H200 (16
+  // layers of Kimi-K2.5's shard, bench/RESULTS.md "Session 16") it wins at one token (1.28 ->
+  // 1.26 ms a step) and loses at eight (2.86-2.91 -> 3.11 ms); 2-4 tokens are unmeasured.
+  constexpr int64_t kRouteDispatchFusionMaxTokens = 1;
   if (!impl_->moe_route_dispatch_fusion || impl_->phase_timing || !experts.device ||
-      x.dim(0) == 0) {
+      x.dim(0) == 0 || x.dim(0) > kRouteDispatchFusionMaxTokens) {
     Ops::MoeRouteExperts(r, logits, bias, x, experts, shared, ids, weights, out);
     return;
   }
