@@ -27,6 +27,6 @@ echo "== server up: $("$build/coordinator/client/mlaserve-cli" --endpoint "$endp
 echo "== chat (a 4.3 M-parameter model that read the Brown corpus: it continues your sentence in"
 echo "   the corpus' 1961 American English, streamed token by token)"
 "$build/coordinator/client/mlaserve-cli" --endpoint "$endpoint" chat --max-tokens 64 \
-  --temperature 0 "${1:-The old man walked down the road to the village.}"
+  --temperature 0 "${1:-The house was quiet.}"
 echo "== metrics sample:"
 curl -s "http://127.0.0.1:$((port + 2))/metrics" 2>/dev/null | grep -E '^mlaserve_(requests_total|generation_tokens_total)' || true
