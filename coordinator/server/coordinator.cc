@@ -555,14 +555,16 @@ void Coordinator::HandleClientMessage(const std::string& identity, const std::st
         r.setRequestId(request_id);
         auto h = r.initHealth();
         h.setOk(!worker_failed_ && !draining_);
-        h.setDetail(worker_failed_
-                        ? absl::StrCat("worker job failed: ", worker_failure_,
-                                       "; no worker job for ",
-                                       absl::StrFormat("%.1f", Seconds(Clock::now() - failed_at_)),
-                                       " s, waiting for a new one (the launcher restarts it)")
-                    : draining_ ? std::string("shutting down")
-                                : absl::StrCat("running ", scheduler_->num_running(), ", waiting ",
-                                               scheduler_->num_waiting(), ", ranks ", ranks_));
+        h.setDetail(
+            worker_failed_
+                ? absl::StrCat("worker job failed: ", worker_failure_, "; no worker job for ",
+                               absl::StrFormat("%.1f", Seconds(Clock::now() - failed_at_)),
+                               " s, waiting for a new one (the launcher restarts it)")
+            : draining_
+                ? std::string("shutting down")
+                : absl::StrCat("running ", scheduler_->num_running(), ", waiting ",
+                               scheduler_->num_waiting(), ", ranks ", ranks_, ", heartbeats from ",
+                               job_.last_beat.size(), " of ", job_.heartbeat_ranks.size()));
         SendReply(identity, Bytes(msg));
         return;
       }

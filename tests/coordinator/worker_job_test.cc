@@ -110,6 +110,16 @@ class WorkerRestartTest : public ::testing::Test {
     client_ = std::move(*c);
     std::string detail;
     ASSERT_TRUE(WaitHealth(*client_, true, 10s, &detail)) << detail;
+    // Every rank's first beat seen (its connection mapped to it), so that a rank killed next is
+    // one the coordinator watches: under load (sanitizers, parallel tests) a beat can come late.
+    const std::string all_beating =
+        "heartbeats from " + std::to_string(ranks) + " of " + std::to_string(ranks);
+    for (const auto deadline = Clock::now() + 10s;
+         !Has(detail, all_beating) && Clock::now() < deadline;) {
+      std::this_thread::sleep_for(20ms);
+      ASSERT_TRUE(WaitHealth(*client_, true, 10s, &detail)) << detail;
+    }
+    ASSERT_TRUE(Has(detail, all_beating)) << detail;
   }
   double Metric(const std::string& name) const {
     return MetricSample(ScrapeMetrics(coordinator_.metrics_port()), name);

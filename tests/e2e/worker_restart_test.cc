@@ -137,6 +137,14 @@ class E2eWorkerRestartTest : public ::testing::Test {
     client_ = std::move(*c);
     std::string detail;
     ASSERT_TRUE(WaitHealthy(*client_, 90s, &detail)) << detail << Log();
+    // Every rank's first beat seen, so that the rank killed below is one the coordinator watches
+    // (under load a beat can come after the job's `ready`).
+    for (const auto deadline = Clock::now() + 30s;
+         !Has(detail, "heartbeats from 2 of 2") && Clock::now() < deadline;) {
+      std::this_thread::sleep_for(50ms);
+      ASSERT_TRUE(WaitHealthy(*client_, 30s, &detail)) << detail << Log();
+    }
+    ASSERT_TRUE(Has(detail, "heartbeats from 2 of 2")) << detail << Log();
     auto before = client_->Generate(Greedy({5, 6, 7}, 12), nullptr, 60s);
     ASSERT_TRUE(before.ok()) << before.status();
     ASSERT_EQ(before->finish_reason, "length");
