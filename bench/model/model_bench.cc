@@ -5,7 +5,8 @@
 //   mlaserve-model-bench --model DIR [--kv bf16,fp8_tiled] [--batches 1,8,64] [--context 1024]
 //       [--prefill 2048,8192] [--steps 16] [--oracle FILE] [--graphs on,off]
 //       [--deterministic off,on] [--phases on] [--programmatic off] [--fused-mla-input off]
-//       [--moe-few-expert off] [--fused-prologues on] [--programmatic-small off]
+//       [--moe-few-expert off] [--moe-few-expert-layer on] [--fused-prologues on]
+//       [--programmatic-small off]
 //       [--mla-q-fusion off] [--programmatic-dispatch off] [--shared-expert-overlap off]
 //       [--programmatic-mla-combine off] [--mla-min-share N] [--mla-absorb-fusion on]
 //       [--moe expert|tensor]
@@ -43,7 +44,9 @@
 // --fused-mla-input off: MLA's latent norm, k RoPE and cache write as five ops, not one kernel
 // (CudaOps::SetFusedMlaInput). --moe-few-expert off: the routed experts' decode GEMMs always on
 // the tile kernel, not the few-expert kernel where few experts are active
-// (CudaOps::SetMoeFewExpert). --fused-prologues on:
+// (CudaOps::SetMoeFewExpert). --moe-few-expert-layer on: at 1-4 tokens the routed experts' layer
+// as one fused launch where the few-expert kernel runs (CudaOps::SetMoeFewExpertLayer; off by
+// default until measured). --fused-prologues on:
 // the q_a norm with q_b and the shared expert's SiLU with its down projection as one skinny
 // kernel each at batches of up to 4 (CudaOps::SetFusedPrologues; off by default).
 // --programmatic-small off: the norms, RoPE, the fused MLA input, SiLU and the route kernel
@@ -149,6 +152,9 @@ ABSL_FLAG(int32_t, skinny_mma_rows, 0,
 ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
           "The routed experts' decode GEMMs on the few-expert kernel where few experts are active "
           "(CudaOps::SetMoeFewExpert).");
+ABSL_FLAG(mlaserve::OnOff, moe_few_expert_layer, mlaserve::OnOff{false},
+          "Where the few-expert kernel runs a 1-4 token step: the routed experts' whole layer as "
+          "one fused launch (CudaOps::SetMoeFewExpertLayer).");
 ABSL_FLAG(mlaserve::OnOff, moe_prefill_wgmma, mlaserve::OnOff{true},
           "The NVFP4 / INT4 routed experts' prefill tiles on the SM90 wgmma kernel "
           "(CudaOps::SetMoePrefillWgmma).");
@@ -329,6 +335,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
     (*ops)->SetMoeFewExpert(absl::GetFlag(FLAGS_moe_few_expert).on);
+    (*ops)->SetMoeFewExpertLayer(absl::GetFlag(FLAGS_moe_few_expert_layer).on);
     (*ops)->SetSkinnyTensorCoreRows(FlagInRange(FLAGS_skinny_mma_rows, 0, 16));
     (*ops)->SetMoePrefillWgmma(absl::GetFlag(FLAGS_moe_prefill_wgmma).on);
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);

@@ -26,10 +26,11 @@
 #include <random>
 #include <vector>
 
+#include "common/command_line.h"
 #include "kernels/moe/fp8_moe.h"
 #include "kernels/moe/int4_moe.h"
-#include "common/command_line.h"
 #include "kernels/moe/moe_few_expert.h"
+#include "kernels/moe/moe_few_expert_layer.h"
 #include "kernels/moe/nvfp4_moe.h"
 #include "kernels/moe/nvfp4_moe_gemm.h"
 
@@ -132,6 +133,10 @@ int main(int argc, char** argv) {
   void* flush;
   const size_t flush_bytes = 256ull << 20;
   CK(cudaMalloc(&flush, flush_bytes));
+  // The fused few-expert layer's counters (moe_few_expert_layer.h), 0 between calls.
+  int* layer_counters;
+  CK(cudaMalloc(&layer_counters, 2 * sizeof(int)));
+  CK(cudaMemset(layer_counters, 0, 2 * sizeof(int)));
 
   // Copy bandwidth: device-to-device copy of 2 GiB, bytes read + written.
   float copy_gbps;
@@ -325,6 +330,13 @@ int main(int argc, char** argv) {
       Int4MoeParams q_few = q;
       Fp8MoeParams f_few = f;
       p_few.few_expert = q_few.few_expert = f_few.few_expert = true;
+      // And the whole layer as the fused few-expert launch, where it applies (1-4 tokens).
+      const bool layer_ok = few_ok && FewExpertLayerApplies(tokens, K, H, I);
+      Nvfp4MoeParams p_fused = p_few;
+      Int4MoeParams q_fused = q_few;
+      Fp8MoeParams f_fused = f_few;
+      p_fused.few_expert_layer_counters = q_fused.few_expert_layer_counters =
+          f_fused.few_expert_layer_counters = layer_counters;
       auto stage = [&](int i) {
         if (is_fp8) {
           return i == 0   ? InvokeFp8MoeDispatchStage(f, s)
@@ -393,6 +405,14 @@ int main(int argc, char** argv) {
                        : InvokeNvfp4Moe(p_few, s));
         });
       }
+      double us_fused = 0;
+      if (layer_ok) {
+        us_fused = time_layer([&] {
+          CK(is_fp8    ? InvokeFp8Moe(f_fused, s)
+             : is_int4 ? InvokeInt4Moe(q_fused, s)
+                       : InvokeNvfp4Moe(p_fused, s));
+        });
+      }
       // Prefill tiles (NVFP4, INT4) on the mma.sync kernel, against the default (the SM90 wgmma kernel
       // where the device has it, moe_weight_only_wgmma.cuh): the layer, plain launches.
       double us_mma = 0;
@@ -423,13 +443,17 @@ int main(int argc, char** argv) {
       const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
       std::printf(
           "%-16s %5s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
-          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s| mma.sync %8.1f us "
-          "%6.1f TF\n",
-          c.name, is_fp8 ? "fp8" : is_int4 ? "int4" : "nvfp4", tokens, p.tile_tokens, active, rows, Median(t_disp),
-          Median(t_gu), Median(t_dn), Median(t_comb), us_total, us_plain, us_layer, us_graph,
-          bytes / (us_layer * 1e-6) / 1e9, pct(us_total), pct(us_layer), pct(us_graph), tflops,
+          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s| fused %8.1f us "
+          "%5.1f%% | mma.sync %8.1f us %6.1f TF\n",
+          c.name,
+          is_fp8    ? "fp8"
+          : is_int4 ? "int4"
+                    : "nvfp4",
+          tokens, p.tile_tokens, active, rows, Median(t_disp), Median(t_gu), Median(t_dn),
+          Median(t_comb), us_total, us_plain, us_layer, us_graph, bytes / (us_layer * 1e-6) / 1e9,
+          pct(us_total), pct(us_layer), pct(us_graph), tflops,
           flop_per_row * rows / (us_layer * 1e-6) / 1e12, us_few, pct(us_few),
-          few_auto ? "(auto) " : "", us_mma,
+          few_auto ? "(auto) " : "", us_fused, pct(us_fused), us_mma,
           us_mma > 0 ? flop_per_row * rows / (us_mma * 1e-6) / 1e12 : 0.0);
       std::fflush(stdout);
       CK(cudaFree(ws));
@@ -447,11 +471,13 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "\nus: stages = dispatch + gate_up + down + combine timed one by one; plain = one "
-      "InvokeNvfp4Moe / InvokeInt4Moe / InvokeFp8Moe call, plain launches; layer = the same call, default "
+      "InvokeNvfp4Moe / InvokeInt4Moe / InvokeFp8Moe call, plain launches; layer = the same call, "
+      "default "
       "launches (programmatic for tokens * top_k <= 256 in decode); graph = that call replayed as "
       "a CUDA graph (decode only); few: the layer call with the few-expert kernel "
       "(moe_few_expert_gemm.cuh) for both GEMMs (16-token tiles only), (auto) where "
-      "InvokeMoeExperts picks it; mma.sync: the layer (plain launches) with 128-token tiles on "
+      "InvokeMoeExperts picks it; fused: the same as one launch (moe_few_expert_layer.h; 1-4 "
+      "tokens); mma.sync: the layer (plain launches) with 128-token tiles on "
       "the mma.sync kernel instead of the default (SM90: wgmma, moe_weight_only_wgmma.cuh), and "
       "its TFLOP/s. GB/s: weight bytes of the active experts (codes + scales) / "
       "layer time; %%stage, %%layer, %%graph: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 "

@@ -53,6 +53,10 @@ struct Fp8MoeParams {
   size_t workspace_bytes;
   // 16-token tiles: both GEMMs on the few-expert kernel (moe_few_expert.h).
   bool few_expert;
+  // With few_expert, 1-4 tokens: the whole layer as one launch (moe_few_expert_layer.h) where it
+  // applies, with these two device ints as its counters (0 between calls; one pair per stream);
+  // nullptr keeps the four launches.
+  int* few_expert_layer_counters = nullptr;
 };
 
 // Each stage alone, launched plainly; InvokeFp8Moe runs all four.

@@ -14,7 +14,9 @@ __global__ void __launch_bounds__(kThreads) MoeCombineKernel(const MoeCombinePar
   if (h >= p.hidden) return;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int j = 0; j < p.top_k; ++j) {
-    const int row = __ldg(p.assignment_row + static_cast<size_t>(t) * p.top_k + j);
+    const int row = p.assignment_row != nullptr
+                        ? __ldg(p.assignment_row + static_cast<size_t>(t) * p.top_k + j)
+                        : t * p.top_k + j;
     if (row < 0) continue;
     const float4 v =
         __ldg(reinterpret_cast<const float4*>(p.y + static_cast<size_t>(row) * p.hidden + h));

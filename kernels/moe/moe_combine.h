@@ -12,7 +12,9 @@ struct MoeCombineParams {
   int tokens;
   int hidden;  // multiple of 4
   int top_k;
-  const int32_t* assignment_row;    // [tokens * top_k], -1: expert of another rank
+  // [tokens * top_k], -1: expert of another rank; nullptr: row t * top_k + j for every slot (the
+  // fused few-expert layer's routed sums, top_k 1, moe_few_expert_layer.h).
+  const int32_t* assignment_row;
   const float* y;                   // [rows, hidden] weighted expert outputs
   const __nv_bfloat16* shared_out;  // [tokens, hidden] added last, or nullptr
   float* out;                       // [tokens, hidden] or nullptr

@@ -19,6 +19,7 @@
 #include "kernels/moe/moe_combine.h"
 #include "kernels/moe/moe_dispatch.h"
 #include "kernels/moe/moe_experts.h"
+#include "kernels/moe/moe_few_expert_layer.h"
 #include "kernels/moe/nvfp4_moe.h"
 #include "kernels/moe/nvfp4_moe_gemm.h"
 #include "kernels/moe/nvfp4_moe_layout.h"
@@ -245,6 +246,8 @@ absl::StatusOr<std::unique_ptr<MoeExpertsGpu>> MoeExpertsGpu::Upload(const MoeEx
   if (w.nvfp4 && err == cudaSuccess) {
     g->down_global_scale_ = static_cast<float*>(g->Alloc(sizeof(float) * E, &err));
   }
+  if (err == cudaSuccess) g->layer_counters_ = static_cast<int*>(g->Alloc(2 * sizeof(int), &err));
+  if (err == cudaSuccess) err = cudaMemsetAsync(g->layer_counters_, 0, 2 * sizeof(int), stream);
   if (err != cudaSuccess) return CudaStatus(err, what + ": cudaMalloc");
   const bool pad = H != Hp || I != Ip;
   std::vector<float> gu_global(2 * E), dn_global(E);
@@ -504,6 +507,10 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
       (p.decode_kernel == MoeDecodeKernel::kFewExpert ||
        (p.decode_kernel == MoeDecodeKernel::kAuto &&
         ChooseMoeFewExpert(E, g.num_routed_experts(), p.tokens, p.top_k)));
+  // The layer as one launch (moe_few_expert_layer.h): it reads the routing ids itself.
+  const bool layer_fused = few_expert && p.few_expert_layer && (g.nvfp4() || g.int4() || g.fp8()) &&
+                           FewExpertLayerApplies(p.tokens, p.top_k, Hp, g.padded_intermediate());
+  int* const layer_counters = layer_fused ? g.layer_counters_ : nullptr;
   const auto* x = static_cast<const __nv_bfloat16*>(p.x);
   const auto* shared = static_cast<const __nv_bfloat16*>(p.shared_out);
   auto* out = static_cast<__nv_bfloat16*>(p.out);
@@ -541,7 +548,11 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
   d.sorted_assignment = dw.sorted_assignment;
   d.assignment_row = dw.assignment_row;
   d.programmatic = pdl && p.programmatic_dispatch;
-  if (p.route != nullptr) {
+  if (p.route != nullptr && layer_fused) {
+    if (cudaError_t e = InvokeMoeRoute(*p.route, stream); e != cudaSuccess) {
+      return CudaStatus(e, "router");
+    }
+  } else if (p.route != nullptr) {
     if (cudaError_t e = InvokeMoeRouteDispatch(*p.route, d, p.route_counter, stream);
         e != cudaSuccess) {
       return CudaStatus(e, "router and dispatch");
@@ -577,6 +588,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     np.workspace = ws.core;
     np.workspace_bytes = ws.core_bytes;
     np.few_expert = few_expert;
+    np.few_expert_layer_counters = layer_counters;
     np.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeNvfp4Moe(np, stream); e != cudaSuccess) {
       return CudaStatus(e, "NVFP4 experts");
@@ -607,6 +619,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     ip.workspace = ws.core;
     ip.workspace_bytes = ws.core_bytes;
     ip.few_expert = few_expert;
+    ip.few_expert_layer_counters = layer_counters;
     ip.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeInt4Moe(ip, stream); e != cudaSuccess) {
       return CudaStatus(e, "INT4 experts");
@@ -637,6 +650,7 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     fp.workspace = ws.core;
     fp.workspace_bytes = ws.core_bytes;
     fp.few_expert = few_expert;
+    fp.few_expert_layer_counters = layer_counters;
     if (cudaError_t e = InvokeFp8Moe(fp, stream); e != cudaSuccess) {
       return CudaStatus(e, "FP8 experts");
     }

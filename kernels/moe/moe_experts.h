@@ -123,6 +123,9 @@ class MoeExpertsGpu {
   uint8_t* down_codes_ = nullptr;
   uint8_t* down_scales_ = nullptr;
   float* down_global_scale_ = nullptr;
+  // The fused few-expert layer's two counters (MoeExpertsRunParams::few_expert_layer), 0 between
+  // calls.
+  int* layer_counters_ = nullptr;
 };
 
 struct MoeExpertsRunParams {
@@ -148,6 +151,11 @@ struct MoeExpertsRunParams {
   // false keeps them on the mma.sync kernel, bit-identical to the decode tiles (the deterministic
   // mode needs that).
   bool prefill_wgmma = true;
+  // With the few-expert kernel chosen (decode_kernel) and 1-4 tokens: the NVFP4, INT4 and FP8
+  // layers as one fused launch (moe_few_expert_layer.h; the same bits) where it applies. Off by
+  // default until measured on a GPU. Calls on one MoeExpertsGpu with it on must not overlap in
+  // time (they share its counters): one stream per layer's experts, as the worker runs them.
+  bool few_expert_layer = false;
   // Small decode batches' dispatch launched programmatically dependent on the router, as the
   // GEMMs and the combine after it are (Nvfp4MoeParams::programmatic_dispatch); false: plainly.
   bool programmatic_dispatch = true;

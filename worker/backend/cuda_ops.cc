@@ -75,6 +75,7 @@ struct CudaOps::Impl {
   bool batch_invariant = false;  // SetBatchInvariant
   bool fused_mla_input = true;  // SetFusedMlaInput
   bool moe_few_expert = true;   // SetMoeFewExpert
+  bool moe_few_expert_layer = false;  // SetMoeFewExpertLayer
   bool moe_prefill_wgmma = true;  // SetMoePrefillWgmma
   bool fused_prologues = false;  // SetFusedPrologues
   bool programmatic_small = true;  // SetProgrammaticSmallKernels
@@ -295,6 +296,7 @@ void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunc
 void CudaOps::SetSkinnyTensorCoreRows(int rows) { impl_->gemm->SetSkinnyTensorCoreRows(rows); }
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
+void CudaOps::SetMoeFewExpertLayer(bool on) { impl_->moe_few_expert_layer = on; }
 void CudaOps::SetMoePrefillWgmma(bool on) { impl_->moe_prefill_wgmma = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
@@ -1351,6 +1353,7 @@ void CudaOps::RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor& we
   p.decode_kernel = impl_->moe_few_expert && !impl_->batch_invariant ? MoeDecodeKernel::kAuto
                                                                        : MoeDecodeKernel::kTile;
   p.prefill_wgmma = impl_->moe_prefill_wgmma && !impl_->batch_invariant;
+  p.few_expert_layer = impl_->moe_few_expert_layer;
   p.programmatic_dispatch = impl_->programmatic_dispatch;
   if (pass_join) p.shared_ready = impl_->join_event;
   p.route = route;

@@ -181,6 +181,11 @@ class CudaOps : public Ops {
   // (kernels/moe/moe_few_expert.h, MoeDecodeKernel::kAuto); off: always the tile kernel (as the
   // batch-invariant mode runs). On by default.
   void SetMoeFewExpert(bool on);
+  // Where the few-expert kernel runs a 1-4 token step's NVFP4 / INT4 / FP8 routed experts: the
+  // whole layer as one fused launch (kernels/moe/moe_few_expert_layer.h: no dispatch, gate_up and
+  // down in one persistent kernel, the combine inside; the same bits). Off by default: written in
+  // session 17 without a GPU, not yet measured.
+  void SetMoeFewExpertLayer(bool on);
   // The NVFP4 / INT4 routed experts' prefill tiles on the SM90 warpgroup-MMA kernel where the
   // device has it (kernels/moe/moe_weight_only_wgmma.cuh); off: the mma.sync kernel (as the
   // batch-invariant mode runs). On by default.

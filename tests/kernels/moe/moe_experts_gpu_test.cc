@@ -401,13 +401,39 @@ void RunCase(const Case& c, uint64_t seed) {
     CUDA_OK(d_w.Upload(w));
     // Each decode kernel of 16-token tiles (MoeExpertsRunParams::decode_kernel): the tile
     // kernel, the few-expert kernel (both forced) and kAuto's pick; each run twice, so state a
-    // first run leaves behind would show.
+    // first run leaves behind would show. Then the few-expert kernel as the fused one-launch
+    // layer (few_expert_layer; 1-4 tokens, else the flag changes nothing), with shared_out added
+    // in the kernel or, behind an event (a shared expert on another stream), by a combine after
+    // it; its output must be the four-launch few-expert sequence's bit for bit.
     constexpr MoeDecodeKernel kTile = MoeDecodeKernel::kTile, kFew = MoeDecodeKernel::kFewExpert,
                               kAuto = MoeDecodeKernel::kAuto;
-    const std::pair<bool, MoeDecodeKernel> runs[] = {
-        {false, kTile}, {true, kTile}, {false, kFew}, {true, kFew}, {false, kFew}, {true, kAuto}};
-    for (const auto& [with_shared, kernel] : runs) {
-      const int kernel_id = kernel == kFew ? 1 : kernel == kAuto ? 2 : 0;  // for the messages
+    struct Run {
+      bool with_shared;
+      MoeDecodeKernel kernel;
+      bool layer = false, event = false;
+    };
+    const Run runs[] = {{false, kTile},
+                        {true, kTile},
+                        {false, kFew},
+                        {true, kFew},
+                        {false, kFew},
+                        {true, kAuto},
+                        {false, kFew, true},
+                        {true, kFew, true},
+                        {true, kFew, true, true},
+                        {false, kFew, true, true},
+                        {true, kFew, true}};
+    std::vector<uint16_t> few_out[2];  // the four-launch few-expert output, without / with shared
+    cudaStream_t side;
+    cudaEvent_t shared_ready;
+    CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&shared_ready, cudaEventDisableTiming));
+    for (const auto& [with_shared, kernel, layer, event] : runs) {
+      // for the messages: 0 tile, 1 few-expert, 2 auto, 3 fused layer, 4 fused layer + event
+      const int kernel_id = layer             ? 3 + static_cast<int>(event)
+                            : kernel == kFew  ? 1
+                            : kernel == kAuto ? 2
+                                              : 0;
       CUDA_OK(d_out.Poison());  // 0xffff: bf16 NaN, so unwritten elements fail
       CUDA_OK(d_ws.Poison());   // nothing may rely on a zeroed workspace
       MoeExpertsRunParams p;
@@ -421,11 +447,32 @@ void RunCase(const Case& c, uint64_t seed) {
       p.workspace = d_ws.ptr;
       p.workspace_bytes = ws_bytes;
       p.decode_kernel = kernel;
+      p.few_expert_layer = layer;
+      if (event) {
+        CUDA_OK(cudaEventRecord(shared_ready, side));
+        p.shared_ready = shared_ready;
+      }
       const absl::Status st = InvokeMoeExperts(experts, p, stream);
       ASSERT_TRUE(st.ok()) << st;
       CUDA_OK(cudaStreamSynchronize(stream));
       CUDA_OK(cudaGetLastError());
       const std::vector<uint16_t> got = d_out.Download();
+      if (kernel == kFew && !layer) few_out[with_shared] = got;
+      if (layer) {
+        ASSERT_EQ(few_out[with_shared].size(), got.size());
+        size_t differing = 0, first = 0;
+        for (size_t i = got.size(); i-- > 0;) {
+          if (got[i] != few_out[with_shared][i]) {
+            ++differing;
+            first = i;
+          }
+        }
+        EXPECT_EQ(differing, 0u) << "tokens " << tokens << " shared " << with_shared << " event "
+                                 << event << ": the fused layer differs from the four launches, "
+                                 << "first at t=" << first / H << " o=" << first % H << " ("
+                                 << Bf16ToFloat(got[first]) << " against "
+                                 << Bf16ToFloat(few_out[with_shared][first]) << ")";
+      }
       // Tolerance per element: the output's one bf16 rounding (2^-8 relative, round to nearest
       // of an 8-bit significand: 2^-9, doubled for the fp32 sums' own differences), plus
       // 2^-8 * bound for h's bf16 rounding, doubled to cover the fp32 dot products summed in
@@ -456,9 +503,11 @@ void RunCase(const Case& c, uint64_t seed) {
       }
       const double rel_l2 = std::sqrt(d2 / std::max(r2, 1e-30));
       std::printf(
-          "[moe_experts] %s tokens=%d shared=%d kernel=%d (0 tile, 1 few-expert, 2 auto): max_abs_err=%.3g max_err/tol=%.3f "
+          "[moe_experts] %s tokens=%d shared=%d kernel=%d (0 tile, 1 few-expert, 2 auto, 3 fused "
+          "layer, 4 fused + event): max_abs_err=%.3g max_err/tol=%.3f "
           "rel_l2=%.3g non_finite=%d bad=%d\n",
-          Name(c).c_str(), tokens, with_shared, kernel_id, max_err, max_ratio, rel_l2, non_finite, bad);
+          Name(c).c_str(), tokens, with_shared, kernel_id, max_err, max_ratio, rel_l2, non_finite,
+          bad);
       EXPECT_EQ(non_finite, 0) << "tokens " << tokens << " shared " << with_shared << " kernel "
                                << kernel_id << ": unwritten or NaN outputs";
       EXPECT_EQ(bad, 0) << "tokens " << tokens << " shared " << with_shared << " kernel "
@@ -470,6 +519,8 @@ void RunCase(const Case& c, uint64_t seed) {
       EXPECT_LT(rel_l2, std::ldexp(1.0, -7))
           << "tokens " << tokens << " shared " << with_shared << " kernel " << kernel_id;
     }
+    CUDA_OK(cudaEventDestroy(shared_ready));
+    CUDA_OK(cudaStreamDestroy(side));
   }
   CUDA_OK(cudaStreamDestroy(stream));
 }
@@ -712,6 +763,83 @@ TEST(MoeExpertsGpuTest, Int4RejectsWhatTheLayoutCannotHold) {
 }
 
 // A rank with no local experts writes shared_out (bit for bit) or zeros.
+// The fused few-expert layer captured once in a CUDA graph and replayed with new ids, weights and
+// activations each time (its counters must come back to 0 after every launch), against the
+// four-launch few-expert sequence run eagerly: bit for bit, at 1, 2 and 4 tokens, with routings
+// that hit no local expert, every token the same experts (an expert with 4 rows), and random.
+TEST(MoeExpertsGpuTest, FewExpertLayerReplaysInAGraphBitForBit) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  // 64 experts, this rank's 16 of them ([16, 32)), top 8; gate_up over 16 chunks (4 m-tiles a
+  // block), down over 8.
+  const int H = 1024, I = 512, num_experts = 64, first = 16, local = 16, top_k = 8;
+  const Layer layer = MakeLayer(true, H, I, local, 901);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto uploaded = MoeExpertsGpu::Upload(HostWeights(layer, first, num_experts), stream);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  const MoeExpertsGpu& experts = **uploaded;
+  std::mt19937 rng(902);
+  for (int tokens : {1, 2, 4}) {
+    SCOPED_TRACE(tokens);
+    const size_t n = static_cast<size_t>(tokens) * H;
+    DeviceBuffer<uint16_t> d_x(n), d_shared(n), d_fused(n), d_ref(n);
+    DeviceBuffer<int32_t> d_ids(static_cast<size_t>(tokens) * top_k);
+    DeviceBuffer<float> d_w(static_cast<size_t>(tokens) * top_k);
+    const size_t ws_bytes = experts.WorkspaceBytes(tokens, top_k);
+    DeviceBuffer<uint8_t> d_ws_fused(ws_bytes), d_ws_ref(ws_bytes);
+    MoeExpertsRunParams p;
+    p.tokens = tokens;
+    p.top_k = top_k;
+    p.x = d_x.ptr;
+    p.topk_ids = d_ids.ptr;
+    p.topk_weights = d_w.ptr;
+    p.shared_out = d_shared.ptr;
+    p.decode_kernel = MoeDecodeKernel::kFewExpert;
+    MoeExpertsRunParams fused = p, ref = p;
+    fused.few_expert_layer = true;
+    fused.out = d_fused.ptr;
+    fused.workspace = d_ws_fused.ptr;
+    fused.workspace_bytes = ws_bytes;
+    ref.out = d_ref.ptr;
+    ref.workspace = d_ws_ref.ptr;
+    ref.workspace_bytes = ws_bytes;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const absl::Status captured = InvokeMoeExperts(experts, fused, stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(captured.ok()) << captured;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 6; ++rep) {
+      std::vector<int32_t> ids = RandomIds(tokens, top_k, num_experts, rng);
+      if (rep == 1) {  // no local expert: only shared_out reaches the output
+        ids = RandomIds(tokens, top_k, num_experts - local, rng);
+        for (int32_t& id : ids) id = id < first ? id : id + local;
+      }
+      if (rep == 2) {  // every token the same local experts: 8 active with `tokens` rows each
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = first + static_cast<int>(i % top_k);
+      }
+      std::uniform_real_distribution<float> ud(0.05f, 1.0f);
+      std::vector<float> w(ids.size());
+      for (float& v : w) v = ud(rng);
+      CUDA_OK(d_x.Upload(RandomBf16(n, rng, 1.0f)));
+      CUDA_OK(d_shared.Upload(RandomBf16(n, rng, 1.0f)));
+      CUDA_OK(d_ids.Upload(ids));
+      CUDA_OK(d_w.Upload(w));
+      CUDA_OK(d_fused.Poison());
+      CUDA_OK(d_ref.Poison());
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      const absl::Status st = InvokeMoeExperts(experts, ref, stream);
+      ASSERT_TRUE(st.ok()) << st;
+      CUDA_OK(cudaStreamSynchronize(stream));
+      EXPECT_EQ(d_fused.Download(), d_ref.Download()) << "replay " << rep;
+    }
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 TEST(MoeExpertsGpuTest, NoLocalExpertsWritesSharedOrZeros) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   MoeExpertsHostWeights w;
