@@ -358,6 +358,30 @@ TEST_P(GpuModelTest, MoeRouteDispatchFusionIsBitIdentical) {
       GetParam());
 }
 
+// CudaOps::SetMoeFewExpertLayer (a 1-4 token step's routed experts as one fused launch where the
+// few-expert kernel runs: kernels/moe/moe_few_expert_layer.h) against the four launches: the same
+// bits by construction, so the prefill (not fused: too many tokens) and 16 decode steps are
+// bit-identical. On BF16 experts neither path applies and the test holds trivially.
+TEST_P(GpuModelTest, MoeFewExpertLayerIsBitIdentical) {
+  auto g = CudaOps::Create();
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::unique_ptr<CudaOps> ops = std::move(*g);
+  ops->SetMoeFewExpertLayer(false);
+  gpu_ops_->SetMoeFewExpertLayer(true);
+  ModelOptions o;
+  o.kv_format = KvCacheFormat::kBf16;
+  o.num_kv_blocks = 8;
+  auto m = DeepseekV3Model::Load(dir_, o, *ops, comm_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const auto prompt = golden_->Get<int32_t>("p2.ids");
+  LocalSession fused(*gpu_), plain(**m);
+  ExpectPrefillAndDecodeBitIdentical(fused, plain, prompt);
+  std::printf(
+      "[gpu_model] %s MoE few-expert layer fused: prefill and 16 decode steps "
+      "bit-identical\n",
+      GetParam());
+}
+
 // CudaOps::SetMlaAbsorbFusion (q absorbed inside the fused MLA input kernel at decode steps of up
 // to 4 rows) against q absorbed by cuBLASLt in the MLA decode: the prefill bit-identical (it
 // does not absorb there), then 16 decode steps fed the same tokens, logits within relative L2
