@@ -67,7 +67,7 @@ common=(--kv bf16 --batches 1,2,4,8,64)
 none=(--moe-few-expert off --programmatic off --fused-mla-input off --programmatic-small off
   --mla-q-fusion off --programmatic-dispatch off --shared-expert-overlap off
   --programmatic-mla-combine off --mla-absorb-fusion off --mla-min-share 4 --moe-route-split off
-  --moe-route-dispatch-fusion off)
+  --moe-route-dispatch-fusion off --moe-few-expert-layer off)
 if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_default "$short" "${common[@]}"
   bench short_tile "$short" "${common[@]}" --moe-few-expert off
@@ -83,6 +83,7 @@ if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_min_share4 "$short" "${common[@]}" --mla-min-share 4
   bench short_route_one_warp "$short" "${common[@]}" --moe-route-split off
   bench short_route_no_dispatch_fusion "$short" "${common[@]}" --moe-route-dispatch-fusion off
+  bench short_few_expert_layer "$short" "${common[@]}" --moe-few-expert-layer on
   bench short_new "$short" "${common[@]}" --fused-prologues on
   bench short_none "$short" "${common[@]}" "${none[@]}"
   bench short_default2 "$short" "${common[@]}"
