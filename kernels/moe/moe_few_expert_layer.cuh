@@ -77,6 +77,12 @@ __device__ __forceinline__ int LoadAcquireGpu(const int* p) {
   return v;
 }
 
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 template <class Format>
 __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>)
     FewExpertLayerKernel(const FewExpertLayerParams<Format> P) {
@@ -234,8 +240,14 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
     const bool gate_up = u.w < G;
     if (!gate_up && !down_started) {
       // h is complete once every gate_up item has counted itself (this block's own included).
+      // Gate_up items never wait, so this ends; should a fault break that, the kernel traps after
+      // 20 s and the launch fails with an error instead of hanging the stream.
       if (tid == 0) {
-        while (LoadAcquireGpu(A.counters) < G) __nanosleep(64);
+        const uint64_t t0 = GlobalTimerNs();
+        while (LoadAcquireGpu(A.counters) < G) {
+          if (GlobalTimerNs() - t0 > 20'000'000'000ull) __trap();
+          __nanosleep(64);
+        }
       }
       __syncthreads();
       if (u.nrows > 0) load_h(u, 0);
