@@ -123,7 +123,14 @@ class FakeWorker {
     auto last_beat = std::chrono::steady_clock::now() - std::chrono::seconds(1);
     while (!stop_.load()) {
       const int dead = kill_rank_.exchange(-1);
-      if (dead == 0) return;  // every socket closes with the context
+      if (dead == 0) {
+        // Rank 0's sockets close first and the other ranks' a moment later, as when mpirun ends
+        // a job whose rank 0 died (all at once, the coordinator could see any rank's close first).
+        hb[0].reset();
+        sock.close();
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        return;  // the other ranks' sockets close with the context
+      }
       if (dead > 0 && dead < o_.ranks) hb[dead].reset();
       if (std::chrono::steady_clock::now() - last_beat > std::chrono::milliseconds(250)) {
         for (int r = 0; r < o_.ranks; ++r) {
