@@ -32,6 +32,16 @@ if [[ "${TESTS:-1}" == 1 ]]; then
     >"$out/cuda_ops_kvprep.log" 2>&1)
   echo "cuda_ops_test MlaKvPrep rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$out/cuda_ops_kvprep.log" | tr '\n' ' ')"
 fi
+# SAN=1: compute-sanitizer memcheck and racecheck on the fused few-expert layer's graph test (its
+# persistent kernel waits on a global counter; kernels/moe/moe_few_expert_layer.cuh).
+if [[ "${SAN:-0}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    (cd "$root" && timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      "$bin/moe_experts_gpu_test" --gtest_filter='*FewExpertLayerReplays*' \
+      >"$out/sanitizer_${tool}_few_expert_layer.log" 2>&1)
+    echo "compute-sanitizer $tool few-expert layer rc=$? $(tail -1 "$out/sanitizer_${tool}_few_expert_layer.log")"
+  done
+fi
 # The expert kernels alone (layer time, its few-expert column), where BIN_DIR has moe_bench.
 if [[ -x "$bin/moe_bench" ]]; then
   timeout 120 "$bin/moe_bench" --decode >"$out/moe_bench_decode.log" 2>&1
