@@ -10,8 +10,8 @@
 # (or /tmp). LAYERS: the short
 # model's layer count (default 4). FULL=0 skips the 61-layer runs (each loads ~95 GB of synthetic
 # weights in ~100 s per KV format; KV_FULL=bf16,fp8_tiled for both formats); TESTS=0 skips the
-# tests, SAN=1 adds compute-sanitizer on the fused few-expert layer, SHORT=0 the short model's rows; EXTRA=1 adds the tensor-parallel MoE row, context 32k
-# and DeepSeek-R1 (on the short model; R1 at full size). Issue 14's full-size rows, each alone:
+# tests, SAN=1 adds compute-sanitizer on the fused few-expert layer, SHORT=0 the short model's
+# rows; EXTRA=1 adds the tensor-parallel MoE row, context 32k and DeepSeek-R1 (on the short model; R1 at full size). Issue 14's full-size rows, each alone:
 # FULL_TP=1 the 61-layer shard with tensor-parallel experts; FULL_R1=1 DeepSeek-R1 NVFP4 at 8-way,
 # bf16 KV (KV_R1 to change); SLICE32K=N the first N layers of the Kimi shard at context 32k, batches
 # 1, 8, 64, bf16 and fp8_tiled KV (the whole shard's latent cache of 64 x 32k does not fit one
