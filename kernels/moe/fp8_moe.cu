@@ -106,16 +106,9 @@ cudaError_t InvokeFp8Moe(const Fp8MoeParams& p, cudaStream_t stream) {
   const bool pdl = !p.plain_launches && p.tile_tokens == kMoeTileTokensSmall &&
                    static_cast<long long>(p.tokens) * p.top_k <= kMoeProgrammaticMaxRows;
   const Nvfp4MoeWorkspace ws = Carve(p);
-  if (p.few_expert && p.few_expert_layer_counters != nullptr &&
-      p.tile_tokens == kMoeTileTokensSmall &&
-      FewExpertLayerApplies(p.tokens, p.top_k, p.weights.hidden, p.weights.intermediate)) {
-    if (p.workspace_bytes < Nvfp4MoeWorkspaceBytes(p.tokens, p.top_k, p.weights.num_local_experts,
-                                                   p.weights.hidden, p.weights.intermediate)) {
-      return cudaErrorInvalidValue;
-    }
-    // No dispatch (a dispatch the caller made is not read).
-    return RunFewExpertLayer(p, GemmParams(p, ws, true, pdl), GemmParams(p, ws, false, pdl), ws.h,
-                             ws.y, pdl, stream);
+  if (TakesFewExpertLayer(p)) {
+    return RunFewExpertLayer(p, GemmParams(p, ws, true, pdl), GemmParams(p, ws, false, pdl), ws,
+                             pdl, stream);
   }
   if (!p.dispatched) {
     if (cudaError_t e = Dispatch(p, stream, pdl && p.programmatic_dispatch); e != cudaSuccess) {

@@ -75,6 +75,44 @@ inline int FewExpertTilesPerBlock(int k) {
   return chunks >= 64 ? 1 : chunks >= 32 ? 2 : 4;
 }
 
+// A warp's K slice of one 16-row m-tile: its nc chunks in order through the register ring (chunk
+// c in slot c % kFewExpertDepth, the first kFewExpertDepth already loaded; each slot reloaded
+// with chunk c + kFewExpertDepth of codes / scales once computed), against the activation rows
+// whose ldmatrix address for chunk 0 is ld_addr. FewExpertMoeGemmKernel and the fused layer
+// (moe_few_expert_layer.cuh) share it: the same MMA sequence, so the same bits.
+template <class Format>
+__device__ __forceinline__ void FewExpertSliceMma(float (&acc)[4],
+                                                  typename Format::Codes (&cw)[kFewExpertDepth],
+                                                  typename Format::Scales (&sw)[kFewExpertDepth],
+                                                  uint32_t ld_addr, int nc, const uint8_t* codes,
+                                                  const uint8_t* scales, int lane, int g) {
+  constexpr int kChunkCode = Format::kChunkCodeBytes, kChunkScale = Format::kChunkScaleBytes;
+  for (int base = 0; base < nc; base += kFewExpertDepth) {
+#pragma unroll
+    for (int d = 0; d < kFewExpertDepth; ++d) {
+      const int c = base + d;
+      if (c < nc) {
+#pragma unroll
+        for (int jp = 0; jp < 2; ++jp) {
+          uint32_t b[4];  // (b0, b1) of block 2jp, then of block 2jp + 1
+          ptx::LdMatrixX4(b, ld_addr + c * kFewExpertChunkXBytes + jp * 64);
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            uint32_t a[4];
+            Format::Fragment(cw[d], sw[d], 2 * jp + jj, a);
+            ptx::MmaBf16(acc, a, b[2 * jj], b[2 * jj + 1]);
+          }
+        }
+        const int next = c + kFewExpertDepth;
+        if (next < nc) {
+          cw[d] = Format::LoadCodes(codes + next * kChunkCode, lane);
+          sw[d] = Format::LoadScales(scales + next * kChunkScale, g);
+        }
+      }
+    }
+  }
+}
+
 template <class Format, bool kGateUp, int kMT>
 __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>)
     FewExpertMoeGemmKernel(const typename Format::Params p) {
@@ -183,30 +221,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
       const uint32_t ld_addr = ptx::SmemAddr(smem + min(lane & 7, rows - 1) * x_stride +
                                              c0 * kFewExpertChunkXBytes + (lane >> 3) * 16);
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int base = 0; base < nc; base += kFewExpertDepth) {
-#pragma unroll
-        for (int d = 0; d < kFewExpertDepth; ++d) {
-          const int c = base + d;
-          if (c < nc) {
-#pragma unroll
-            for (int jp = 0; jp < 2; ++jp) {
-              uint32_t b[4];  // (b0, b1) of block 2jp, then of block 2jp + 1
-              ptx::LdMatrixX4(b, ld_addr + c * kFewExpertChunkXBytes + jp * 64);
-#pragma unroll
-              for (int jj = 0; jj < 2; ++jj) {
-                uint32_t a[4];
-                Format::Fragment(cw[d], sw[d], 2 * jp + jj, a);
-                ptx::MmaBf16(acc, a, b[2 * jj], b[2 * jj + 1]);
-              }
-            }
-            const int next = c + kFewExpertDepth;
-            if (next < nc) {
-              cw[d] = Format::LoadCodes(it.codes + next * kChunkCode, lane);
-              sw[d] = Format::LoadScales(it.scales + next * kChunkScale, g);
-            }
-          }
-        }
-      }
+      FewExpertSliceMma<Format>(acc, cw, sw, ld_addr, nc, it.codes, it.scales, lane, g);
       const bool last_pass = pass + kFewExpertPassRows >= valid_rows;
       // The next item's first weight loads go out before this one's epilogue (its offsets are in
       // shared memory; only the two expert offsets are global reads).

@@ -270,30 +270,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
                               dn_c0 * kFewExpertChunkXBytes + (lane >> 3) * 16);
     }
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int base = 0; base < u.nc; base += kDepth) {
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int c = base + d;
-        if (c < u.nc) {
-#pragma unroll
-          for (int jp = 0; jp < 2; ++jp) {
-            uint32_t b[4];
-            ptx::LdMatrixX4(b, ld_addr + c * kFewExpertChunkXBytes + jp * 64);
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              uint32_t a[4];
-              Format::Fragment(cw[d], sw[d], 2 * jp + jj, a);
-              ptx::MmaBf16(acc, a, b[2 * jj], b[2 * jj + 1]);
-            }
-          }
-          const int next = c + kDepth;
-          if (next < u.nc) {
-            cw[d] = Format::LoadCodes(u.codes + next * kChunkCode, lane);
-            sw[d] = Format::LoadScales(u.scales + next * kChunkScale, g);
-          }
-        }
-      }
-    }
+    FewExpertSliceMma<Format>(acc, cw, sw, ld_addr, u.nc, u.codes, u.scales, lane, g);
     // The next unit's first weight loads (and, down after down, its h rows into the other
     // buffer) go out before this unit's epilogue.
     const Unit nu = next_of(u);

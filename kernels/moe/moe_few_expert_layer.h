@@ -23,6 +23,8 @@
 #include <cstdint>
 
 #include "kernels/moe/moe_combine.h"
+#include "kernels/moe/nvfp4_moe.h"
+#include "kernels/moe/nvfp4_moe_gemm.h"
 
 namespace mlaserve {
 
@@ -70,14 +72,27 @@ cudaError_t InvokeFewExpertLayer(const Int4MoeGemmParams& gate_up, const Int4Moe
 cudaError_t InvokeFewExpertLayer(const Fp8MoeGemmParams& gate_up, const Fp8MoeGemmParams& down,
                                  const FewExpertLayerArgs& args, cudaStream_t stream);
 
-// Invoke{Nvfp4,Int4,Fp8}Moe's layer through the fused kernel: `p` is the call's parameters
-// (weights, tokens, tensors, shared_out / shared_ready, outputs, few_expert_layer_counters), the
-// GEMM parameters those of its few-expert launches, h and y its workspace's. Where a shared expert
-// on another stream is joined by shared_ready, the kernel leaves the routed sums in y (fp32) and a
-// combine adds shared_out after the wait (the same bits: MoeCombine adds shared_out last).
+// Whether Invoke{Nvfp4,Int4,Fp8}Moe's call `p` runs as the fused layer: the few-expert kernel
+// asked for, the counters given, 16-token tiles, and FewExpertLayerApplies.
+template <class MoeParams>
+bool TakesFewExpertLayer(const MoeParams& p) {
+  return p.few_expert && p.few_expert_layer_counters != nullptr &&
+         p.tile_tokens == kMoeTileTokensSmall &&
+         FewExpertLayerApplies(p.tokens, p.top_k, p.weights.hidden, p.weights.intermediate);
+}
+
+// That call through the fused kernel (no dispatch; one the caller made is not read): `p` is the
+// call's parameters (weights, tokens, tensors, shared_out / shared_ready, outputs, counters), the
+// GEMM parameters those of its few-expert launches, ws its workspace. Where a shared expert on
+// another stream is joined by shared_ready, the kernel leaves the routed sums in ws.y (fp32) and
+// a combine adds shared_out after the wait (the same bits: MoeCombine adds shared_out last).
 template <class MoeParams, class GemmParams>
 cudaError_t RunFewExpertLayer(const MoeParams& p, const GemmParams& gate_up, const GemmParams& down,
-                              __nv_bfloat16* h, float* y, bool programmatic, cudaStream_t stream) {
+                              const Nvfp4MoeWorkspace& ws, bool programmatic, cudaStream_t stream) {
+  if (p.workspace_bytes < Nvfp4MoeWorkspaceBytes(p.tokens, p.top_k, p.weights.num_local_experts,
+                                                 p.weights.hidden, p.weights.intermediate)) {
+    return cudaErrorInvalidValue;
+  }
   FewExpertLayerArgs a;
   a.tokens = p.tokens;
   a.top_k = p.top_k;
@@ -88,7 +103,7 @@ cudaError_t RunFewExpertLayer(const MoeParams& p, const GemmParams& gate_up, con
   a.x = p.x;
   a.topk_ids = p.topk_ids;
   a.topk_weights = p.topk_weights;
-  a.h = h;
+  a.h = ws.h;
   a.counters = p.few_expert_layer_counters;
   a.programmatic = programmatic;
   if (p.shared_ready == nullptr) {
@@ -97,7 +112,7 @@ cudaError_t RunFewExpertLayer(const MoeParams& p, const GemmParams& gate_up, con
     a.out_bf16 = p.out_bf16;
     return InvokeFewExpertLayer(gate_up, down, a, stream);
   }
-  a.out = y;
+  a.out = ws.y;
   if (cudaError_t e = InvokeFewExpertLayer(gate_up, down, a, stream); e != cudaSuccess) return e;
   if (cudaError_t e = cudaStreamWaitEvent(stream, p.shared_ready, 0); e != cudaSuccess) return e;
   MoeCombineParams c{};
@@ -105,7 +120,7 @@ cudaError_t RunFewExpertLayer(const MoeParams& p, const GemmParams& gate_up, con
   c.hidden = p.weights.hidden;
   c.top_k = 1;
   c.assignment_row = nullptr;  // token t's routed sum is row t of y
-  c.y = y;
+  c.y = ws.y;
   c.shared_out = p.shared_out;
   c.out = p.out;
   c.out_bf16 = p.out_bf16;
