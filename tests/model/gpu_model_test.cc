@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -243,6 +244,24 @@ class GpuModelTest : public ::testing::TestWithParam<const char*> {
         "near-ties, max logit difference %.3g\n",
         GetParam(), what, same, near_ties, worst);
   }
+  // A CudaOps switch against its other setting: gpu_ops_ (set by the caller) against a second
+  // CudaOps that `plain` sets, each with the model in a bf16 cache, through a prefill and 16
+  // decode steps of prompt p2 (ExpectPrefillAndDecodeBitIdentical).
+  void ExpectBitIdenticalTo(const std::function<void(CudaOps&)>& plain, const char* what) {
+    auto g = CudaOps::Create();
+    ASSERT_TRUE(g.ok()) << g.status();
+    std::unique_ptr<CudaOps> ops = std::move(*g);
+    plain(*ops);
+    ModelOptions o;
+    o.kv_format = KvCacheFormat::kBf16;
+    o.num_kv_blocks = 8;
+    auto m = DeepseekV3Model::Load(dir_, o, *ops, comm_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const auto prompt = golden_->Get<int32_t>("p2.ids");
+    LocalSession fused(*gpu_), other(**m);
+    ExpectPrefillAndDecodeBitIdentical(fused, other, prompt);
+    std::printf("[gpu_model] %s %s: prefill and 16 decode steps bit-identical\n", GetParam(), what);
+  }
   std::string dir_;
   std::unique_ptr<Golden> golden_;
   CpuOps cpu_ops_{2};
@@ -314,21 +333,8 @@ TEST_P(GpuModelTest, GreedyDecodeWithoutProgrammaticSmallKernelsMatchesCpu) {
 // RoPE kernel and the copy into the absorbed q, through a prefill and 16 decode steps (q's
 // absorption by cuBLASLt in both: the fused one needs the q fusion, and sums in another order).
 TEST_P(GpuModelTest, MlaQFusionIsBitIdenticalToSeparateOps) {
-  auto g = CudaOps::Create();
-  ASSERT_TRUE(g.ok()) << g.status();
-  std::unique_ptr<CudaOps> ops = std::move(*g);
-  ops->SetMlaQFusion(false);
   gpu_ops_->SetMlaAbsorbFusion(false);
-  ModelOptions o;
-  o.kv_format = KvCacheFormat::kBf16;
-  o.num_kv_blocks = 8;
-  auto m = DeepseekV3Model::Load(dir_, o, *ops, comm_);
-  ASSERT_TRUE(m.ok()) << m.status();
-  const auto prompt = golden_->Get<int32_t>("p2.ids");
-  LocalSession fused(*gpu_), plain(**m);
-  ExpectPrefillAndDecodeBitIdentical(fused, plain, prompt);
-  std::printf("[gpu_model] %s MLA q fusion: prefill and 16 decode steps bit-identical\n",
-              GetParam());
+  ExpectBitIdenticalTo([](CudaOps& ops) { ops.SetMlaQFusion(false); }, "MLA q fusion");
 }
 
 // CudaOps::SetMoeRouteSplit and SetMoeRouteDispatchFusion (the router a block a token, and fused
@@ -337,25 +343,14 @@ TEST_P(GpuModelTest, MlaQFusionIsBitIdenticalToSeparateOps) {
 // prefill (two launches: too many assignments, or a grouped router) and 16 decode steps (one
 // kernel where the fixture's router is a one-group sigmoid one) are bit-identical.
 TEST_P(GpuModelTest, MoeRouteDispatchFusionIsBitIdentical) {
-  auto g = CudaOps::Create();
-  ASSERT_TRUE(g.ok()) << g.status();
-  std::unique_ptr<CudaOps> ops = std::move(*g);
-  ops->SetMoeRouteSplit(false);
-  ops->SetMoeRouteDispatchFusion(false);
   gpu_ops_->SetMoeRouteSplit(true);
   gpu_ops_->SetMoeRouteDispatchFusion(true);
-  ModelOptions o;
-  o.kv_format = KvCacheFormat::kBf16;
-  o.num_kv_blocks = 8;
-  auto m = DeepseekV3Model::Load(dir_, o, *ops, comm_);
-  ASSERT_TRUE(m.ok()) << m.status();
-  const auto prompt = golden_->Get<int32_t>("p2.ids");
-  LocalSession fused(*gpu_), plain(**m);
-  ExpectPrefillAndDecodeBitIdentical(fused, plain, prompt);
-  std::printf(
-      "[gpu_model] %s MoE router + dispatch fusion: prefill and 16 decode steps "
-      "bit-identical\n",
-      GetParam());
+  ExpectBitIdenticalTo(
+      [](CudaOps& ops) {
+        ops.SetMoeRouteSplit(false);
+        ops.SetMoeRouteDispatchFusion(false);
+      },
+      "MoE router + dispatch fusion");
 }
 
 // CudaOps::SetMoeFewExpertLayer (a 1-4 token step's routed experts as one fused launch where the
@@ -363,23 +358,9 @@ TEST_P(GpuModelTest, MoeRouteDispatchFusionIsBitIdentical) {
 // bits by construction, so the prefill (not fused: too many tokens) and 16 decode steps are
 // bit-identical. On BF16 experts neither path applies and the test holds trivially.
 TEST_P(GpuModelTest, MoeFewExpertLayerIsBitIdentical) {
-  auto g = CudaOps::Create();
-  ASSERT_TRUE(g.ok()) << g.status();
-  std::unique_ptr<CudaOps> ops = std::move(*g);
-  ops->SetMoeFewExpertLayer(false);
   gpu_ops_->SetMoeFewExpertLayer(true);
-  ModelOptions o;
-  o.kv_format = KvCacheFormat::kBf16;
-  o.num_kv_blocks = 8;
-  auto m = DeepseekV3Model::Load(dir_, o, *ops, comm_);
-  ASSERT_TRUE(m.ok()) << m.status();
-  const auto prompt = golden_->Get<int32_t>("p2.ids");
-  LocalSession fused(*gpu_), plain(**m);
-  ExpectPrefillAndDecodeBitIdentical(fused, plain, prompt);
-  std::printf(
-      "[gpu_model] %s MoE few-expert layer fused: prefill and 16 decode steps "
-      "bit-identical\n",
-      GetParam());
+  ExpectBitIdenticalTo([](CudaOps& ops) { ops.SetMoeFewExpertLayer(false); },
+                       "MoE few-expert layer fused");
 }
 
 // CudaOps::SetMlaAbsorbFusion (q absorbed inside the fused MLA input kernel at decode steps of up
