@@ -24,23 +24,48 @@ using LaunchFn = cudaError_t (*)(const mla::MlaDecodeKernelParams&, int, cudaStr
 struct VariantEntry {
   const char* name;
   int rows_per_cta;
+  int inline_schedule_max_batch;   // the kernel schedules batches up to this itself
   BlocksPerSmFn blocks_per_sm[3];  // Indexed by KvCacheFormat.
   LaunchFn launch[3];
 };
 
 // Warp-sliced kernel (mla_decode_sliced.cuh), 16 rows per block: tile tokens and stages per
 // format (bf16, fp8, fp8_tiled).
-#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                             \
-  VariantEntry {                                                             \
-    NAME, 16,                                                                \
-        {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB>,      \
-         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8>,       \
-         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST>}, \
-    {                                                                        \
-      &mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB>,              \
-          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8>,           \
-          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST>       \
-    }                                                                        \
+constexpr int kSched = mla::kInlineScheduleMaxBatch;
+#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                                     \
+  VariantEntry {                                                                     \
+    NAME, 16, kSched,                                                                \
+        {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB, kSched>,      \
+         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8, kSched>,       \
+         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST, kSched>}, \
+    {                                                                                \
+      &mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB, kSched>,              \
+          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8, kSched>,           \
+          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST, kSched>       \
+    }                                                                                \
+  }
+
+// A format a variant has no kernel for.
+int NotBuilt() { return 0; }
+cudaError_t NotBuiltLaunch(const mla::MlaDecodeKernelParams&, int, cudaStream_t) {
+  return cudaErrorInvalidDeviceFunction;
+}
+
+// The SM120 two-blocks variant (kernels/mla/NOTES.md, session 18): the sliced kernel, fp8 only,
+// 2 stages, P in the score tiles' padding and the in-kernel schedule up to batch 256: 49,672 B a
+// block, so an SM120 SM (100 KB) holds two blocks where every other fp8 variant holds one.
+// fp8_tiled (656-B rows: 52,736 B even without P and schedule) and bf16 (37 KB a stage) do not
+// fit two with 32-token tiles, the smallest this kernel has.
+constexpr int kSched120 = mla::kSm120InlineScheduleMaxBatch;
+#define MLASERVE_MLA_SLICED_SM120(NAME)                                                      \
+  VariantEntry {                                                                             \
+    NAME, 16, kSched120,                                                                     \
+        {&NotBuilt, &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, 32, 2, kSched120>, \
+         &NotBuilt},                                                                         \
+    {                                                                                        \
+      &NotBuiltLaunch, &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, 32, 2, kSched120>,   \
+          &NotBuiltLaunch                                                                    \
+    }                                                                                        \
   }
 
 // The instantiated kernels (instantiations/*.cu): the same kernel with two cp.async ring depths.
@@ -50,7 +75,7 @@ struct VariantEntry {
 // ring depth per format.
 #define MLASERVE_MLA_WGMMA(NAME, T, SB, S8, ST)                             \
   VariantEntry {                                                            \
-    NAME, 64,                                                               \
+    NAME, 64, kSched,                                                       \
         {&mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kBf16, T, SB>,      \
          &mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kFp8, T, S8>,       \
          &mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST>}, \
@@ -65,10 +90,12 @@ const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3),
     MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 3, 3, 3),
+    MLASERVE_MLA_SLICED_SM120("sliced_tile32_sm120_fp8"),
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 constexpr int kWgmmaVariant = 2;
+constexpr int kSm120Variant = 3;
 
 // Measured on the H200 (bench/RESULTS.md):
 // * sliced kernels (2026-11-29 session 2): the deep ring (fp8: 4 stages, 2 blocks/SM) wins at
@@ -79,8 +106,12 @@ constexpr int kWgmmaVariant = 2;
 //   fp8 1.65x, fp8_tiled 1.74x; 128 heads 1.63-2.57x) and 0.77-0.88x at batch 1 x 1k (3-4 us);
 //   below 64 rows it pads to 64 and loses (8-16 heads: 0.46-0.99x). The plan cannot see lengths
 //   (graphs replay it), so rows decide: >= 64 rows take the wgmma kernel where the device has it.
-int DefaultVariant(int batch, int rows, KvCacheFormat format) {
+// * SM 12.x (100 KB of shared memory an SM): fp8 takes the two-blocks variant, where the others
+//   run one block (four warps) an SM; chosen from the shared-memory arithmetic, unmeasured until
+//   an SM120 GPU is lent (bench/RESULTS.md says so).
+int DefaultVariant(int batch, int rows, KvCacheFormat format, int cc_major) {
   if (rows >= 64 && MlaDecodeVariantAvailable(kWgmmaVariant, format)) return kWgmmaVariant;
+  if (cc_major == 12 && MlaDecodeVariantAvailable(kSm120Variant, format)) return kSm120Variant;
   return batch < 8 ? 1 : 0;
 }
 
@@ -137,26 +168,35 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
                                                    invariant_max_seq_len, " < 0 (0 = off)"));
   }
   const int rows = s_q * heads;
-  // The batch-invariant schedule takes one variant whatever the batch (the variants differ in
-  // pipeline depth only, but one kernel is the simplest statement of invariance).
-  if (variant < 0) variant = invariant_max_seq_len > 0 ? 0 : DefaultVariant(batch, rows, format);
-  if (variant >= kNumVariants) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MLA decode: variant ", variant, " >= ", kNumVariants, " (MlaDecodeVariantCount)"));
-  }
-  const int rows_per_cta = kVariants[variant].rows_per_cta;
-  int device = 0, sms = 0;
+  int device = 0, sms = 0, cc_major = 0;
   if (auto s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
   if (auto s = CudaStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                           "cudaDeviceGetAttribute");
       !s.ok()) {
     return s;
   }
-  const int per_sm = kVariants[variant].blocks_per_sm[static_cast<int>(format)]();
-  if (per_sm == 0) {
-    return absl::InternalError(
-        "MLA decode kernel cannot be resident on this device (shared memory opt-in failed?)");
+  if (auto s =
+          CudaStatus(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device),
+                     "cudaDeviceGetAttribute");
+      !s.ok()) {
+    return s;
   }
+  // The batch-invariant schedule takes one variant whatever the batch (the variants differ in
+  // pipeline depth only, but one kernel is the simplest statement of invariance).
+  if (variant < 0) {
+    variant = invariant_max_seq_len > 0 ? 0 : DefaultVariant(batch, rows, format, cc_major);
+  }
+  if (variant >= kNumVariants) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MLA decode: variant ", variant, " >= ", kNumVariants, " (MlaDecodeVariantCount)"));
+  }
+  if (!MlaDecodeVariantAvailable(variant, format)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MLA decode: variant ", kVariants[variant].name, " has no ",
+                     std::string(KvCacheFormatName(format)), " kernel that runs on this device"));
+  }
+  const int rows_per_cta = kVariants[variant].rows_per_cta;
+  const int per_sm = kVariants[variant].blocks_per_sm[static_cast<int>(format)]();
   const int row_tiles = (rows + rows_per_cta - 1) / rows_per_cta;
   MlaDecodePlan plan;
   plan.variant = variant;
@@ -244,7 +284,7 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   k.lse_part = reinterpret_cast<float*>(ws + layout.lse_part);
   const int row_tiles = (rows + plan->rows_per_cta - 1) / plan->rows_per_cta;
   // The split kernel computes small batches' schedule itself (one launch fewer).
-  k.inline_schedule = p.batch <= mla::kInlineScheduleMaxBatch;
+  k.inline_schedule = p.batch <= kVariants[plan->variant].inline_schedule_max_batch;
   k.programmatic_combine = p.programmatic_combine ? 1 : 0;
   k.min_share = p.min_share;  // 0: MlaBalancedShare's rule for short jobs
   if (!k.inline_schedule) {

@@ -47,8 +47,10 @@ constexpr int MlaScheduledCost(int len, int fixed_share) {
   return fixed_share > 0 ? (c + fixed_share - 1) / fixed_share * fixed_share : c;
 }
 // Batches up to this size have their schedule computed inside the sliced kernel (no separate
-// schedule launch); the prefix lives in shared memory.
+// schedule launch); the prefix lives in shared memory. A variant short of shared memory takes
+// less (kSm120InlineScheduleMaxBatch: the SM120 two-blocks variant, mla_decode.cc).
 constexpr int kInlineScheduleMaxBatch = 512;
+constexpr int kSm120InlineScheduleMaxBatch = 256;
 
 struct MlaDecodeKernelParams {
   const uint16_t* __restrict__ q;           // bf16 [batch, s_q, heads, 576]
@@ -91,10 +93,11 @@ inline int DecodeKernelBlocksPerSm(const void* kernel, int threads, int smem_byt
 }
 
 // Warp-sliced split decode kernel (mla_decode_sliced.cuh): 16 query rows per block, kTile KV
-// tokens per stage, kStages-deep cp.async ring per warp.
-template <KvCacheFormat kFormat, int kTile, int kStages>
+// tokens per stage, kStages-deep cp.async ring per warp, the schedule computed in the kernel for
+// batches up to kSchedMax (p.inline_schedule must be 0 above it).
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax>
 cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kTile, int kStages>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax>
 int MlaDecodeSlicedBlocksPerSm();
 
 // SM90a warpgroup-MMA split decode kernel (mla_decode_wgmma.cuh): 64 query rows per block,

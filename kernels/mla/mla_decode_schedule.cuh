@@ -13,13 +13,13 @@
 
 namespace mlaserve::mla {
 
-// sched: >= kInlineScheduleMaxBatch + 2 int32 of shared memory. Returns sched (the prefix
-// P[0..batch], then total at [batch] and the share at [batch + 1]). Call from every thread.
-template <int kThreads>
+// sched: >= kMaxBatch + 2 int32 of shared memory, p.batch <= kMaxBatch. Returns sched (the
+// prefix P[0..batch], then total at [batch] and the share at [batch + 1]). Call from every thread.
+template <int kThreads, int kMaxBatch = kInlineScheduleMaxBatch>
 __device__ __forceinline__ const int32_t* InlineSchedule(const MlaDecodeKernelParams& p,
                                                          int32_t* sched) {
   constexpr int kWarps = kThreads / 32;
-  constexpr int kPer = (kInlineScheduleMaxBatch + kThreads - 1) / kThreads;
+  constexpr int kPer = (kMaxBatch + kThreads - 1) / kThreads;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   int cost[kPer], local = 0;
 #pragma unroll

@@ -59,7 +59,9 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kSmemLimit = 99 * 1024;  // SM120's per-block maximum.
 
-template <KvCacheFormat kFormat, int kTile, int kStages>
+// kSchedMax: the largest batch whose schedule the kernel computes itself (its shared-memory
+// prefix array); larger batches read the schedule kernel's. The SM120 two-blocks variant takes 256.
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax = kInlineScheduleMaxBatch>
 struct Config {
   static constexpr bool kBf16 = kFormat == KvCacheFormat::kBf16;
   static constexpr bool kTiled = kFormat == KvCacheFormat::kFp8Tiled;
@@ -78,14 +80,31 @@ struct Config {
   static constexpr int kStageBytes = kTile * kSmemRow;
   static constexpr int kTileP = kTile + 8;  // Padded token stride of the score tiles (floats).
   static constexpr int kPartBytes = kWarps * 16 * kTileP * 4;
-  static constexpr int kPBytes = 16 * kTileP * 4;
-  static constexpr int kStatBytes = 2 * kWarps * 16 * 4;
-  static constexpr int kSchedBytes = 4 * (kInlineScheduleMaxBatch + 2);
-  static constexpr int kSmemBytes =
-      kStages * kStageBytes + kPartBytes + kPBytes + kStatBytes + kSchedBytes;
   static constexpr int kSTiles = kTile / 8;      // n8 tiles of S per warp.
   static constexpr int kPSteps = kTile / 16;     // k16 steps of P.V.
   static constexpr int kSlice = kTile / kWarps;  // Tokens each warp sums and exponentiates.
+  // P ([16 rows][kTile tokens] f32) lives in the score tiles' padding where it fits (32-token
+  // tiles: warp w's slice of P, tokens [8w, 8w + 8), in columns [32, 40) of partial tile w), else
+  // in a buffer of its own. Safe: the q.k writes before barrier (1) touch columns < kTile only; P
+  // is written after (1) and read after (2), and no warp writes the next tile's P before every
+  // warp has passed that tile's (1), i.e. finished this tile's p.v. Saves 2,560 B a block, which
+  // is what lets the fp8 variant fit two blocks in SM120's 100 KB (PAt below).
+  static constexpr bool kPInPadding = kTileP - kTile == kSlice;
+  static constexpr int kPBytes = kPInPadding ? 0 : 16 * kTileP * 4;
+  static constexpr int kStatBytes = 2 * kWarps * 16 * 4;
+  static constexpr int kSchedBytes = 4 * (kSchedMax + 2);
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kPartBytes + kPBytes + kStatBytes + kSchedBytes;
+  // P's (row, token) as a float offset from the score tiles' base.
+  static __device__ __forceinline__ int PAt(int row, int tok) {
+    if constexpr (kPInPadding) {
+      return ((tok / kSlice) * 16 + row) * kTileP + kTile + tok % kSlice;
+    } else {
+      return kWarps * 16 * kTileP + row * kTileP + tok;
+    }
+  }
+  // Two blocks an SM on SM120 (100 KB an SM, 1 KB reserved a block).
+  static constexpr bool kTwoBlocksSm120 = 2 * (kSmemBytes + 1024) <= 100 * 1024;
   // Blocks per SM that the shared memory allows on an H200 (227 KB usable, 1 KB reserved per
   // block), at most 3: the register cap that follows (170 at 3) must not spill.
   static constexpr int kFitH200 = (227 * 1024) / (kSmemBytes + 1024);
@@ -138,15 +157,15 @@ __device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v &
 
 }  // namespace sliced
 
-template <KvCacheFormat kFormat, int kTile, int kStages>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax>
 __global__ void __launch_bounds__(sliced::kThreads,
-                                  sliced::Config<kFormat, kTile, kStages>::kMinBlocks)
+                                  sliced::Config<kFormat, kTile, kStages, kSchedMax>::kMinBlocks)
     MlaDecodeSlicedKernel(const MlaDecodeKernelParams p) {
   // Launched plainly: a programmatically launched combine may become resident now and wait for
   // this grid.
   pdl::AllowDependentLaunch();
   using namespace sliced;
-  using Cfg = Config<kFormat, kTile, kStages>;
+  using Cfg = Config<kFormat, kTile, kStages, kSchedMax>;
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;
   constexpr bool kF16 = !kBf16;  // mma type of the latent q.k and of p.v
   constexpr int kSTiles = Cfg::kSTiles, kPSteps = Cfg::kPSteps, kSlice = Cfg::kSlice;
@@ -163,7 +182,7 @@ __global__ void __launch_bounds__(sliced::kThreads,
   // combine kernel); larger ones read what the schedule kernel wrote.
   const int32_t* prefix = p.schedule;
   if (p.inline_schedule) {
-    prefix = InlineSchedule<kThreads>(
+    prefix = InlineSchedule<kThreads, kSchedMax>(
         p, reinterpret_cast<int32_t*>(smem + Cfg::kSmemBytes - Cfg::kSchedBytes));
   }
   const int total = prefix[p.batch], share = prefix[p.batch + 1];
@@ -173,9 +192,9 @@ __global__ void __launch_bounds__(sliced::kThreads,
   const int first_seq = FirstSequence(prefix, p.batch, cost_begin);
 
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t part_base = smem_base + kStages * Cfg::kStageBytes;  // [4][16][kTileP] f32
-  const uint32_t p_base = part_base + Cfg::kPartBytes;                // [16][kTileP] f32
-  const uint32_t stat_base = p_base + Cfg::kPBytes;                   // m [4][16], then l [4][16]
+  const uint32_t part_base = smem_base + kStages * Cfg::kStageBytes;  // [4][16][kTileP] f32, P
+  // m [4][16], then l [4][16]
+  const uint32_t stat_base = part_base + Cfg::kPartBytes + Cfg::kPBytes;
 
   // This warp's byte offsets inside a row.
   const int latent_off = w * (kBf16 ? 256 : 128);
@@ -452,7 +471,7 @@ __global__ void __launch_bounds__(sliced::kThreads,
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         const float base = mx == -INFINITY ? 0.0f : mx;
         float sum = 0.0f;
-        float* pbuf = reinterpret_cast<float*>(smem + kStages * Cfg::kStageBytes + Cfg::kPartBytes);
+        float* pbuf = reinterpret_cast<float*>(smem + kStages * Cfg::kStageBytes);
 #pragma unroll
         for (int i = 0; i < kPer; ++i) {
           x[i] = exp2f(x[i] - base);
@@ -460,7 +479,7 @@ __global__ void __launch_bounds__(sliced::kThreads,
         }
 #pragma unroll
         for (int i = 0; i < kPer; i += 4) {
-          *reinterpret_cast<float4*>(pbuf + red_row * kTileP + tok0 + i) =
+          *reinterpret_cast<float4*>(pbuf + Cfg::PAt(red_row, tok0 + i)) =
               make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -548,12 +567,11 @@ __global__ void __launch_bounds__(sliced::kThreads,
           const int t0 = 16 * kk + 2 * c, t1 = t0 + 8;
           const int kSl0 = kSlice == 8 ? 2 * kk : kk;  // slice indices (constant after unrolling)
           const int kSl1 = kSlice == 8 ? 2 * kk + 1 : kk;
-          const float* pbuf =
-              reinterpret_cast<const float*>(smem + kStages * Cfg::kStageBytes + Cfg::kPartBytes);
-          const float2 a = *reinterpret_cast<const float2*>(pbuf + g * kTileP + t0);
-          const float2 bq = *reinterpret_cast<const float2*>(pbuf + (g + 8) * kTileP + t0);
-          const float2 cq = *reinterpret_cast<const float2*>(pbuf + g * kTileP + t1);
-          const float2 d = *reinterpret_cast<const float2*>(pbuf + (g + 8) * kTileP + t1);
+          const float* pbuf = reinterpret_cast<const float*>(smem + kStages * Cfg::kStageBytes);
+          const float2 a = *reinterpret_cast<const float2*>(pbuf + Cfg::PAt(g, t0));
+          const float2 bq = *reinterpret_cast<const float2*>(pbuf + Cfg::PAt(g + 8, t0));
+          const float2 cq = *reinterpret_cast<const float2*>(pbuf + Cfg::PAt(g, t1));
+          const float2 d = *reinterpret_cast<const float2*>(pbuf + Cfg::PAt(g + 8, t1));
           float r0 = 1.0f, r1 = 1.0f, r8 = 1.0f, r9 = 1.0f;  // token tile-scale / sigma
           if constexpr (kTiled) {
             const uint32_t sc = tile + t0 * kRow + kFp8TiledScaleOffset + 4 * w;
@@ -678,29 +696,32 @@ __global__ void __launch_bounds__(sliced::kThreads,
   }
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax>
 int MlaDecodeSlicedBlocksPerSm() {
-  using Cfg = sliced::Config<kFormat, kTile, kStages>;
+  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax>;
   static const int blocks = DecodeKernelBlocksPerSm(
-      reinterpret_cast<const void*>(&MlaDecodeSlicedKernel<kFormat, kTile, kStages>),
+      reinterpret_cast<const void*>(&MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax>),
       sliced::kThreads, Cfg::kSmemBytes);
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax>
 cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  using Cfg = sliced::Config<kFormat, kTile, kStages>;
-  if (MlaDecodeSlicedBlocksPerSm<kFormat, kTile, kStages>() == 0) {
+  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax>;
+  if (MlaDecodeSlicedBlocksPerSm<kFormat, kTile, kStages, kSchedMax>() == 0) {
     return cudaErrorInvalidConfiguration;
   }
-  MlaDecodeSlicedKernel<kFormat, kTile, kStages>
+  if (p.inline_schedule && p.batch > kSchedMax) return cudaErrorInvalidValue;
+  MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax>
       <<<grid, sliced::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-#define MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(FORMAT, TILE, STAGES)                             \
-  template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES>(const MlaDecodeKernelParams&, \
-                                                                   int, cudaStream_t);           \
-  template int MlaDecodeSlicedBlocksPerSm<FORMAT, TILE, STAGES>();
+// SCHED_MAX: the largest batch the kernel schedules itself (kInlineScheduleMaxBatch, or less for
+// a variant that must save shared memory).
+#define MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(FORMAT, TILE, STAGES, SCHED_MAX) \
+  template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES, SCHED_MAX>(  \
+      const MlaDecodeKernelParams&, int, cudaStream_t);                         \
+  template int MlaDecodeSlicedBlocksPerSm<FORMAT, TILE, STAGES, SCHED_MAX>();
 
 }  // namespace mlaserve::mla

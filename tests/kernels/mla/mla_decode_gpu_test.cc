@@ -372,6 +372,35 @@ TEST(MlaDecodeGpuTest, SkewedAndLargeBatches) {
   }
 }
 
+// The SM120 two-blocks variant (fp8 only) on either side of its in-kernel schedule limit (256
+// sequences; above it the schedule kernel runs), with a long sequence split among short ones; the
+// formats it has no kernel for are refused with a clear error.
+TEST(MlaDecodeGpuTest, Sm120VariantAroundItsScheduleLimit) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  int v120 = -1;
+  for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
+    if (MlaDecodeVariantName(v) == "sliced_tile32_sm120_fp8") v120 = v;
+  }
+  ASSERT_GE(v120, 0);
+  ASSERT_TRUE(MlaDecodeVariantAvailable(v120, KvCacheFormat::kFp8));
+  for (KvCacheFormat f : {KvCacheFormat::kBf16, KvCacheFormat::kFp8Tiled}) {
+    EXPECT_FALSE(MlaDecodeVariantAvailable(v120, f));
+    absl::StatusOr<MlaDecodePlan> plan = PlanMlaDecode(4, 1, 16, f, v120, 0, 0);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find("sliced_tile32_sm120_fp8"), std::string::npos);
+  }
+  std::mt19937 rng(11);
+  uint32_t seed = 900;
+  for (int batch : {256, 257}) {
+    std::vector<int32_t> lens(batch);
+    for (int32_t& l : lens) l = std::uniform_int_distribution<int>(1, 200)(rng);
+    lens[batch - 3] = 5000;
+    RunDecodeCase({KvCacheFormat::kFp8, 16, 1, lens, v120}, seed++);
+    RunDecodeCase({KvCacheFormat::kFp8, 8, 2, lens, v120}, seed++);
+  }
+}
+
 // The batch-invariant schedule against the reference (same bound as every case above): pieces
 // of 464 / 512 tokens, sequences of one piece, of exactly one piece's end (464, 465), of many.
 TEST(MlaDecodeGpuTest, InvariantScheduleMatchesReference) {
