@@ -84,5 +84,25 @@ __device__ __forceinline__ void MmaF16(float (&d)[4], const uint32_t (&a)[4], ui
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// e4m3 x e4m3 -> f32 (sm_89+; native on SM 8.9 and 12.x, emulated through f16 by ptxas on
+// SM90: NVIDIA/cutlass#1986). PTX ISA "Matrix Fragments for mma.m16n8k16 with integer type" (the
+// same section covers .e4m3 and m16n8k32): A register r holds 4 consecutive k (byte i = k
+// 4c + i) of row g (r even) or g + 8 (r odd), the second pair of registers k + 16 (k32 only);
+// B register r holds k 4c + i (+ 16 r) of column g; g = lane / 4, c = lane % 4.
+__device__ __forceinline__ void MmaE4m3K32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                           uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void MmaE4m3K16(float (&d)[4], const uint32_t (&a)[2], uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b));
+}
 
 }  // namespace mlaserve::ptx

@@ -32,17 +32,17 @@ struct VariantEntry {
 // Warp-sliced kernel (mla_decode_sliced.cuh), 16 rows per block: tile tokens and stages per
 // format (bf16, fp8, fp8_tiled).
 constexpr int kSched = mla::kInlineScheduleMaxBatch;
-#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                                     \
-  VariantEntry {                                                                     \
-    NAME, 16, kSched,                                                                \
-        {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB, kSched>,      \
-         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8, kSched>,       \
-         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST, kSched>}, \
-    {                                                                                \
-      &mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB, kSched>,              \
-          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8, kSched>,           \
-          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST, kSched>       \
-    }                                                                                \
+#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                                            \
+  VariantEntry {                                                                            \
+    NAME, 16, kSched,                                                                       \
+        {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB, kSched, false>,      \
+         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8, kSched, false>,       \
+         &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST, kSched, false>}, \
+    {                                                                                       \
+      &mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB, kSched, false>,              \
+          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8, kSched, false>,           \
+          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST, kSched, false>       \
+    }                                                                                       \
   }
 
 // A format a variant has no kernel for.
@@ -51,22 +51,32 @@ cudaError_t NotBuiltLaunch(const mla::MlaDecodeKernelParams&, int, cudaStream_t)
   return cudaErrorInvalidDeviceFunction;
 }
 
-// The SM120 two-blocks variant (kernels/mla/NOTES.md, session 18): the sliced kernel, fp8 only,
-// 2 stages, P in the score tiles' padding and the in-kernel schedule up to batch 256: 49,672 B a
-// block, so an SM120 SM (100 KB) holds two blocks where every other fp8 variant holds one.
-// fp8_tiled (656-B rows: 52,736 B even without P and schedule) and bf16 (37 KB a stage) do not
-// fit two with 32-token tiles, the smallest this kernel has.
+// SM120 variants (kernels/mla/NOTES.md, session 18), the sliced kernel in the fp8 formats only:
+// * two blocks: fp8, 2 stages, P in the score tiles' padding and the in-kernel schedule up to
+//   batch 256: 49,672 B a block, so an SM120 SM (100 KB) holds two blocks where every other fp8
+//   variant holds one. fp8_tiled (656-B rows: 52,736 B even without P and the schedule) and bf16
+//   (37 KB a stage) do not fit two with 32-token tiles, the smallest this kernel has.
+// * e4m3 q.k: the same, with q.k on e4m3 x e4m3 MMAs straight from the cache bytes (native on
+//   SM 12.x at twice the f16 rate; no conversion of K, 72 of a warp-tile's 136 conversions), and
+//   fp8_tiled with 3 stages (one block on SM120).
 constexpr int kSched120 = mla::kSm120InlineScheduleMaxBatch;
-#define MLASERVE_MLA_SLICED_SM120(NAME)                                                      \
-  VariantEntry {                                                                             \
-    NAME, 16, kSched120,                                                                     \
-        {&NotBuilt, &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, 32, 2, kSched120>, \
-         &NotBuilt},                                                                         \
-    {                                                                                        \
-      &NotBuiltLaunch, &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, 32, 2, kSched120>,   \
-          &NotBuiltLaunch                                                                    \
-    }                                                                                        \
-  }
+using mla::LaunchMlaDecodeSliced;
+using mla::MlaDecodeSlicedBlocksPerSm;
+constexpr KvCacheFormat kFp8 = KvCacheFormat::kFp8, kFp8Tiled = KvCacheFormat::kFp8Tiled;
+const VariantEntry kSm120TwoBlocks{
+    "sliced_tile32_sm120_fp8",
+    16,
+    kSched120,
+    {&NotBuilt, &MlaDecodeSlicedBlocksPerSm<kFp8, 32, 2, kSched120, false>, &NotBuilt},
+    {&NotBuiltLaunch, &LaunchMlaDecodeSliced<kFp8, 32, 2, kSched120, false>, &NotBuiltLaunch}};
+const VariantEntry kSm120E4m3{
+    "sliced_tile32_sm120_e4m3_qk",
+    16,
+    kSched120,
+    {&NotBuilt, &MlaDecodeSlicedBlocksPerSm<kFp8, 32, 2, kSched120, true>,
+     &MlaDecodeSlicedBlocksPerSm<kFp8Tiled, 32, 3, kSched120, true>},
+    {&NotBuiltLaunch, &LaunchMlaDecodeSliced<kFp8, 32, 2, kSched120, true>,
+     &LaunchMlaDecodeSliced<kFp8Tiled, 32, 3, kSched120, true>}};
 
 // The instantiated kernels (instantiations/*.cu): the same kernel with two cp.async ring depths.
 // (The first kernel of this directory, 16-token tiles with a shared-memory fp8 dequantize pass,
@@ -90,12 +100,13 @@ const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3),
     MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 3, 3, 3),
-    MLASERVE_MLA_SLICED_SM120("sliced_tile32_sm120_fp8"),
+    kSm120TwoBlocks,
+    kSm120E4m3,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 constexpr int kWgmmaVariant = 2;
-constexpr int kSm120Variant = 3;
+constexpr int kSm120E4m3Variant = 4;
 
 // Measured on the H200 (bench/RESULTS.md):
 // * sliced kernels (2026-11-29 session 2): the deep ring (fp8: 4 stages, 2 blocks/SM) wins at
@@ -106,12 +117,15 @@ constexpr int kSm120Variant = 3;
 //   fp8 1.65x, fp8_tiled 1.74x; 128 heads 1.63-2.57x) and 0.77-0.88x at batch 1 x 1k (3-4 us);
 //   below 64 rows it pads to 64 and loses (8-16 heads: 0.46-0.99x). The plan cannot see lengths
 //   (graphs replay it), so rows decide: >= 64 rows take the wgmma kernel where the device has it.
-// * SM 12.x (100 KB of shared memory an SM): fp8 takes the two-blocks variant, where the others
-//   run one block (four warps) an SM; chosen from the shared-memory arithmetic, unmeasured until
-//   an SM120 GPU is lent (bench/RESULTS.md says so).
+// * SM 12.x (100 KB of shared memory an SM, native e4m3 mma.sync): the fp8 formats take the e4m3
+//   q.k variant (fp8 two blocks an SM where the others run one). Chosen from the shared-memory
+//   arithmetic and the instruction counts (kernels/mla/NOTES.md), unmeasured until an SM120 GPU
+//   is lent (bench/RESULTS.md says so); the two-blocks f16 variant is the other candidate.
 int DefaultVariant(int batch, int rows, KvCacheFormat format, int cc_major) {
   if (rows >= 64 && MlaDecodeVariantAvailable(kWgmmaVariant, format)) return kWgmmaVariant;
-  if (cc_major == 12 && MlaDecodeVariantAvailable(kSm120Variant, format)) return kSm120Variant;
+  if (cc_major == 12 && MlaDecodeVariantAvailable(kSm120E4m3Variant, format)) {
+    return kSm120E4m3Variant;
+  }
   return batch < 8 ? 1 : 0;
 }
 

@@ -61,7 +61,10 @@ constexpr int kSmemLimit = 99 * 1024;  // SM120's per-block maximum.
 
 // kSchedMax: the largest batch whose schedule the kernel computes itself (its shared-memory
 // prefix array); larger batches read the schedule kernel's. The SM120 two-blocks variant takes 256.
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax = kInlineScheduleMaxBatch>
+// kQkE4m3 (fp8 formats): q.k on e4m3 x e4m3 MMAs straight from the cache bytes, q split into two
+// e4m3 parts (the SM120 path: native there, emulated on SM90; see the kernel's q setup).
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax = kInlineScheduleMaxBatch,
+          bool kQkE4m3 = false>
 struct Config {
   static constexpr bool kBf16 = kFormat == KvCacheFormat::kBf16;
   static constexpr bool kTiled = kFormat == KvCacheFormat::kFp8Tiled;
@@ -108,9 +111,15 @@ struct Config {
   // Blocks per SM that the shared memory allows on an H200 (227 KB usable, 1 KB reserved per
   // block), at most 3: the register cap that follows (170 at 3) must not spill.
   static constexpr int kFitH200 = (227 * 1024) / (kSmemBytes + 1024);
-  static constexpr int kMinBlocks = kFitH200 < 1 ? 1 : (kFitH200 > 3 ? 3 : kFitH200);
+  // The SM120 variants (e4m3 q.k, or a smaller in-kernel schedule) are built for SM120's
+  // occupancy instead: two blocks where they fit (255 registers a thread), else one.
+  static constexpr bool kForSm120 = kQkE4m3 || kSchedMax < kInlineScheduleMaxBatch;
+  static constexpr int kMinBlocks = kForSm120      ? (kTwoBlocksSm120 ? 2 : 1)
+                                    : kFitH200 < 1 ? 1
+                                                   : (kFitH200 > 3 ? 3 : kFitH200);
   static_assert(kSmemBytes <= kSmemLimit, "must fit SM120's 99 KB per block");
   static_assert(kStages >= 2, "need double buffering");
+  static_assert(!(kQkE4m3 && kBf16), "e4m3 q.k is for the fp8 formats");
   static_assert(kTile == 32 || kTile == 64, "tiles of 32 or 64 tokens (within a 64-token block)");
   static_assert(kSlice == 8 || kSlice == 16, "slice = 8 or 16 tokens");
 };
@@ -154,18 +163,42 @@ __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) { return Pack<false>(lo, hi); }
 __device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+// Four bf16 (p01: elements 0, 1; p23: 2, 3) times s (a power of two) as hi + lo, four e4m3 each
+// (byte i = element i): hi = e4m3(x), lo = e4m3(x - hi). x has bf16's 8 significant bits, hi
+// takes the top 4 (rounded), and x - hi (exact in f32) is a multiple of x's last place no larger
+// than hi's half step: at most 4 significant bits, which e4m3 holds exactly down to its smallest
+// step 2^-9. So hi + lo == x wherever x's last place is >= 2^-9 (|x| >= 2^-2), and the error is
+// <= 2^-10 below that: with the row's largest |x| in [2^7, 2^8) (qexp), q is exact down to 2^-9
+// of the row's largest element and off by at most 2^-17 of it under that.
+__device__ __forceinline__ void SplitE4m3x4(uint32_t p01, uint32_t p23, float s, uint32_t& hi,
+                                            uint32_t& lo) {
+  const float x[4] = {Bf16Lo(p01) * s, Bf16Hi(p01) * s, Bf16Lo(p23) * s, Bf16Hi(p23) * s};
+  uint32_t h = 0, l = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i += 2) {
+    const __nv_fp8x2_storage_t hb =
+        __nv_cvt_float2_to_fp8x2(make_float2(x[i], x[i + 1]), __NV_SATFINITE, __NV_E4M3);
+    const float2 hf = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(hb, __NV_E4M3)));
+    const __nv_fp8x2_storage_t lb = __nv_cvt_float2_to_fp8x2(
+        make_float2(x[i] - hf.x, x[i + 1] - hf.y), __NV_SATFINITE, __NV_E4M3);
+    h |= static_cast<uint32_t>(hb) << (8 * i);
+    l |= static_cast<uint32_t>(lb) << (8 * i);
+  }
+  hi = h;
+  lo = l;
+}
 
 }  // namespace sliced
 
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax>
-__global__ void __launch_bounds__(sliced::kThreads,
-                                  sliced::Config<kFormat, kTile, kStages, kSchedMax>::kMinBlocks)
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
+__global__ void __launch_bounds__(
+    sliced::kThreads, sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>::kMinBlocks)
     MlaDecodeSlicedKernel(const MlaDecodeKernelParams p) {
   // Launched plainly: a programmatically launched combine may become resident now and wait for
   // this grid.
   pdl::AllowDependentLaunch();
   using namespace sliced;
-  using Cfg = Config<kFormat, kTile, kStages, kSchedMax>;
+  using Cfg = Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;
   constexpr bool kF16 = !kBf16;  // mma type of the latent q.k and of p.v
   constexpr int kSTiles = Cfg::kSTiles, kPSteps = Cfg::kPSteps, kSlice = Cfg::kSlice;
@@ -270,6 +303,9 @@ __global__ void __launch_bounds__(sliced::kThreads,
     // bf16. fp8 formats: latent (and fp8's RoPE) permuted and in f16 times 2^qexp; fp8_tiled's
     // RoPE stays bf16 (its cache RoPE is bf16).
     uint32_t qf[9][4];
+    // kQkE4m3: q * 2^qexp = hi + lo, both e4m3, as A operands of the 4 latent k32-steps and of
+    // fp8's RoPE k16-step (qr).
+    uint32_t qh[4][4], ql[4][4], qrh[2], qrl[2];
     float qdescale_lo = 1.0f, qdescale_hi = 1.0f;  // 2^-qexp per row (f16 k-steps only).
     {
       const uint16_t* qb = p.q + static_cast<size_t>(b) * p.rows * kMlaQkDim;
@@ -317,21 +353,42 @@ __global__ void __launch_bounds__(sliced::kThreads,
         amax_hi = fmaxf(amax_hi, __shfl_xor_sync(0xffffffffu, amax_hi, 1));
         amax_hi = fmaxf(amax_hi, __shfl_xor_sync(0xffffffffu, amax_hi, 2));
         // 2^qexp with amax * 2^qexp in [2^14, 2^15): below f16's max (65504) with headroom.
+        // e4m3 q.k: in [2^7, 2^8), below e4m3's max (448).
         auto qexp = [](float amax) {
           if (!(amax > 0.0f) || !isfinite(amax)) return 0;
           const int e = ((__float_as_int(amax) >> 23) & 0xff) - 127;  // floor(log2) for normals
-          return max(-100, min(100, 14 - e));
+          return max(-100, min(100, (kQkE4m3 ? 7 : 14) - e));
         };
         const int e_lo = qexp(amax_lo), e_hi = qexp(amax_hi);
         const float s_lo = exp2f(static_cast<float>(e_lo)), s_hi = exp2f(static_cast<float>(e_hi));
         qdescale_lo = exp2f(static_cast<float>(-e_lo));
         qdescale_hi = exp2f(static_cast<float>(-e_hi));
+        if constexpr (kQkE4m3) {
+          // k32-step kk covers the f16 k-steps 2kk and 2kk + 1; register r of an e4m3 A fragment
+          // holds dims 4c..4c+3 of row g (r even) or g + 8 (r odd) of step 2kk + r / 2, which are
+          // raw[2kk + r / 2][r % 2] (dims 4c, 4c+1) and [r % 2 + 2] (4c+2, 4c+3). The K bytes are
+          // loaded at the same dims, so the pairing needs nothing but the PTX rule that A
+          // register r and B register r / 2 share their k.
 #pragma unroll
-        for (int ks = 0; ks < kF16Steps; ++ks) {
+          for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float s = (i & 1) ? s_hi : s_lo;
-            qf[ks][i] = Pack<true>(Bf16Lo(raw[ks][i]) * s, Bf16Hi(raw[ks][i]) * s);
+            for (int r = 0; r < 4; ++r) {
+              const uint32_t(&x)[4] = raw[2 * kk + r / 2];
+              SplitE4m3x4(x[r % 2], x[r % 2 + 2], (r & 1) ? s_hi : s_lo, qh[kk][r], ql[kk][r]);
+            }
+          }
+          if constexpr (!kTiled) {
+            SplitE4m3x4(raw[8][0], raw[8][2], s_lo, qrh[0], qrl[0]);
+            SplitE4m3x4(raw[8][1], raw[8][3], s_hi, qrh[1], qrl[1]);
+          }
+        } else {
+#pragma unroll
+          for (int ks = 0; ks < kF16Steps; ++ks) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float s = (i & 1) ? s_hi : s_lo;
+              qf[ks][i] = Pack<true>(Bf16Lo(raw[ks][i]) * s, Bf16Hi(raw[ks][i]) * s);
+            }
           }
         }
         if constexpr (kTiled) {  // RoPE k-step in bf16, natural order.
@@ -386,6 +443,28 @@ __global__ void __launch_bounds__(sliced::kThreads,
             Mma<false>(s[2 * jj + 1], qf[ks], kb[2], kb[3]);
           }
         }
+      } else if constexpr (kQkE4m3) {
+        // The cache bytes are the B operands as they lie: token 8j + g, dims 4c..4c+3 of f16
+        // k-steps 2kk and 2kk + 1 (the q setup's pairing).
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const int off = latent_off + 32 * kk + 4 * c;
+#pragma unroll
+          for (int j = 0; j < kSTiles; ++j) {
+            const uint32_t addr = tile + (8 * j + g) * kRow + off;
+            const uint32_t b0 = Lds32(addr), b1 = Lds32(addr + 16);
+            ptx::MmaE4m3K32(s[j], qh[kk], b0, b1);
+            ptx::MmaE4m3K32(s[j], ql[kk], b0, b1);
+          }
+        }
+        if constexpr (!kTiled) {
+#pragma unroll
+          for (int j = 0; j < kSTiles; ++j) {
+            const uint32_t b = Lds32(tile + (8 * j + g) * kRow + rope_off + 4 * c);
+            ptx::MmaE4m3K16(s[j], qrh, b);
+            ptx::MmaE4m3K16(s[j], qrl, b);
+          }
+        }
       } else {
         constexpr int kF16Steps = kTiled ? 8 : 9;
 #pragma unroll
@@ -398,6 +477,8 @@ __global__ void __launch_bounds__(sliced::kThreads,
             Mma<true>(s[j], qf[ks], b0, b1);
           }
         }
+      }
+      if constexpr (!kBf16) {
 #pragma unroll
         for (int j = 0; j < kSTiles; ++j) {
           s[j][0] *= qdescale_lo;
@@ -696,32 +777,33 @@ __global__ void __launch_bounds__(sliced::kThreads,
   }
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 int MlaDecodeSlicedBlocksPerSm() {
-  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax>;
+  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
   static const int blocks = DecodeKernelBlocksPerSm(
-      reinterpret_cast<const void*>(&MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax>),
+      reinterpret_cast<const void*>(
+          &MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3>),
       sliced::kThreads, Cfg::kSmemBytes);
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax>;
-  if (MlaDecodeSlicedBlocksPerSm<kFormat, kTile, kStages, kSchedMax>() == 0) {
+  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
+  if (MlaDecodeSlicedBlocksPerSm<kFormat, kTile, kStages, kSchedMax, kQkE4m3>() == 0) {
     return cudaErrorInvalidConfiguration;
   }
   if (p.inline_schedule && p.batch > kSchedMax) return cudaErrorInvalidValue;
-  MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax>
+  MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3>
       <<<grid, sliced::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
 // SCHED_MAX: the largest batch the kernel schedules itself (kInlineScheduleMaxBatch, or less for
-// a variant that must save shared memory).
-#define MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(FORMAT, TILE, STAGES, SCHED_MAX) \
-  template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES, SCHED_MAX>(  \
-      const MlaDecodeKernelParams&, int, cudaStream_t);                         \
-  template int MlaDecodeSlicedBlocksPerSm<FORMAT, TILE, STAGES, SCHED_MAX>();
+// a variant that must save shared memory); QK_E4M3: q.k on e4m3 MMAs (fp8 formats).
+#define MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3) \
+  template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3>(  \
+      const MlaDecodeKernelParams&, int, cudaStream_t);                                  \
+  template int MlaDecodeSlicedBlocksPerSm<FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3>();
 
 }  // namespace mlaserve::mla

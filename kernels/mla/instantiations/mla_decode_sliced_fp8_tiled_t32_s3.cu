@@ -2,5 +2,6 @@
 #include "kernels/mla/mla_decode_sliced.cuh"
 
 namespace mlaserve::mla {
-MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kFp8Tiled, 32, 3, kInlineScheduleMaxBatch)
+MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kFp8Tiled, 32, 3, kInlineScheduleMaxBatch,
+                                       false)
 }  // namespace mlaserve::mla

@@ -372,32 +372,49 @@ TEST(MlaDecodeGpuTest, SkewedAndLargeBatches) {
   }
 }
 
-// The SM120 two-blocks variant (fp8 only) on either side of its in-kernel schedule limit (256
-// sequences; above it the schedule kernel runs), with a long sequence split among short ones; the
-// formats it has no kernel for are refused with a clear error.
-TEST(MlaDecodeGpuTest, Sm120VariantAroundItsScheduleLimit) {
+// The SM120 variants (the two-blocks one, fp8 only; the e4m3 q.k one, fp8 and fp8_tiled) on
+// either side of their in-kernel schedule limit (256 sequences; above it the schedule kernel
+// runs), with a long sequence split among short ones; the formats a variant has no kernel for are
+// refused with a clear error.
+TEST(MlaDecodeGpuTest, Sm120VariantsAroundTheirScheduleLimit) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  int v120 = -1;
-  for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
-    if (MlaDecodeVariantName(v) == "sliced_tile32_sm120_fp8") v120 = v;
-  }
-  ASSERT_GE(v120, 0);
-  ASSERT_TRUE(MlaDecodeVariantAvailable(v120, KvCacheFormat::kFp8));
-  for (KvCacheFormat f : {KvCacheFormat::kBf16, KvCacheFormat::kFp8Tiled}) {
-    EXPECT_FALSE(MlaDecodeVariantAvailable(v120, f));
-    absl::StatusOr<MlaDecodePlan> plan = PlanMlaDecode(4, 1, 16, f, v120, 0, 0);
-    ASSERT_FALSE(plan.ok());
-    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(plan.status().message().find("sliced_tile32_sm120_fp8"), std::string::npos);
-  }
+  struct Sm120Variant {
+    std::string name;
+    std::vector<KvCacheFormat> built, not_built;
+  };
+  const Sm120Variant variants[] = {
+      {"sliced_tile32_sm120_fp8",
+       {KvCacheFormat::kFp8},
+       {KvCacheFormat::kBf16, KvCacheFormat::kFp8Tiled}},
+      {"sliced_tile32_sm120_e4m3_qk",
+       {KvCacheFormat::kFp8, KvCacheFormat::kFp8Tiled},
+       {KvCacheFormat::kBf16}},
+  };
   std::mt19937 rng(11);
   uint32_t seed = 900;
-  for (int batch : {256, 257}) {
-    std::vector<int32_t> lens(batch);
-    for (int32_t& l : lens) l = std::uniform_int_distribution<int>(1, 200)(rng);
-    lens[batch - 3] = 5000;
-    RunDecodeCase({KvCacheFormat::kFp8, 16, 1, lens, v120}, seed++);
-    RunDecodeCase({KvCacheFormat::kFp8, 8, 2, lens, v120}, seed++);
+  for (const Sm120Variant& sv : variants) {
+    int v = -1;
+    for (int i = 0; i < MlaDecodeVariantCount(); ++i) {
+      if (MlaDecodeVariantName(i) == sv.name) v = i;
+    }
+    ASSERT_GE(v, 0) << sv.name;
+    for (KvCacheFormat f : sv.not_built) {
+      EXPECT_FALSE(MlaDecodeVariantAvailable(v, f));
+      absl::StatusOr<MlaDecodePlan> plan = PlanMlaDecode(4, 1, 16, f, v, 0, 0);
+      ASSERT_FALSE(plan.ok());
+      EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(plan.status().message().find(sv.name), std::string::npos);
+    }
+    for (KvCacheFormat f : sv.built) {
+      ASSERT_TRUE(MlaDecodeVariantAvailable(v, f)) << sv.name;
+      for (int batch : {256, 257}) {
+        std::vector<int32_t> lens(batch);
+        for (int32_t& l : lens) l = std::uniform_int_distribution<int>(1, 200)(rng);
+        lens[batch - 3] = 5000;
+        RunDecodeCase({f, 16, 1, lens, v}, seed++);
+        RunDecodeCase({f, 8, 2, lens, v}, seed++);
+      }
+    }
   }
 }
 
