@@ -130,6 +130,16 @@ class CudaOpsTest : public ::testing::Test {
   // `blocks` blocks.
   StepLayout Layout(const std::vector<std::pair<int, int>>& seqs, int blocks, std::mt19937& rng,
                     int vocab = 1000) {
+    StepLayoutOptions o;
+    o.vocab_size = vocab;
+    o.num_blocks = blocks;
+    o.num_slots = int64_t{blocks} * kKvBlockTokens;
+    auto l = BuildStepLayout(Batch(seqs, blocks, rng, vocab), o);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return *l;
+  }
+  static StepBatch Batch(const std::vector<std::pair<int, int>>& seqs, int blocks,
+                         std::mt19937& rng, int vocab) {
     StepBatch b;
     std::vector<int32_t> free(blocks);
     std::iota(free.begin(), free.end(), 0);
@@ -153,13 +163,7 @@ class CudaOpsTest : public ::testing::Test {
       b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
       b.seqs.push_back(std::move(s));
     }
-    StepLayoutOptions o;
-    o.vocab_size = vocab;
-    o.num_blocks = blocks;
-    o.num_slots = int64_t{blocks} * kKvBlockTokens;
-    auto l = BuildStepLayout(b, o);
-    EXPECT_TRUE(l.ok()) << l.status();
-    return *l;
+    return b;
   }
 
   // A host pool of `blocks` cache blocks holding every sequence's cached prefix (context_len
@@ -572,6 +576,194 @@ TEST_F(CudaOpsTest, MlaPrefillAndDecode) {
       gpu_->MlaDecode(shape, gq, gkb, gvb, gk, gs, int(g), go, Tensor());
     }
     ExpectClose(go, co, 2e-4, "MLA prefill+decode " + tag);
+  }
+}
+
+// Decode context parallelism's three ops (MlaAbsorb, MlaAttend, MlaMergeExpand) for N ranks of
+// one group, run one rank after the other on this GPU: the all-gathers between them are
+// concatenations on the host (what NCCL's all-gather produces, in rank order). Each op against
+// the CPU backend's on the same inputs (the GPU's partials are bf16, the CPU's fp32: the
+// attention bound), lse exactly where a rank has no keys (-inf) and within 1e-2 elsewhere (bf16
+// q_abs moves a score by ~2^-9 of its size, ~1e-3 here), and the merged output against MlaDecode
+// over the whole cache on one rank (the same attention, unsplit). Contexts include tokens whose
+// keys are all on one rank (the other ranks' attend_lens 0: the kernel's empty sequences).
+TEST_F(CudaOpsTest, DcpAttentionMatchesCpuAndOneRank) {
+  std::mt19937 rng(23);
+  struct Case {
+    std::vector<int> heads;  // each rank's heads (the slots: the largest)
+    KvCacheFormat format;
+    std::vector<std::pair<int, int>> seqs;  // (context, new tokens)
+  };
+  const std::vector<Case> cases = {
+      {{4, 4}, KvCacheFormat::kBf16, {{0, 3}, {5, 1}, {70, 1}, {130, 1}, {1000, 1}}},
+      {{4, 3}, KvCacheFormat::kFp8, {{63, 1}, {64, 1}, {2000, 1}, {0, 1}}},
+      {{8, 8, 8, 8}, KvCacheFormat::kFp8Tiled, {{10, 1}, {300, 1}, {5000, 1}, {129, 2}}},
+      {{16, 16, 16}, KvCacheFormat::kBf16, {{200, 1}, {4100, 1}, {1, 1}}},
+  };
+  const int nope = 128, v = 128, qk = nope + kMlaRopeDim, blocks = 512;
+  for (const Case& c : cases) {
+    const int N = static_cast<int>(c.heads.size());
+    const int slots = *std::max_element(c.heads.begin(), c.heads.end());
+    const int all_heads = std::accumulate(c.heads.begin(), c.heads.end(), 0);
+    const std::string tag = std::to_string(N) + " ranks x " + std::to_string(slots) + " slots " +
+                            std::string(KvCacheFormatName(c.format));
+    const StepBatch batch = Batch(c.seqs, blocks, rng, 1000);
+    const int64_t T = static_cast<int64_t>(batch.tokens.size());
+    // Every token's keys (positions 0..its own) in one global pool; rank r's pool holds global
+    // block g (g % N == r) as its block g / N.
+    StepLayoutOptions one;
+    one.vocab_size = 1000;
+    one.num_blocks = blocks;
+    one.num_slots = int64_t{blocks} * kKvBlockTokens;
+    one.per_token_attention = true;
+    auto whole = BuildStepLayout(batch, one);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    const size_t row = KvCacheBytesPerToken(c.format);
+    Tensor pool = Tensor::Host(DType::kU8, {blocks, kKvBlockTokens, int64_t(row)});
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> lat(kMlaLatentDim), rope(kMlaRopeDim);
+    for (const SequenceSlice& s : batch.seqs) {
+      for (int j = 0; j < s.context_len + s.num_tokens; ++j) {
+        for (float& x : lat) x = Bf16ToFloat(FloatToBf16(nd(rng)));
+        for (float& x : rope) x = Bf16ToFloat(FloatToBf16(nd(rng)));
+        const int64_t slot =
+            int64_t{s.block_table[j / kKvBlockTokens]} * kKvBlockTokens + j % kKvBlockTokens;
+        KvCacheEncodeRow(c.format, lat.data(), rope.data(), 0.5f,
+                         pool.data<uint8_t>() + slot * row);
+      }
+    }
+    const int local_blocks = (blocks + N - 1) / N;
+    const size_t block_bytes = size_t{kKvBlockTokens} * row;
+    std::vector<Tensor> rank_pools;
+    std::vector<StepLayout> layouts;
+    for (int r = 0; r < N; ++r) {
+      Tensor p = Tensor::Host(DType::kU8, {local_blocks, kKvBlockTokens, int64_t(row)});
+      std::memset(p.data<uint8_t>(), 0, p.nbytes());
+      for (int g = r; g < blocks; g += N) {
+        std::memcpy(p.data<uint8_t>() + size_t(g / N) * block_bytes,
+                    pool.data<uint8_t>() + size_t(g) * block_bytes, block_bytes);
+      }
+      rank_pools.push_back(std::move(p));
+      StepLayoutOptions o = one;
+      o.per_token_attention = false;
+      o.dcp_size = N;
+      o.dcp_rank = r;
+      auto l = BuildStepLayout(batch, o);
+      ASSERT_TRUE(l.ok()) << l.status();
+      layouts.push_back(*std::move(l));
+    }
+    // Every head's q and its W_kb / W_vb (bf16 values); rank r holds heads [first[r], + heads).
+    const auto q = RandomBf16(size_t(T) * all_heads * qk, rng);
+    const auto kb = RandomBf16(size_t(all_heads) * nope * kMlaLatentDim, rng, 0.04f);
+    const auto vb = RandomBf16(size_t(all_heads) * v * kMlaLatentDim, rng, 0.04f);
+    const float scale = 1.0f / std::sqrt(float(qk));
+    std::vector<int> first(N, 0);
+    for (int r = 1; r < N; ++r) first[r] = first[r - 1] + c.heads[r - 1];
+    const auto heads_of = [&](const std::vector<float>& x, int r, size_t per_head) {
+      return std::vector<float>(x.begin() + first[r] * per_head,
+                                x.begin() + (first[r] + c.heads[r]) * per_head);
+    };
+    const auto q_of = [&](int r) {  // [T, heads_r * qk]
+      std::vector<float> out;
+      for (int64_t t = 0; t < T; ++t) {
+        const float* row0 = q.data() + (size_t(t) * all_heads + first[r]) * qk;
+        out.insert(out.end(), row0, row0 + size_t(c.heads[r]) * qk);
+      }
+      return out;
+    };
+    // 1. MlaAbsorb on every rank; q_all = the ranks' q_abs in rank order.
+    std::vector<float> cpu_q_all, gpu_q_all;
+    for (int r = 0; r < N; ++r) {
+      const MlaShape shape{c.heads[r], nope, kMlaRopeDim, v, kMlaLatentDim, scale};
+      const DcpShape d{N, r, slots};
+      const auto qr = q_of(r);
+      const auto kbr = heads_of(kb, r, size_t(nope) * kMlaLatentDim);
+      Tensor cq_abs = cpu_.Activation({T, slots, kMlaQkDim});
+      Tensor gq_abs = gpu_->Activation({T, slots, kMlaQkDim});
+      cpu_.MlaAbsorb(shape, d, HostF32(qr, {T, c.heads[r] * qk}),
+                     HostF32(kbr, {c.heads[r], nope, kMlaLatentDim}), cq_abs);
+      gpu_->MlaAbsorb(shape, d, GpuAct(qr, {T, c.heads[r] * qk}),
+                      GpuAct(kbr, {c.heads[r], nope, kMlaLatentDim}), gq_abs);
+      ASSERT_TRUE(gpu_->Synchronize().ok()) << tag;
+      ExpectClose(gq_abs, cq_abs, 5e-5, "DCP MlaAbsorb rank " + std::to_string(r) + " " + tag);
+      const auto cv = Values(cq_abs), gv = Download(gq_abs);
+      cpu_q_all.insert(cpu_q_all.end(), cv.begin(), cv.end());
+      gpu_q_all.insert(gpu_q_all.end(), gv.begin(), gv.end());
+    }
+    // 2. MlaAttend on every rank (its cache, its layout); the partials gathered in rank order.
+    std::vector<float> cpu_lat_all, gpu_lat_all, cpu_lse_all, gpu_lse_all;
+    for (int r = 0; r < N; ++r) {
+      const MlaShape shape{c.heads[r], nope, kMlaRopeDim, v, kMlaLatentDim, scale};
+      const DcpShape d{N, r, slots};
+      const StepLayout& L = layouts[r];
+      KvCacheLayer ck{rank_pools[r], c.format, 0.5f};
+      KvCacheLayer gk{*gpu_->Upload(rank_pools[r]), c.format, 0.5f};
+      StepTensors cs, gs;
+      ASSERT_TRUE(cpu_.BeginStep(L, &cs).ok());
+      ASSERT_TRUE(gpu_->BeginStep(L, &gs).ok());
+      Tensor cl = cpu_.Activation({N, T, slots, kMlaLatentDim});
+      Tensor gl = gpu_->Activation({N, T, slots, kMlaLatentDim});
+      Tensor cls = cpu_.Activation({N, T, slots}, DType::kF32);
+      Tensor gls = gpu_->Activation({N, T, slots}, DType::kF32);
+      Tensor gq_all = GpuAct(gpu_q_all, {N, T, slots, kMlaQkDim});
+      for (size_t g = 0; g < L.decode.size(); ++g) {
+        cpu_.MlaAttend(shape, d, HostF32(cpu_q_all, {N, T, slots, kMlaQkDim}), ck, cs, int(g), cl,
+                       cls);
+        gpu_->MlaAttend(shape, d, gq_all, gk, gs, int(g), gl, gls);
+      }
+      ASSERT_TRUE(gpu_->Synchronize().ok()) << tag;
+      const std::string what = "DCP MlaAttend rank " + std::to_string(r) + " " + tag;
+      ExpectClose(gl, cl, 2e-4, what);
+      const auto cv = Values(cls), gv = Download(gls);
+      int bad = 0, empty = 0;
+      for (size_t i = 0; i < cv.size(); ++i) {
+        empty += std::isinf(cv[i]);
+        const bool ok = cv[i] == gv[i] || std::fabs(cv[i] - gv[i]) <= 1e-2f;
+        if (!ok && bad++ < 5)
+          ADD_FAILURE() << what << ": lse " << i << " " << gv[i] << " vs " << cv[i];
+      }
+      std::printf("[cuda_ops] %-60s lse: %d differ, %d keyless rows\n", what.c_str(), bad, empty);
+      const auto clv = Values(cl), glv = Download(gl);
+      cpu_lat_all.insert(cpu_lat_all.end(), clv.begin(), clv.end());
+      gpu_lat_all.insert(gpu_lat_all.end(), glv.begin(), glv.end());
+      cpu_lse_all.insert(cpu_lse_all.end(), cv.begin(), cv.end());
+      gpu_lse_all.insert(gpu_lse_all.end(), gv.begin(), gv.end());
+    }
+    // 3. MlaMergeExpand on every rank, against the CPU's and against one rank's MlaDecode.
+    StepTensors ws;
+    ASSERT_TRUE(cpu_.BeginStep(*whole, &ws).ok());
+    KvCacheLayer wk{pool, c.format, 0.5f};
+    const MlaShape all_shape{all_heads, nope, kMlaRopeDim, v, kMlaLatentDim, scale};
+    Tensor ref = cpu_.Activation({T, all_heads * v});
+    for (size_t g = 0; g < whole->decode.size(); ++g) {
+      cpu_.MlaDecode(all_shape, HostF32(q, {T, all_heads * qk}),
+                     HostF32(kb, {all_heads, nope, kMlaLatentDim}),
+                     HostF32(vb, {all_heads, v, kMlaLatentDim}), wk, ws, int(g), ref, Tensor());
+    }
+    for (int r = 0; r < N; ++r) {
+      const MlaShape shape{c.heads[r], nope, kMlaRopeDim, v, kMlaLatentDim, scale};
+      const DcpShape d{N, r, slots};
+      const auto vbr = heads_of(vb, r, size_t(v) * kMlaLatentDim);
+      Tensor co = cpu_.Activation({T, c.heads[r] * v});
+      Tensor go = gpu_->Activation({T, c.heads[r] * v});
+      cpu_.MlaMergeExpand(shape, d, HostF32(cpu_lat_all, {N, N, T, slots, kMlaLatentDim}),
+                          HostF32(cpu_lse_all, {N, N, T, slots}),
+                          HostF32(vbr, {c.heads[r], v, kMlaLatentDim}), co);
+      gpu_->MlaMergeExpand(shape, d, GpuAct(gpu_lat_all, {N, N, T, slots, kMlaLatentDim}),
+                           GpuAct(gpu_lse_all, {N, N, T, slots}, DType::kF32),
+                           GpuAct(vbr, {c.heads[r], v, kMlaLatentDim}), go);
+      ASSERT_TRUE(gpu_->Synchronize().ok()) << tag;
+      ExpectClose(go, co, 2e-4, "DCP MlaMergeExpand rank " + std::to_string(r) + " " + tag);
+      // The whole-cache reference's columns of this rank's heads.
+      std::vector<float> mine;
+      const auto rv = Values(ref);
+      for (int64_t t = 0; t < T; ++t) {
+        const float* row0 = rv.data() + (size_t(t) * all_heads + first[r]) * v;
+        mine.insert(mine.end(), row0, row0 + size_t(c.heads[r]) * v);
+      }
+      ExpectClose(go, HostF32(mine, {T, c.heads[r] * v}), 2e-4,
+                  "DCP rank " + std::to_string(r) + " vs one rank's MlaDecode " + tag);
+    }
   }
 }
 

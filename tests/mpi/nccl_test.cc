@@ -244,6 +244,37 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NcclAllGatherTest,
                                            Case{DType::kI32, 1000}, Case{DType::kI32, 65537}),
                          CaseName);
 
+// Split (decode context parallelism's groups): ranks of one parity form a group, ordered by
+// rank; the group all-gathers its members' inputs in that order, on the same stream. With one
+// rank the group is the rank itself (ncclCommSplit into a single-rank communicator).
+TEST_F(NcclCommunicatorTest, SplitGroupsGatherTheirOwnRanks) {
+  const int n = g_comm->size(), rank = g_comm->rank();
+  auto group = g_comm->Split(rank % 2, rank);
+  ASSERT_TRUE(group.ok()) << group.status();
+  std::vector<int> members;
+  for (int r = rank % 2; r < n; r += 2) members.push_back(r);
+  ASSERT_EQ((*group)->size(), static_cast<int>(members.size()));
+  EXPECT_EQ((*group)->rank(), rank / 2);
+  const int64_t numel = 4099;
+  std::vector<uint8_t> want;
+  for (int r : members) {
+    const std::vector<uint8_t> in = GatherInput(DType::kBF16, numel, r);
+    want.insert(want.end(), in.begin(), in.end());
+  }
+  DeviceBuffer send = ToDevice(DType::kBF16, numel, GatherInput(DType::kBF16, numel, rank));
+  DeviceBuffer recv = ToDevice(DType::kBF16, static_cast<int64_t>(members.size()) * numel,
+                               std::vector<uint8_t>(want.size(), 0));
+  absl::Status s = (*group)->AllGatherDevice(send.tensor, recv.tensor);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE((*group)->WaitForDevice().ok());
+  EXPECT_EQ(ToHost(recv), want);
+  group->reset();  // destroyed before the parent's next collective
+  // The parent still works after its group is gone.
+  DeviceBuffer all = ToDevice(DType::kBF16, n * numel, std::vector<uint8_t>(n * numel * 2, 0));
+  ASSERT_TRUE(g_comm->AllGatherDevice(send.tensor, all.tensor).ok());
+  EXPECT_EQ(ToHost(all).size(), static_cast<size_t>(n * numel * 2));
+}
+
 TEST_F(NcclCommunicatorTest, RejectsUnsupportedDtypesAndHostMemory) {
   const int n = g_comm->size();
   DeviceBuffer i64 = ToDevice(DType::kI64, 4, std::vector<uint8_t>(32, 0));

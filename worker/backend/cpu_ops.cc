@@ -70,6 +70,7 @@ absl::Status CpuOps::BeginStep(const StepLayout& layout, StepTensors* step) {
   step->context_lens = View(layout.context_lens, DType::kI32);
   step->prefill_q_begin = View(layout.prefill.q_begin, DType::kI32);
   step->prefill_kv_begin = View(layout.prefill.kv_begin, DType::kI32);
+  step->attend_lens = View(layout.attend_lens, DType::kI32);
   return absl::OkStatus();
 }
 

@@ -1,12 +1,12 @@
 #include "worker/backend/cuda_ops.h"
 
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
-
-#include <cuda_profiler_api.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,6 +17,7 @@
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_ref.h"
 #include "kernels/linear/skinny_gemm.h"
+#include "kernels/mla/mla_dcp.h"
 #include "kernels/mla/mla_decode.h"
 #include "kernels/mla/mla_kv_prep.h"
 #include "kernels/mla/mla_prefill.h"
@@ -61,6 +62,22 @@ Tensor HostBf16(const Tensor& host) {
     out.data<uint16_t>()[i] = FloatToBf16(f.data<float>()[i]);
   return out;
 }
+
+// One use of the MLA decode kernel (MlaDecode's, and MlaAttend's under DCP): num_seqs sequences
+// of s_q rows of `heads` heads, their absorbed q rows at q_abs ([rows, heads, 576] bf16, the RoPE
+// dims at q_rope + f * q_rope_stride for flat row f where q_rope is set), latent rows out to
+// `out` ([rows, heads, 512] bf16) and, where set, their natural-log lse to `lse`.
+struct MlaDecodeCall {
+  const uint16_t* q_abs = nullptr;
+  const uint16_t* q_rope = nullptr;
+  int64_t q_rope_stride = 0;
+  const int32_t* block_table = nullptr;  // [num_seqs, max_blocks]
+  int max_blocks = 0;
+  const int32_t* seq_lens = nullptr;  // [num_seqs]
+  int num_seqs = 0, s_q = 1, heads = 0;
+  uint16_t* out = nullptr;
+  float* lse = nullptr;
+};
 
 }  // namespace
 
@@ -156,6 +173,18 @@ struct CudaOps::Impl {
   void Check(const absl::Status& s, const What& what) {
     if (!s.ok()) Fail(absl::Status(s.code(), absl::StrCat(Describe(what), ": ", s.message())));
   }
+
+  // The MLA decode kernel, the latent's expansion through W_vb and q's absorption through W_kb
+  // as MlaDecode and the DCP ops use them (defined with those ops).
+  template <class What>
+  void RunMlaDecode(const MlaDecodeCall& c, const KvCacheLayer& cache, float softmax_scale,
+                    const What& what);
+  template <class What>
+  void ExpandLatent(const MlaShape& s, int64_t rows, const void* latent, const Tensor& w_vb,
+                    uint16_t* out, const What& what);
+  template <class What>
+  void AbsorbQ(const MlaShape& s, int64_t rows, const uint16_t* q, const Tensor& w_kb,
+               uint16_t* q_abs, int64_t abs_stride, const What& what);
 
   void* ArenaAlloc(size_t bytes) {
     bytes = AlignUp(std::max<size_t>(bytes, 1));
@@ -480,6 +509,8 @@ absl::Status CudaOps::BeginStep(const StepLayout& L, StepTensors* step) {
        P},
       {L.prefill.kv_begin.data(), L.prefill.kv_begin.size() * 4, &step->prefill_kv_begin,
        DType::kI32, P},
+      {L.attend_lens.data(), L.attend_lens.size() * 4, &step->attend_lens, DType::kI32,
+       static_cast<int64_t>(L.attend_lens.size())},
   };
   size_t total = 0;
   for (const Part& p : parts) total += AlignUp(p.bytes);
@@ -1119,6 +1150,110 @@ void CudaOps::MlaPrefill(const MlaShape& s, const Tensor& q, const Tensor& laten
   impl_->Check(InvokeMlaPrefill(a, impl_->stream), what);
 }
 
+// Plans and launches the decode kernel for `c`. Batch-invariant: the fixed-piece schedule, for
+// sequences as long as the block tables allow, in slices of sequences whose partials fit
+// kPerTokenAttentionWorkspaceBytes (a slice's bits are those of any other grouping: that is what
+// invariance means).
+template <class What>
+void CudaOps::Impl::RunMlaDecode(const MlaDecodeCall& c, const KvCacheLayer& cache,
+                                 float softmax_scale, const What& what) {
+  const bool invariant = batch_invariant;
+  const int max_len = c.max_blocks * kKvBlockTokens;
+  int slice = c.num_seqs;
+  absl::StatusOr<MlaDecodePlan> plan =
+      PlanMlaDecode(slice, c.s_q, c.heads, cache.format, -1, 0, invariant ? max_len : 0);
+  if (invariant && plan.ok()) {
+    auto one = PlanMlaDecode(1, c.s_q, c.heads, cache.format, -1, 0, max_len);
+    if (!one.ok()) {
+      plan = one.status();
+    } else {
+      slice = static_cast<int>(std::clamp<size_t>(
+          kPerTokenAttentionWorkspaceBytes / std::max<size_t>(one->workspace_bytes, 1), 1,
+          static_cast<size_t>(c.num_seqs)));
+      plan = PlanMlaDecode(slice, c.s_q, c.heads, cache.format, -1, 0, max_len);
+    }
+  }
+  if (!plan.ok()) {
+    Check(plan.status(), what);
+    return;
+  }
+  void* workspace = ArenaAlloc(plan->workspace_bytes);
+  if (failed()) return;
+  for (int first = 0; first < c.num_seqs; first += slice) {
+    const int n = std::min(slice, c.num_seqs - first);
+    const int64_t flat0 = static_cast<int64_t>(first) * c.s_q * c.heads;  // first flat q row
+    MlaDecodeParams p;
+    p.q = c.q_abs + flat0 * kMlaQkDim;
+    if (c.q_rope != nullptr) {
+      p.q_rope = c.q_rope + flat0 * c.q_rope_stride;
+      p.q_rope_stride = c.q_rope_stride;
+    }
+    p.kv_pool = cache.pool.data<void>();
+    p.block_table = c.block_table + static_cast<int64_t>(first) * c.max_blocks;
+    p.max_blocks_per_seq = c.max_blocks;
+    p.seq_lens = c.seq_lens + first;
+    p.batch = n;
+    p.s_q = c.s_q;
+    p.heads = c.heads;
+    p.format = cache.format;
+    p.kv_scale = cache.fp8_scale;
+    p.softmax_scale = softmax_scale;
+    p.out = c.out + flat0 * kMlaLatentDim;
+    p.lse = c.lse != nullptr ? c.lse + flat0 : nullptr;
+    p.workspace = workspace;
+    p.workspace_bytes = plan->workspace_bytes;
+    p.invariant_max_seq_len = invariant ? max_len : 0;
+    p.programmatic_combine = programmatic_mla_combine;
+    p.min_share = mla_min_share;
+    Check(InvokeMlaDecode(p, stream), what);
+    if (failed()) return;
+  }
+}
+
+// out[r, h, :v] = latent[r, h, :] W_vb[h]^T for `rows` rows of `heads` heads (W_vb[h] is
+// [v, 512]; latent [rows, heads, 512] bf16, out rows of heads * v).
+template <class What>
+void CudaOps::Impl::ExpandLatent(const MlaShape& s, int64_t rows, const void* latent,
+                                 const Tensor& w_vb, uint16_t* out, const What& what) {
+  LinearGemm::Args expand;
+  expand.m = rows;
+  expand.n = s.v_dim;
+  expand.k = kMlaLatentDim;
+  expand.x = latent;
+  expand.x_stride = static_cast<int64_t>(s.heads) * kMlaLatentDim;
+  expand.w = w_vb.data<void>();
+  expand.out = out;
+  expand.out_stride = static_cast<int64_t>(s.heads) * s.v_dim;
+  expand.batch = s.heads;
+  expand.x_batch_stride = kMlaLatentDim;
+  expand.w_batch_stride = static_cast<int64_t>(s.v_dim) * kMlaLatentDim;
+  expand.out_batch_stride = s.v_dim;
+  Check(gemm->Run(expand, stream), [&] { return Describe(what) + " (v expand)"; });
+}
+
+// q_abs[r, h, :512] = q_nope[r, h, :] W_kb[h] for `rows` rows of s.heads heads (W_kb[h] is
+// [nope, 512]); q rows of heads * (nope + rope), q_abs rows of abs_stride elements.
+template <class What>
+void CudaOps::Impl::AbsorbQ(const MlaShape& s, int64_t rows, const uint16_t* q, const Tensor& w_kb,
+                            uint16_t* q_abs, int64_t abs_stride, const What& what) {
+  const int qk = s.qk_nope + s.qk_rope;
+  LinearGemm::Args absorb;
+  absorb.m = rows;
+  absorb.n = kMlaLatentDim;
+  absorb.k = s.qk_nope;
+  absorb.x = q;
+  absorb.x_stride = static_cast<int64_t>(s.heads) * qk;
+  absorb.w = w_kb.data<void>();
+  absorb.w_kn = true;
+  absorb.out = q_abs;
+  absorb.out_stride = abs_stride;
+  absorb.batch = s.heads;
+  absorb.x_batch_stride = qk;
+  absorb.w_batch_stride = static_cast<int64_t>(s.qk_nope) * kMlaLatentDim;
+  absorb.out_batch_stride = kMlaQkDim;
+  Check(gemm->Run(absorb, stream), [&] { return Describe(what) + " (q absorb)"; });
+}
+
 void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, const Tensor& w_vb,
                         const KvCacheLayer& cache, const StepTensors& step, int group,
                         Tensor& out, const Tensor& absorbed) {
@@ -1135,29 +1270,6 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
                                                 kMaxDecodeTokens, " tokens per sequence")));
     return;
   }
-  // Batch-invariant: the fixed-piece schedule, for sequences as long as the block tables allow,
-  // in slices of sequences whose partials fit kPerTokenAttentionWorkspaceBytes (a slice's bits
-  // are those of any other grouping: that is what invariance means).
-  const bool invariant = impl_->batch_invariant;
-  const int max_len = step.layout->max_blocks * kKvBlockTokens;
-  int slice = g.num_seqs;
-  absl::StatusOr<MlaDecodePlan> plan =
-      PlanMlaDecode(slice, g.s_q, H, cache.format, -1, 0, invariant ? max_len : 0);
-  if (invariant && plan.ok()) {
-    auto one = PlanMlaDecode(1, g.s_q, H, cache.format, -1, 0, max_len);
-    if (!one.ok()) {
-      plan = one.status();
-    } else {
-      slice = static_cast<int>(std::clamp<size_t>(
-          kPerTokenAttentionWorkspaceBytes / std::max<size_t>(one->workspace_bytes, 1), 1,
-          static_cast<size_t>(g.num_seqs)));
-      plan = PlanMlaDecode(slice, g.s_q, H, cache.format, -1, 0, max_len);
-    }
-  }
-  if (!plan.ok()) {
-    impl_->Check(plan.status(), what);
-    return;
-  }
   const int rows = g.num_seqs * g.s_q;
   // q absorbed by MlaInputPrep (every row of the step), or here.
   const bool have_abs = !absorbed.empty();
@@ -1170,27 +1282,11 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
   }
   Tensor q_abs = have_abs ? absorbed.Rows(g.row_begin, rows) : Activation({rows, H, kMlaQkDim});
   Tensor latent_out = Activation({rows, H, kMlaLatentDim});
-  void* workspace = impl_->ArenaAlloc(plan->workspace_bytes);
   MLASERVE_SKIP_IF_FAILED();
   const uint16_t* q_rows = q.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * qk;
-  // q_abs[r, h, :512] = q_nope[r, h, :] W_kb[h] for every head (W_kb[h] is [nope, 512]).
   if (!have_abs) {
-    LinearGemm::Args absorb;
-    absorb.m = rows;
-    absorb.n = kMlaLatentDim;
-    absorb.k = s.qk_nope;
-    absorb.x = q_rows;
-    absorb.x_stride = static_cast<int64_t>(H) * qk;
-    absorb.w = w_kb.data<void>();
-    absorb.w_kn = true;
-    absorb.out = q_abs.data<void>();
-    absorb.out_stride = static_cast<int64_t>(H) * kMlaQkDim;
-    absorb.batch = H;
-    absorb.x_batch_stride = qk;
-    absorb.w_batch_stride = static_cast<int64_t>(s.qk_nope) * kMlaLatentDim;
-    absorb.out_batch_stride = kMlaQkDim;
-    impl_->Check(impl_->gemm->Run(absorb, impl_->stream),
-                 [&] { return what() + " (q absorb)"; });
+    impl_->AbsorbQ(s, rows, q_rows, w_kb, q_abs.data<uint16_t>(),
+                   static_cast<int64_t>(H) * kMlaQkDim, what);
   }
   // The rope part of q: read by the decode kernel where it is (q_rope), or copied to columns
   // 512..575 of each head of q_abs.
@@ -1203,66 +1299,187 @@ void CudaOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb, 
                                    cudaMemcpyDeviceToDevice, impl_->stream),
                  [&] { return what() + " (q rope copy)"; });
   }
-  for (int first = 0; first < g.num_seqs; first += slice) {
-    const int n = std::min(slice, g.num_seqs - first);
-    const int64_t row0 = static_cast<int64_t>(first) * g.s_q;
-    MlaDecodeParams p;
-    p.q = q_abs.data<uint16_t>() + row0 * H * kMlaQkDim;
-    if (rope_in_place) {
-      p.q_rope = q_rope + row0 * H * qk;
-      p.q_rope_stride = qk;
-    }
-    p.kv_pool = cache.pool.data<void>();
-    p.block_table = step.block_tables.data<int32_t>() +
-                    static_cast<int64_t>(g.seq_begin + first) * step.layout->max_blocks;
-    p.max_blocks_per_seq = step.layout->max_blocks;
-    p.seq_lens = step.seq_lens.data<int32_t>() + g.seq_begin + first;
-    p.batch = n;
-    p.s_q = g.s_q;
-    p.heads = H;
-    p.format = cache.format;
-    p.kv_scale = cache.fp8_scale;
-    p.softmax_scale = s.softmax_scale;
-    p.out = latent_out.data<uint16_t>() + row0 * H * kMlaLatentDim;
-    p.lse = nullptr;
-    p.workspace = workspace;
-    p.workspace_bytes = plan->workspace_bytes;
-    p.invariant_max_seq_len = invariant ? max_len : 0;
-    p.programmatic_combine = impl_->programmatic_mla_combine;
-    p.min_share = impl_->mla_min_share;
-    impl_->Check(InvokeMlaDecode(p, impl_->stream), what);
-    MLASERVE_SKIP_IF_FAILED();
+  MlaDecodeCall c;
+  c.q_abs = q_abs.data<uint16_t>();
+  if (rope_in_place) {
+    c.q_rope = q_rope;
+    c.q_rope_stride = qk;
   }
-  // out[r, h, :v] = latent_out[r, h, :] W_vb[h]^T (W_vb[h] is [v, 512]).
-  LinearGemm::Args expand;
-  expand.m = rows;
-  expand.n = s.v_dim;
-  expand.k = kMlaLatentDim;
-  expand.x = latent_out.data<void>();
-  expand.x_stride = static_cast<int64_t>(H) * kMlaLatentDim;
-  expand.w = w_vb.data<void>();
-  expand.out = out.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * s.v_dim;
-  expand.out_stride = static_cast<int64_t>(H) * s.v_dim;
-  expand.batch = H;
-  expand.x_batch_stride = kMlaLatentDim;
-  expand.w_batch_stride = static_cast<int64_t>(s.v_dim) * kMlaLatentDim;
-  expand.out_batch_stride = s.v_dim;
-  impl_->Check(impl_->gemm->Run(expand, impl_->stream), [&] { return what() + " (v expand)"; });
+  c.block_table = step.block_tables.data<int32_t>() +
+                  static_cast<int64_t>(g.seq_begin) * step.layout->max_blocks;
+  c.max_blocks = step.layout->max_blocks;
+  c.seq_lens = step.seq_lens.data<int32_t>() + g.seq_begin;
+  c.num_seqs = g.num_seqs;
+  c.s_q = g.s_q;
+  c.heads = H;
+  c.out = latent_out.data<uint16_t>();
+  impl_->RunMlaDecode(c, cache, s.softmax_scale, what);
+  MLASERVE_SKIP_IF_FAILED();
+  impl_->ExpandLatent(s, rows, latent_out.data<void>(), w_vb,
+                      out.data<uint16_t>() + static_cast<int64_t>(g.row_begin) * H * s.v_dim, what);
 }
 
-void CudaOps::MlaAbsorb(const MlaShape&, const DcpShape&, const Tensor&, const Tensor&, Tensor&) {
-  impl_->Fail(absl::UnimplementedError(
-      "decode context parallelism (--dcp) runs on the CPU backend only so far"));
+// Decode context parallelism (Ops::MlaAbsorb / MlaAttend / MlaMergeExpand). The tensors that
+// travel between the group's ranks are by rank ([ranks, T, slots, ...], all-gathers); the decode
+// kernel reads a token's ranks * slots heads together, so MlaAttend moves q into that layout and
+// the outputs back (kernels/mla/mla_dcp.h's strided block copy). The partial latents travel in
+// bf16 (the activation dtype; MlaDecode's latent output is bf16 as well), lse in fp32.
+void CudaOps::MlaAbsorb(const MlaShape& s, const DcpShape& d, const Tensor& q, const Tensor& w_kb,
+                        Tensor& q_abs) {
+  MLASERVE_SKIP_IF_FAILED();
+  const int64_t T = q.dim(0);
+  const int qk = s.qk_nope + s.qk_rope;
+  const auto what = [&] {
+    return absl::StrCat("MlaAbsorb ", T, " tokens, ", s.heads, " heads in ", d.heads_per_rank,
+                        " slots");
+  };
+  if (d.heads_per_rank < s.heads || s.qk_rope != kMlaRopeDim || q.dtype() != DType::kBF16 ||
+      q.numel() != T * s.heads * qk || q_abs.dtype() != DType::kBF16 ||
+      q_abs.numel() != T * d.heads_per_rank * kMlaQkDim) {
+    impl_->Fail(absl::InvalidArgumentError(absl::StrCat(
+        what(), ": q must be bf16 [", T, ", ", s.heads * qk, "] (got ", Shape(q), "), q_abs bf16 [",
+        T, ", ", d.heads_per_rank, ", ", kMlaQkDim, "] (got ", Shape(q_abs),
+        "), the slots at least the heads and the RoPE width ", kMlaRopeDim)));
+    return;
+  }
+  if (T == 0) return;
+  const int64_t abs_row = static_cast<int64_t>(d.heads_per_rank) * kMlaQkDim;
+  // The slots past this rank's heads travel as zeros.
+  if (d.heads_per_rank > s.heads) {
+    impl_->Check(cudaMemsetAsync(q_abs.data<void>(), 0, q_abs.nbytes(), impl_->stream),
+                 [&] { return what() + " (zero slots)"; });
+  }
+  impl_->AbsorbQ(s, T, q.data<uint16_t>(), w_kb, q_abs.data<uint16_t>(), abs_row, what);
+  // The RoPE dims: q's [T, heads, nope | rope] -> q_abs's columns 512..575 of each head.
+  StridedBlockCopy rope;
+  rope.src = q.data<uint16_t>() + s.qk_nope;
+  rope.dst = q_abs.data<uint16_t>() + kMlaLatentDim;
+  rope.outer = T;
+  rope.inner = s.heads;
+  rope.block_bytes = kMlaRopeDim * 2;
+  rope.src_outer = static_cast<int64_t>(s.heads) * qk * 2;
+  rope.src_inner = static_cast<int64_t>(qk) * 2;
+  rope.dst_outer = abs_row * 2;
+  rope.dst_inner = kMlaQkDim * 2;
+  impl_->Check(InvokeStridedBlockCopy(rope, impl_->stream), [&] { return what() + " (q rope)"; });
 }
-void CudaOps::MlaAttend(const MlaShape&, const DcpShape&, const Tensor&, const KvCacheLayer&,
-                        const StepTensors&, int, Tensor&, Tensor&) {
-  impl_->Fail(absl::UnimplementedError(
-      "decode context parallelism (--dcp) runs on the CPU backend only so far"));
+
+void CudaOps::MlaAttend(const MlaShape& s, const DcpShape& d, const Tensor& q_all,
+                        const KvCacheLayer& cache, const StepTensors& step, int group,
+                        Tensor& latent, Tensor& lse) {
+  MLASERVE_SKIP_IF_FAILED();
+  const StepLayout& L = *step.layout;
+  const StepLayout::DecodeGroup& g = L.decode[group];
+  const int64_t T = L.num_tokens;
+  const int N = d.ranks, slots = d.heads_per_rank, H = N * slots;
+  const auto what = [&] {
+    return absl::StrCat("MlaAttend ", g.num_seqs, " tokens, ", N, " ranks x ", slots,
+                        " head slots, ", std::string(KvCacheFormatName(cache.format)));
+  };
+  if (g.s_q != 1 || step.attend_lens.numel() != L.num_seqs || H > 128 ||
+      q_all.dtype() != DType::kBF16 || q_all.numel() != N * T * slots * kMlaQkDim ||
+      latent.dtype() != DType::kBF16 || latent.numel() != N * T * slots * kMlaLatentDim ||
+      lse.dtype() != DType::kF32 || lse.numel() != N * T * slots) {
+    impl_->Fail(absl::InvalidArgumentError(absl::StrCat(
+        what(),
+        ": needs one-token sequences with their keys on this rank (a DCP step layout), at "
+        "most 128 heads in all (the decode kernel's limit; got ",
+        H, "), q_all bf16 [", N, ", ", T, ", ", slots, ", ", kMlaQkDim, "] (got ", Shape(q_all),
+        "), latent bf16 [", N, ", ", T, ", ", slots, ", ", kMlaLatentDim, "] (got ", Shape(latent),
+        "), lse f32 [", N, ", ", T, ", ", slots, "] (got ", Shape(lse), ")")));
+    return;
+  }
+  const int64_t n = g.num_seqs, row0 = g.row_begin;  // one row a sequence
+  if (n == 0) return;
+  Tensor q = Activation({n, H, kMlaQkDim});
+  Tensor out = Activation({n, H, kMlaLatentDim});
+  Tensor out_lse = Activation({n, H}, DType::kF32);
+  MLASERVE_SKIP_IF_FAILED();
+  // Rank r's slots of token row0 + i <-> heads r * slots .. of row i: blocks (r, i).
+  const auto by_rank_to_by_token = [&](const void* src, void* dst, int64_t unit_bytes) {
+    StridedBlockCopy c;
+    c.src = static_cast<const char*>(src) + row0 * slots * unit_bytes;
+    c.dst = dst;
+    c.outer = N;
+    c.inner = n;
+    c.block_bytes = slots * unit_bytes;
+    c.src_outer = T * slots * unit_bytes;
+    c.src_inner = slots * unit_bytes;
+    c.dst_outer = slots * unit_bytes;
+    c.dst_inner = H * unit_bytes;
+    return c;
+  };
+  const auto by_token_to_by_rank = [&](const void* src, void* dst, int64_t unit_bytes) {
+    StridedBlockCopy c = by_rank_to_by_token(nullptr, nullptr, unit_bytes);
+    std::swap(c.src_outer, c.dst_outer);
+    std::swap(c.src_inner, c.dst_inner);
+    c.src = src;
+    c.dst = static_cast<char*>(dst) + row0 * slots * unit_bytes;
+    return c;
+  };
+  impl_->Check(
+      InvokeStridedBlockCopy(by_rank_to_by_token(q_all.data<void>(), q.data<void>(), kMlaQkDim * 2),
+                             impl_->stream),
+      [&] { return what() + " (q by token)"; });
+  MlaDecodeCall c;
+  c.q_abs = q.data<uint16_t>();
+  c.block_table =
+      step.block_tables.data<int32_t>() + static_cast<int64_t>(g.seq_begin) * L.max_blocks;
+  c.max_blocks = L.max_blocks;
+  c.seq_lens = step.attend_lens.data<int32_t>() + g.seq_begin;  // may be 0: zeros, lse -inf
+  c.num_seqs = static_cast<int>(n);
+  c.s_q = 1;
+  c.heads = H;
+  c.out = out.data<uint16_t>();
+  c.lse = out_lse.data<float>();
+  impl_->RunMlaDecode(c, cache, s.softmax_scale, what);
+  MLASERVE_SKIP_IF_FAILED();
+  impl_->Check(InvokeStridedBlockCopy(
+                   by_token_to_by_rank(out.data<void>(), latent.data<void>(), kMlaLatentDim * 2),
+                   impl_->stream),
+               [&] { return what() + " (latent by rank)"; });
+  impl_->Check(InvokeStridedBlockCopy(
+                   by_token_to_by_rank(out_lse.data<void>(), lse.data<void>(), sizeof(float)),
+                   impl_->stream),
+               [&] { return what() + " (lse by rank)"; });
 }
-void CudaOps::MlaMergeExpand(const MlaShape&, const DcpShape&, const Tensor&, const Tensor&,
-                             const Tensor&, Tensor&) {
-  impl_->Fail(absl::UnimplementedError(
-      "decode context parallelism (--dcp) runs on the CPU backend only so far"));
+
+void CudaOps::MlaMergeExpand(const MlaShape& s, const DcpShape& d, const Tensor& latent_all,
+                             const Tensor& lse_all, const Tensor& w_vb, Tensor& out) {
+  MLASERVE_SKIP_IF_FAILED();
+  const int64_t T = out.dim(0);
+  const int N = d.ranks, slots = d.heads_per_rank;
+  const auto what = [&] {
+    return absl::StrCat("MlaMergeExpand ", T, " tokens, ", s.heads, " heads, ", N, " ranks");
+  };
+  if (d.rank < 0 || d.rank >= N || slots < s.heads || latent_all.dtype() != DType::kBF16 ||
+      latent_all.numel() != int64_t{N} * N * T * slots * kMlaLatentDim ||
+      lse_all.dtype() != DType::kF32 || lse_all.numel() != int64_t{N} * N * T * slots ||
+      out.numel() != T * s.heads * s.v_dim) {
+    impl_->Fail(absl::InvalidArgumentError(absl::StrCat(
+        what(), " (rank ", d.rank, ", ", slots, " slots): latent_all must be bf16 [", N, ", ", N,
+        ", ", T, ", ", slots, ", ", kMlaLatentDim, "] (got ", Shape(latent_all), "), lse_all f32 [",
+        N, ", ", N, ", ", T, ", ", slots, "] (got ", Shape(lse_all), "), out [", T, ", ",
+        s.heads * s.v_dim, "] (got ", Shape(out), ")")));
+    return;
+  }
+  if (T == 0) return;
+  Tensor merged = Activation({T, s.heads, kMlaLatentDim});
+  MLASERVE_SKIP_IF_FAILED();
+  // Source src's partials for this rank's head slots: [src][rank][t][slot].
+  const int64_t rank_rows = T * slots;
+  MlaDcpMergeParams m;
+  m.latent = latent_all.data<uint16_t>() + d.rank * rank_rows * kMlaLatentDim;
+  m.lse = lse_all.data<float>() + d.rank * rank_rows;
+  m.src_stride = N * rank_rows;
+  m.sources = N;
+  m.tokens = static_cast<int>(T);
+  m.heads = s.heads;
+  m.slots = slots;
+  m.out = merged.data<void>();
+  impl_->Check(InvokeMlaDcpMerge(m, impl_->stream), what);
+  MLASERVE_SKIP_IF_FAILED();
+  impl_->ExpandLatent(s, T, merged.data<void>(), w_vb, out.data<uint16_t>(), what);
 }
 
 namespace {

@@ -81,8 +81,10 @@ class CudaOps : public Ops {
   void MlaPrefill(const MlaShape& shape, const Tensor& q, const Tensor& latent,
                   const Tensor& k_rope, const LinearWeight& kv_b, const KvCacheLayer& cache,
                   const StepTensors& step, Tensor& out) override;
-  // Decode context parallelism runs on the CPU backend only so far: these fail the step with
-  // an error that says so (worker/backend/NOTES.md).
+  // Decode context parallelism: q absorbed into head slots; the MLA decode kernel over this
+  // rank's cache rows with every rank's heads (q and the partials moved between the by-rank and
+  // by-token layouts, kernels/mla/mla_dcp.h), partials in bf16 with fp32 lse; the log-sum-exp
+  // merge of this rank's heads, then the W_vb expansion.
   void MlaAbsorb(const MlaShape& shape, const DcpShape& dcp, const Tensor& q, const Tensor& w_kb,
                  Tensor& q_abs) override;
   void MlaAttend(const MlaShape& shape, const DcpShape& dcp, const Tensor& q_all,

@@ -96,6 +96,7 @@ struct StepTensors {
   Tensor context_lens;                 // I32 [S]
   Tensor prefill_q_begin;              // I32 [P + 1]
   Tensor prefill_kv_begin;             // I32 [P + 1]
+  Tensor attend_lens;                  // I32 [S] under DCP (StepLayout::attend_lens), else empty
 };
 
 struct MlaShape {
@@ -283,16 +284,18 @@ class Ops {
   // the slots past them zero.
   virtual void MlaAbsorb(const MlaShape& shape, const DcpShape& dcp, const Tensor& q,
                          const Tensor& w_kb, Tensor& q_abs) = 0;
-  // Decode group `group` (one-token sequences) against this rank's cache rows (step.layout's
-  // attend_lens keys each): q_all [ranks, T, heads_per_rank, 576] (every rank's q_abs) ->
-  // latent [ranks, T, heads_per_rank, 512] fp32, normalised over this rank's keys, and lse
-  // [ranks, T, heads_per_rank] (natural log; -inf and zeros where this rank has no keys).
+  // Decode group `group` (one-token sequences) against this rank's cache rows (step.attend_lens
+  // keys each): q_all [ranks, T, heads_per_rank, 576] (every rank's q_abs) -> latent [ranks, T,
+  // heads_per_rank, 512] in the activation dtype (fp32 on the CPU, bf16 on GPUs), normalised
+  // over this rank's keys, and lse [ranks, T, heads_per_rank] fp32 (natural log; -inf and zeros
+  // where this rank has no keys).
   virtual void MlaAttend(const MlaShape& shape, const DcpShape& dcp, const Tensor& q_all,
                          const KvCacheLayer& cache, const StepTensors& step, int group,
                          Tensor& latent, Tensor& lse) = 0;
   // The local heads' output out [T, heads, v] from every rank's partials (latent_all [ranks,
-  // ranks, T, heads_per_rank, 512], lse_all [ranks, ranks, T, heads_per_rank]: by source rank,
-  // then head slot): merged by log-sum-exp, expanded through w_vb [heads, v, 512].
+  // ranks, T, heads_per_rank, 512] in the activation dtype, lse_all [ranks, ranks, T,
+  // heads_per_rank] fp32: by source rank, then head slot): merged by log-sum-exp, expanded
+  // through w_vb [heads, v, 512].
   virtual void MlaMergeExpand(const MlaShape& shape, const DcpShape& dcp, const Tensor& latent_all,
                               const Tensor& lse_all, const Tensor& w_vb, Tensor& out) = 0;
 

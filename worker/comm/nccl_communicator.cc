@@ -62,8 +62,14 @@ std::string Describe(absl::string_view op, const Tensor& t) {
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, cudaStream_t stream,
-                                   double timeout_s)
-    : comm_(comm), rank_(rank), size_(size), stream_(stream), timeout_s_(timeout_s) {}
+                                   double timeout_s, MPI_Comm mpi, bool owns_mpi)
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      stream_(stream),
+      timeout_s_(timeout_s),
+      mpi_(mpi),
+      owns_mpi_(owns_mpi) {}
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MPI_Comm comm,
                                                                            cudaStream_t stream) {
@@ -103,7 +109,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MPI_C
   const ncclResult_t r = ncclCommInitRankConfig(&nccl, size, id, rank, &config);
   // The object owns `nccl` from here: on a failure its destructor aborts it.
   std::unique_ptr<NcclCommunicator> self(
-      new NcclCommunicator(nccl, rank, size, stream, *timeout_s));
+      new NcclCommunicator(nccl, rank, size, stream, *timeout_s, comm, /*owns_mpi=*/false));
   {
     std::lock_guard<std::mutex> lock(self->mu_);
     self->last_op_ = absl::StrCat("ncclCommInitRankConfig (", size, " ranks, device ", device, ")");
@@ -126,6 +132,12 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MPI_C
 
 NcclCommunicator::~NcclCommunicator() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (owns_mpi_) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    MPI_Comm mpi = mpi_;
+    if (!finalized) MPI_Comm_free(&mpi);
+  }
   if (comm_ == nullptr) {
     return;
   }
@@ -145,6 +157,58 @@ NcclCommunicator::~NcclCommunicator() {
     ncclCommAbort(comm_);
   }
   comm_ = nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color, int key) {
+  MpiCommunicator mpi(mpi_);
+  // The MPI side first (every rank reaches it): the group's own MPI communicator.
+  MPI_Comm group = MPI_COMM_NULL;
+  if (const int err = MPI_Comm_split(mpi_, color, key, &group); err != MPI_SUCCESS) {
+    return absl::InternalError(
+        absl::StrCat("rank ", rank_, ": MPI_Comm_split failed (error ", err, ")"));
+  }
+  int group_rank = 0, group_size = 1;
+  MPI_Comm_rank(group, &group_rank);
+  MPI_Comm_size(group, &group_size);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t child = nullptr;
+  absl::Status mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (comm_ == nullptr) {
+      mine = failure_.ok() ? absl::FailedPreconditionError("the communicator is closed") : failure_;
+    } else {
+      last_op_ = absl::StrCat("ncclCommSplit (color ", color, ", key ", key, ")");
+      const ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        mine = FailLocked(NcclErrorLocked(last_op_, r));
+      } else {
+        mine = WaitForCommLocked(timeout_s_);  // the parent's part of the split
+      }
+    }
+  }
+  // The child owns `child` from here (its destructor aborts it on a failure) and `group`.
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(child, group_rank, group_size, stream_,
+                                                           timeout_s_, group, /*owns_mpi=*/true));
+  if (mine.ok()) {
+    std::lock_guard<std::mutex> lock(c->mu_);
+    c->last_op_ = absl::StrCat("ncclCommSplit (", group_size, " ranks)");
+    if (child == nullptr) {
+      c->failure_ = absl::InternalError("ncclCommSplit made no communicator");
+      mine = c->failure_;
+    } else {
+      mine = c->WaitForCommLocked(timeout_s_);
+    }
+  }
+  if (!mine.ok()) {
+    mine = absl::Status(mine.code(),
+                        absl::StripPrefix(mine.message(), absl::StrCat("rank ", rank_, ": ")));
+  }
+  if (absl::Status s = mpi.AgreeOnStatus(mine); !s.ok()) {
+    return s;
+  }
+  return std::unique_ptr<Communicator>(std::move(c));
 }
 
 absl::Status NcclCommunicator::AllReduceSum(float*, size_t) {

@@ -65,6 +65,10 @@ class NcclCommunicator : public Communicator {
   // recv [size() * send.numel()] gets every rank's send in rank order; both Device::kCuda, same
   // dtype, F32, BF16 or I32. Enqueued on stream().
   absl::Status AllGatherDevice(const Tensor& send, Tensor& recv) override;
+  // The ranks of one `color`, ordered by `key`, as a communicator of their own on the same
+  // stream (ncclCommSplit, non-blocking like this one; collective over every rank, which agree on
+  // the outcome through MPI as Create's ranks do). Decode context parallelism's groups.
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
   // OK, or the asynchronous error NCCL recorded (a peer failed, a network error), naming this
   // rank and the last collective; the communicator is then aborted. Safe to call from a watchdog
@@ -83,7 +87,8 @@ class NcclCommunicator : public Communicator {
   double timeout_s() const { return timeout_s_; }
 
  private:
-  NcclCommunicator(ncclComm* comm, int rank, int size, cudaStream_t stream, double timeout_s);
+  NcclCommunicator(ncclComm* comm, int rank, int size, cudaStream_t stream, double timeout_s,
+                   MPI_Comm mpi, bool owns_mpi);
   // The callers below hold mu_.
   // Polls ncclCommGetAsyncError until the communicator leaves ncclInProgress (an init, enqueue or
   // finalize finished), at most timeout_s.
@@ -103,6 +108,8 @@ class NcclCommunicator : public Communicator {
   const int size_;
   cudaStream_t const stream_;
   const double timeout_s_;
+  MPI_Comm const mpi_;   // the same ranks over MPI: agreeing on outcomes, splitting
+  const bool owns_mpi_;  // made by Split: freed with the object
 };
 
 }  // namespace mlaserve

@@ -607,10 +607,11 @@ void ExpectBf16PathBitForBit(const Case& c, uint64_t seed) {
   EXPECT_EQ((*gq)->fp8(), c.fp8);
   EXPECT_FALSE((*gb)->int4() || (*gb)->nvfp4() || (*gb)->fp8());
   // INT4 holds 0.5 + 2/32 bytes a (padded) weight, FP8 1 + 4/64 / 8 (an fp32 scale per 8 x 64),
-  // BF16 2.
+  // BF16 2; plus the fused few-expert layer's two int counters.
   const size_t weights =
       static_cast<size_t>(c.local) * 3 * (*gq)->padded_hidden() * (*gq)->padded_intermediate();
-  EXPECT_EQ((*gq)->device_bytes(), c.fp8 ? weights + weights / 128 : weights / 2 + weights / 16);
+  EXPECT_EQ((*gq)->device_bytes(),
+            (c.fp8 ? weights + weights / 128 : weights / 2 + weights / 16) + 2 * sizeof(int));
   std::mt19937 rng(static_cast<uint32_t>(seed));
   for (int tokens : {1, 3, 16, 100, 257}) {
     const size_t n_out = static_cast<size_t>(tokens) * c.hidden;
