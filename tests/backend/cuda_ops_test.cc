@@ -580,9 +580,9 @@ TEST_F(CudaOpsTest, MlaPrefillAndDecode) {
 }
 
 // Decode context parallelism's three ops (MlaAbsorb, MlaAttend, MlaMergeExpand) for N ranks of
-// one group, run one rank after the other on this GPU: the all-gathers between them are
-// concatenations on the host (what NCCL's all-gather produces, in rank order). Each op against
-// the CPU backend's on the same inputs (the GPU's partials are bf16, the CPU's fp32: the
+// one group, run one rank after the other on this GPU: the all-gather of q_abs and the all-to-all
+// of the partials between them are done on the host (what NCCL's collectives produce). Each op
+// against the CPU backend's on the same inputs (the GPU's partials are bf16, the CPU's fp32: the
 // attention bound), lse exactly where a rank has no keys (-inf) and within 1e-2 elsewhere (bf16
 // q_abs moves a score by ~2^-9 of its size, ~1e-3 here), and the merged output against MlaDecode
 // over the whole cache on one rank (the same attention, unsplit). Contexts include tokens whose
@@ -690,8 +690,8 @@ TEST_F(CudaOpsTest, DcpAttentionMatchesCpuAndOneRank) {
       cpu_q_all.insert(cpu_q_all.end(), cv.begin(), cv.end());
       gpu_q_all.insert(gpu_q_all.end(), gv.begin(), gv.end());
     }
-    // 2. MlaAttend on every rank (its cache, its layout); the partials gathered in rank order.
-    std::vector<float> cpu_lat_all, gpu_lat_all, cpu_lse_all, gpu_lse_all;
+    // 2. MlaAttend on every rank (its cache, its layout); its partials by destination rank.
+    std::vector<std::vector<float>> cpu_lat(N), gpu_lat(N), cpu_lse(N), gpu_lse(N);
     for (int r = 0; r < N; ++r) {
       const MlaShape shape{c.heads[r], nope, kMlaRopeDim, v, kMlaLatentDim, scale};
       const DcpShape d{N, r, slots};
@@ -723,12 +723,20 @@ TEST_F(CudaOpsTest, DcpAttentionMatchesCpuAndOneRank) {
           ADD_FAILURE() << what << ": lse " << i << " " << gv[i] << " vs " << cv[i];
       }
       std::printf("[cuda_ops] %-60s lse: %d differ, %d keyless rows\n", what.c_str(), bad, empty);
-      const auto clv = Values(cl), glv = Download(gl);
-      cpu_lat_all.insert(cpu_lat_all.end(), clv.begin(), clv.end());
-      gpu_lat_all.insert(gpu_lat_all.end(), glv.begin(), glv.end());
-      cpu_lse_all.insert(cpu_lse_all.end(), cv.begin(), cv.end());
-      gpu_lse_all.insert(gpu_lse_all.end(), gv.begin(), gv.end());
+      cpu_lat[r] = Values(cl);
+      gpu_lat[r] = Download(gl);
+      cpu_lse[r] = cv;
+      gpu_lse[r] = gv;
     }
+    // The all-to-all: rank r receives chunk r (its head slots) of every rank's partials.
+    const auto exchange = [&](const std::vector<std::vector<float>>& part, int r) {
+      std::vector<float> out;
+      for (int src = 0; src < N; ++src) {
+        const size_t chunk = part[src].size() / N;
+        out.insert(out.end(), part[src].begin() + r * chunk, part[src].begin() + (r + 1) * chunk);
+      }
+      return out;
+    };
     // 3. MlaMergeExpand on every rank, against the CPU's and against one rank's MlaDecode.
     StepTensors ws;
     ASSERT_TRUE(cpu_.BeginStep(*whole, &ws).ok());
@@ -746,11 +754,11 @@ TEST_F(CudaOpsTest, DcpAttentionMatchesCpuAndOneRank) {
       const auto vbr = heads_of(vb, r, size_t(v) * kMlaLatentDim);
       Tensor co = cpu_.Activation({T, c.heads[r] * v});
       Tensor go = gpu_->Activation({T, c.heads[r] * v});
-      cpu_.MlaMergeExpand(shape, d, HostF32(cpu_lat_all, {N, N, T, slots, kMlaLatentDim}),
-                          HostF32(cpu_lse_all, {N, N, T, slots}),
+      cpu_.MlaMergeExpand(shape, d, HostF32(exchange(cpu_lat, r), {N, T, slots, kMlaLatentDim}),
+                          HostF32(exchange(cpu_lse, r), {N, T, slots}),
                           HostF32(vbr, {c.heads[r], v, kMlaLatentDim}), co);
-      gpu_->MlaMergeExpand(shape, d, GpuAct(gpu_lat_all, {N, N, T, slots, kMlaLatentDim}),
-                           GpuAct(gpu_lse_all, {N, N, T, slots}, DType::kF32),
+      gpu_->MlaMergeExpand(shape, d, GpuAct(exchange(gpu_lat, r), {N, T, slots, kMlaLatentDim}),
+                           GpuAct(exchange(gpu_lse, r), {N, T, slots}, DType::kF32),
                            GpuAct(vbr, {c.heads[r], v, kMlaLatentDim}), go);
       ASSERT_TRUE(gpu_->Synchronize().ok()) << tag;
       ExpectClose(go, co, 2e-4, "DCP MlaMergeExpand rank " + std::to_string(r) + " " + tag);

@@ -244,6 +244,35 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NcclAllGatherTest,
                                            Case{DType::kI32, 1000}, Case{DType::kI32, 65537}),
                          CaseName);
 
+// AllToAllDevice: rank r's chunk j (for rank j) holds values made from (r, j); rank j's chunk i
+// of recv must be rank i's chunk j, byte for byte (bf16 integers below 256 and I32 are exact).
+TEST_F(NcclCommunicatorTest, AllToAllDeliversEachChunkToItsRank) {
+  const int n = g_comm->size(), rank = g_comm->rank();
+  for (const Case c : {Case{DType::kBF16, 1031}, Case{DType::kI32, 4}, Case{DType::kF32, 65537}}) {
+    const auto chunk_of = [&](int from, int to) {
+      return GatherInput(c.dtype, c.numel, from * 64 + to);  // distinct per (from, to)
+    };
+    std::vector<uint8_t> mine, want;
+    for (int j = 0; j < n; ++j) {
+      const std::vector<uint8_t> out = chunk_of(rank, j), in = chunk_of(j, rank);
+      mine.insert(mine.end(), out.begin(), out.end());
+      want.insert(want.end(), in.begin(), in.end());
+    }
+    DeviceBuffer send = ToDevice(c.dtype, n * c.numel, mine);
+    DeviceBuffer recv = ToDevice(c.dtype, n * c.numel, std::vector<uint8_t>(want.size(), 0));
+    absl::Status s = g_comm->AllToAllDevice(send.tensor, recv.tensor);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(ToHost(recv), want) << DTypeName(c.dtype) << "[" << c.numel << "] a chunk";
+    EXPECT_EQ(ToHost(send), mine) << "send was modified";
+  }
+  if (n > 1) {  // a numel that does not split into n chunks
+    DeviceBuffer a = ToDevice(DType::kF32, n + 1, std::vector<uint8_t>((n + 1) * 4, 0));
+    DeviceBuffer b = ToDevice(DType::kF32, n + 1, std::vector<uint8_t>((n + 1) * 4, 0));
+    EXPECT_EQ(g_comm->AllToAllDevice(a.tensor, b.tensor).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 // Split (decode context parallelism's groups): ranks of one parity form a group, ordered by
 // rank; the group all-gathers its members' inputs in that order, on the same stream. With one
 // rank the group is the rank itself (ncclCommSplit into a single-rank communicator).

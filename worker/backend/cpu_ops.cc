@@ -434,9 +434,9 @@ void CpuOps::MlaMergeExpand(const MlaShape& s, const DcpShape& dcp, const Tensor
   const float* ls = lse_all.data<float>();
   const float* vb = w_vb.data<float>();
   float* o = out.data<float>();
-  // Source rank src's partial for head slot (dcp.rank, hl) of token t.
+  // Source rank src's partial for this rank's head slot hl of token t.
   auto at = [&](int src, int64_t t, int hl) {
-    return ((static_cast<size_t>(src) * N + dcp.rank) * T + t) * slots + hl;
+    return (static_cast<size_t>(src) * T + t) * slots + hl;
   };
   std::vector<double> merged(kMlaLatentDim);
   for (int64_t t = 0; t < T; ++t) {

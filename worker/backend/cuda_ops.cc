@@ -1453,25 +1453,24 @@ void CudaOps::MlaMergeExpand(const MlaShape& s, const DcpShape& d, const Tensor&
     return absl::StrCat("MlaMergeExpand ", T, " tokens, ", s.heads, " heads, ", N, " ranks");
   };
   if (d.rank < 0 || d.rank >= N || slots < s.heads || latent_all.dtype() != DType::kBF16 ||
-      latent_all.numel() != int64_t{N} * N * T * slots * kMlaLatentDim ||
-      lse_all.dtype() != DType::kF32 || lse_all.numel() != int64_t{N} * N * T * slots ||
+      latent_all.numel() != int64_t{N} * T * slots * kMlaLatentDim ||
+      lse_all.dtype() != DType::kF32 || lse_all.numel() != int64_t{N} * T * slots ||
       out.numel() != T * s.heads * s.v_dim) {
-    impl_->Fail(absl::InvalidArgumentError(absl::StrCat(
-        what(), " (rank ", d.rank, ", ", slots, " slots): latent_all must be bf16 [", N, ", ", N,
-        ", ", T, ", ", slots, ", ", kMlaLatentDim, "] (got ", Shape(latent_all), "), lse_all f32 [",
-        N, ", ", N, ", ", T, ", ", slots, "] (got ", Shape(lse_all), "), out [", T, ", ",
-        s.heads * s.v_dim, "] (got ", Shape(out), ")")));
+    impl_->Fail(absl::InvalidArgumentError(
+        absl::StrCat(what(), " (rank ", d.rank, ", ", slots, " slots): latent_all must be bf16 [",
+                     N, ", ", T, ", ", slots, ", ", kMlaLatentDim, "] (got ", Shape(latent_all),
+                     "), lse_all f32 [", N, ", ", T, ", ", slots, "] (got ", Shape(lse_all),
+                     "), out [", T, ", ", s.heads * s.v_dim, "] (got ", Shape(out), ")")));
     return;
   }
   if (T == 0) return;
   Tensor merged = Activation({T, s.heads, kMlaLatentDim});
   MLASERVE_SKIP_IF_FAILED();
-  // Source src's partials for this rank's head slots: [src][rank][t][slot].
-  const int64_t rank_rows = T * slots;
+  // Source src's partials for this rank's head slots: [src][t][slot].
   MlaDcpMergeParams m;
-  m.latent = latent_all.data<uint16_t>() + d.rank * rank_rows * kMlaLatentDim;
-  m.lse = lse_all.data<float>() + d.rank * rank_rows;
-  m.src_stride = N * rank_rows;
+  m.latent = latent_all.data<void>();
+  m.lse = lse_all.data<float>();
+  m.src_stride = T * slots;
   m.sources = N;
   m.tokens = static_cast<int>(T);
   m.heads = s.heads;

@@ -279,7 +279,7 @@ class Ops {
                          int group, Tensor& out, const Tensor& q_abs) = 0;
 
   // The absorbed attention in three parts, for decode context parallelism (the model gathers
-  // q_abs and the partial outputs between the parts; StepLayoutOptions::dcp_size).
+  // q_abs and exchanges the partial outputs between the parts; StepLayoutOptions::dcp_size).
   // q_abs [T, heads_per_rank, 576] = (q_nope W_kb[h] | q_rope) of the local heads (shape.heads),
   // the slots past them zero.
   virtual void MlaAbsorb(const MlaShape& shape, const DcpShape& dcp, const Tensor& q,
@@ -292,10 +292,10 @@ class Ops {
   virtual void MlaAttend(const MlaShape& shape, const DcpShape& dcp, const Tensor& q_all,
                          const KvCacheLayer& cache, const StepTensors& step, int group,
                          Tensor& latent, Tensor& lse) = 0;
-  // The local heads' output out [T, heads, v] from every rank's partials (latent_all [ranks,
-  // ranks, T, heads_per_rank, 512] in the activation dtype, lse_all [ranks, ranks, T,
-  // heads_per_rank] fp32: by source rank, then head slot): merged by log-sum-exp, expanded
-  // through w_vb [heads, v, 512].
+  // The local heads' output out [T, heads, v] from every rank's partials for them (latent_all
+  // [ranks, T, heads_per_rank, 512] in the activation dtype, lse_all [ranks, T, heads_per_rank]
+  // fp32, by source rank: the all-to-all of MlaAttend's outputs): merged by log-sum-exp,
+  // expanded through w_vb [heads, v, 512].
   virtual void MlaMergeExpand(const MlaShape& shape, const DcpShape& dcp, const Tensor& latent_all,
                               const Tensor& lse_all, const Tensor& w_vb, Tensor& out) = 0;
 

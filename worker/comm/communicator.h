@@ -30,6 +30,13 @@ class Communicator {
   virtual absl::Status WaitForDevice() { return absl::OkStatus(); }
   // Every rank contributes send[count]; recv[size() * count] gets them in rank order.
   virtual absl::Status AllGather(const float* send, size_t count, float* recv) = 0;
+  // Personalised exchange: send and recv are size() chunks of `count`; chunk j of send goes to
+  // rank j, chunk i of recv comes from rank i. This base version gathers everything and keeps
+  // its chunks (size() times the traffic); MPI and NCCL exchange only the chunks.
+  virtual absl::Status AllToAll(const float* send, size_t count, float* recv);
+  // AllToAll of tensors on the backend's device (send and recv of the same dtype and numel, a
+  // multiple of size()). This base version takes fp32 host tensors (through AllToAll).
+  virtual absl::Status AllToAllDevice(const Tensor& send, Tensor& recv);
   // The ranks of the same `color`, ordered by `key`, as a communicator of their own (collective:
   // every rank calls it). Decode context parallelism's groups use it.
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) {
@@ -50,6 +57,8 @@ class TimedCommunicator : public Communicator {
   absl::Status AllReduceSum(Tensor& t) override;
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
   absl::Status AllGatherDevice(const Tensor& send, Tensor& recv) override;
+  absl::Status AllToAll(const float* send, size_t count, float* recv) override;
+  absl::Status AllToAllDevice(const Tensor& send, Tensor& recv) override;
   absl::Status WaitForDevice() override { return inner_.WaitForDevice(); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
     return inner_.Split(color, key);
@@ -81,6 +90,9 @@ class SingleRankCommunicator : public Communicator {
   absl::Status AllReduceSum(float*, size_t) override { return absl::OkStatus(); }
   absl::Status AllReduceSum(Tensor&) override { return absl::OkStatus(); }
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
+  absl::Status AllToAll(const float* send, size_t count, float* recv) override {
+    return AllGather(send, count, recv);
+  }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int, int) override {
     return std::unique_ptr<Communicator>(new SingleRankCommunicator());
   }

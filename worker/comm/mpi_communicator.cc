@@ -55,6 +55,13 @@ absl::Status MpiCommunicator::AllGather(const float* send, size_t count, float* 
                    "MPI_Allgather");
 }
 
+absl::Status MpiCommunicator::AllToAll(const float* send, size_t count, float* recv) {
+  if (count > INT_MAX / 2) return absl::InvalidArgumentError("AllToAll: count too large for MPI");
+  return MpiCallStatus(MPI_Alltoall(send, static_cast<int>(count), MPI_FLOAT, recv,
+                                    static_cast<int>(count), MPI_FLOAT, comm_),
+                       "MPI_Alltoall");
+}
+
 absl::Status MpiCommunicator::AgreeOnStatus(const absl::Status& mine) {
   const int failed = mine.ok() ? INT_MAX : rank_;
   int first = INT_MAX;

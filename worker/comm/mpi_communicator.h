@@ -18,6 +18,7 @@ class MpiCommunicator : public Communicator {
   using Communicator::AllReduceSum;
   absl::Status AllReduceSum(float* data, size_t count) override;
   absl::Status AllGather(const float* send, size_t count, float* recv) override;
+  absl::Status AllToAll(const float* send, size_t count, float* recv) override;
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
 
   // Every rank passes its own status; all get back the first failure in rank order, as

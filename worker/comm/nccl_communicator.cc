@@ -284,6 +284,51 @@ absl::Status NcclCommunicator::AllGatherDevice(const Tensor& send, Tensor& recv)
       ncclAllGather(send.data<void>(), recv.data<void>(), count, *type, comm_, stream_));
 }
 
+absl::Status NcclCommunicator::AllToAllDevice(const Tensor& send, Tensor& recv) {
+  const std::string what =
+      absl::StrCat(Describe("AllToAllDevice", send), " -> ", std::string(DTypeName(recv.dtype())),
+                   "[", recv.numel(), "]");
+  auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, ": NCCL ", what, ": ", why));
+  };
+  if (send.device() != Device::kCuda || recv.device() != Device::kCuda) {
+    return invalid("both tensors must be Device::kCuda");
+  }
+  if (send.dtype() != recv.dtype()) {
+    return invalid("send and recv dtypes differ");
+  }
+  if (recv.numel() != send.numel() || send.numel() % size_ != 0) {
+    return invalid(absl::StrCat("send and recv need the same numel, a multiple of ", size_));
+  }
+  absl::StatusOr<ncclDataType_t> type =
+      NcclType(send.dtype(), /*allow_i32=*/true, "AllToAllDevice");
+  if (!type.ok()) {
+    return invalid(type.status().message());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.ok()) {
+    return failure_;
+  }
+  if (send.numel() == 0) {
+    return absl::OkStatus();
+  }
+  last_op_ = what;
+  const size_t count = static_cast<size_t>(send.numel() / size_);
+  const size_t chunk = count * DTypeBits(send.dtype()) / 8;
+  const char* src = static_cast<const char*>(send.data<void>());
+  char* dst = static_cast<char*>(recv.data<void>());
+  // One group: NCCL pairs every rank's send to p with p's receive from it, no ordering deadlock.
+  ncclResult_t r = ncclGroupStart();
+  for (int p = 0; p < size_ && (r == ncclSuccess || r == ncclInProgress); ++p) {
+    r = ncclSend(src + p * chunk, count, *type, p, comm_, stream_);
+    if (r == ncclSuccess || r == ncclInProgress) {
+      r = ncclRecv(dst + p * chunk, count, *type, p, comm_, stream_);
+    }
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  return EnqueuedLocked(r == ncclSuccess || r == ncclInProgress ? end : r);
+}
+
 absl::Status NcclCommunicator::CheckAsyncError() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.ok()) {

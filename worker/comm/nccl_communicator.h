@@ -65,6 +65,9 @@ class NcclCommunicator : public Communicator {
   // recv [size() * send.numel()] gets every rank's send in rank order; both Device::kCuda, same
   // dtype, F32, BF16 or I32. Enqueued on stream().
   absl::Status AllGatherDevice(const Tensor& send, Tensor& recv) override;
+  // send and recv: Device::kCuda, same dtype (F32, BF16 or I32) and numel, a multiple of size();
+  // grouped ncclSend / ncclRecv of each chunk. Enqueued on stream().
+  absl::Status AllToAllDevice(const Tensor& send, Tensor& recv) override;
   // The ranks of one `color`, ordered by `key`, as a communicator of their own on the same
   // stream (ncclCommSplit, non-blocking like this one; collective over every rank, which agree on
   // the outcome through MPI as Create's ranks do). Decode context parallelism's groups.

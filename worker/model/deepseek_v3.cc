@@ -664,7 +664,7 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
 
   Tensor attn = ops_.Activation({T, static_cast<int64_t>(heads_.count) * c.v_head_dim});
   if (options_.dcp > 1) {
-    // Every rank attends with all heads over its own cache rows: gather q, attend, gather the
+    // Every rank attends with all heads over its own cache rows: gather q, attend, exchange the
     // partial outputs with their log-sum-exp, merge this rank's heads, expand.
     const int N = options_.dcp;
     Communicator& group = *dcp_comm_;
@@ -684,10 +684,12 @@ absl::Status DeepseekV3Model::Attention(Layer& L, const StepTensors& step, const
     for (size_t g = 0; g < step.layout->decode.size(); ++g) {
       ops_.MlaAttend(mla_, d, q_all, L.kv, step, static_cast<int>(g), latent_part, lse_part);
     }
-    Tensor latent_all = ops_.Activation({N, N, T, slots, kMlaLatentDim});
-    Tensor lse_all = ops_.Activation({N, N, T, slots}, DType::kF32);
-    if (auto s = group.AllGatherDevice(latent_part, latent_all); !s.ok()) return s;
-    if (auto s = group.AllGatherDevice(lse_part, lse_all); !s.ok()) return s;
+    // Each rank gets the partials of its own head slots from every rank (an all-to-all: the
+    // slots of rank j's heads are chunk j of latent_part and lse_part).
+    Tensor latent_all = ops_.Activation({N, T, slots, kMlaLatentDim});
+    Tensor lse_all = ops_.Activation({N, T, slots}, DType::kF32);
+    if (auto s = group.AllToAllDevice(latent_part, latent_all); !s.ok()) return s;
+    if (auto s = group.AllToAllDevice(lse_part, lse_all); !s.ok()) return s;
     ops_.MlaMergeExpand(mla_, d, latent_all, lse_all, L.w_vb, attn);
     ops_.Phase("attn.o_proj");
     ops_.Linear(attn, L.o_proj, out);
