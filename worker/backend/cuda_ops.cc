@@ -1395,30 +1395,28 @@ void CudaOps::MlaAttend(const MlaShape& s, const DcpShape& d, const Tensor& q_al
   Tensor out = Activation({n, H, kMlaLatentDim});
   Tensor out_lse = Activation({n, H}, DType::kF32);
   MLASERVE_SKIP_IF_FAILED();
-  // Rank r's slots of token row0 + i <-> heads r * slots .. of row i: blocks (r, i).
-  const auto by_rank_to_by_token = [&](const void* src, void* dst, int64_t unit_bytes) {
+  // Rank r's slots of token row0 + i <-> heads r * slots .. of row i: blocks (r, i) of `by_rank`
+  // ([N, T, slots] units) and of `by_token` ([n, H] units).
+  const auto layout_copy = [&](const void* by_rank, void* by_token, int64_t unit_bytes,
+                               bool to_token) {
+    const int64_t block = slots * unit_bytes;
+    char* rank_base = static_cast<char*>(const_cast<void*>(by_rank)) + row0 * block;
     StridedBlockCopy c;
-    c.src = static_cast<const char*>(src) + row0 * slots * unit_bytes;
-    c.dst = dst;
     c.outer = N;
     c.inner = n;
-    c.block_bytes = slots * unit_bytes;
-    c.src_outer = T * slots * unit_bytes;
-    c.src_inner = slots * unit_bytes;
-    c.dst_outer = slots * unit_bytes;
-    c.dst_inner = H * unit_bytes;
-    return c;
-  };
-  const auto by_token_to_by_rank = [&](const void* src, void* dst, int64_t unit_bytes) {
-    StridedBlockCopy c = by_rank_to_by_token(nullptr, nullptr, unit_bytes);
-    std::swap(c.src_outer, c.dst_outer);
-    std::swap(c.src_inner, c.dst_inner);
-    c.src = src;
-    c.dst = static_cast<char*>(dst) + row0 * slots * unit_bytes;
+    c.block_bytes = block;
+    const int64_t rank_outer = T * block, rank_inner = block, token_outer = block,
+                  token_inner = H * unit_bytes;
+    c.src = to_token ? static_cast<const void*>(rank_base) : by_token;
+    c.dst = to_token ? by_token : static_cast<void*>(rank_base);
+    c.src_outer = to_token ? rank_outer : token_outer;
+    c.src_inner = to_token ? rank_inner : token_inner;
+    c.dst_outer = to_token ? token_outer : rank_outer;
+    c.dst_inner = to_token ? token_inner : rank_inner;
     return c;
   };
   impl_->Check(
-      InvokeStridedBlockCopy(by_rank_to_by_token(q_all.data<void>(), q.data<void>(), kMlaQkDim * 2),
+      InvokeStridedBlockCopy(layout_copy(q_all.data<void>(), q.data<void>(), kMlaQkDim * 2, true),
                              impl_->stream),
       [&] { return what() + " (q by token)"; });
   MlaDecodeCall c;
@@ -1435,13 +1433,13 @@ void CudaOps::MlaAttend(const MlaShape& s, const DcpShape& d, const Tensor& q_al
   impl_->RunMlaDecode(c, cache, s.softmax_scale, what);
   MLASERVE_SKIP_IF_FAILED();
   impl_->Check(InvokeStridedBlockCopy(
-                   by_token_to_by_rank(out.data<void>(), latent.data<void>(), kMlaLatentDim * 2),
+                   layout_copy(latent.data<void>(), out.data<void>(), kMlaLatentDim * 2, false),
                    impl_->stream),
                [&] { return what() + " (latent by rank)"; });
-  impl_->Check(InvokeStridedBlockCopy(
-                   by_token_to_by_rank(out_lse.data<void>(), lse.data<void>(), sizeof(float)),
-                   impl_->stream),
-               [&] { return what() + " (lse by rank)"; });
+  impl_->Check(
+      InvokeStridedBlockCopy(
+          layout_copy(lse.data<void>(), out_lse.data<void>(), sizeof(float), false), impl_->stream),
+      [&] { return what() + " (lse by rank)"; });
 }
 
 void CudaOps::MlaMergeExpand(const MlaShape& s, const DcpShape& d, const Tensor& latent_all,
