@@ -33,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -40,6 +41,7 @@
 #include "tests/model/determinism_checks.h"
 #include "tests/model/golden_fixture.h"
 #include "tests/model/quantized_checkpoint_writer.h"
+#include "tests/model/thread_group_communicator.h"
 #include "worker/backend/cpu_ops.h"
 #include "worker/backend/cuda_ops.h"
 #include "worker/model/local_session.h"
@@ -516,6 +518,147 @@ TEST_P(GpuModelTest, DeterministicModeIsBatchInvariant) {
                 r.Describe().c_str());
     if (deterministic) determinism::ExpectNoneDiffer(r);
   }
+}
+
+// Decode context parallelism on the GPU (issue 22): two ranks of one DCP group (heads, experts
+// and the cache split between them) in two threads on this GPU, each with its own CudaOps,
+// collectives through ThreadGroupCommunicator (host-staged; NCCL refuses two ranks on one GPU),
+// against one rank holding the whole cache with the same per-token attention (the deterministic
+// mode). Both keep activations in bf16 and differ by where the partial sums round (o_proj and the
+// experts' rank sums, the merged attention partials), as the GPU and the CPU differ by rounding:
+// so the GPU-vs-CPU bound, max(0.05, 3 D) relative L2 of the logits with D the CPU's own
+// bf16-vs-f32 KV drift, and cosine >= 0.99, for prompts fed whole and in chunks of 5 (every
+// chunk reads the cache back); then 32 teacher-forced greedy steps that pick the one rank's token
+// but at near-ties. Both DCP ranks hold the same logits (the lm_head's all-gather), bit for bit.
+TEST_P(GpuModelTest, DcpOverTwoRanksMatchesOneRank) {
+  constexpr int kRanks = 2;
+  const int vocab = gpu_->config().vocab_size;
+  auto g = CudaOps::Create();
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::unique_ptr<CudaOps> alone_ops = std::move(*g);
+  ModelOptions o;
+  o.kv_format = KvCacheFormat::kBf16;
+  o.num_kv_blocks = 8;
+  ModelOptions one = o;
+  one.num_kv_blocks = o.num_kv_blocks * kRanks;
+  one.deterministic = true;
+  auto alone = DeepseekV3Model::Load(dir_, one, *alone_ops, comm_);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+
+  // The reference: every prompt whole and chunked, then the greedy tokens of prompt 2.
+  std::vector<std::vector<float>> want;
+  LocalSession ref(**alone);
+  for (int p = 0; p < 3; ++p) {
+    for (int chunk : {0, 5}) {
+      ref.Reset();
+      auto l = ref.Feed(golden_->Get<int32_t>("p" + std::to_string(p) + ".ids"), true, chunk);
+      ASSERT_TRUE(l.ok()) << l.status();
+      want.push_back(*std::move(l));
+    }
+  }
+  const auto prompt = golden_->Get<int32_t>("p2.ids");
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> want_steps;
+  ref.Reset();
+  auto step = ref.Feed(prompt, false);
+  for (int i = 0; i < 32 && step.ok(); ++i) {
+    want_steps.push_back(*step);
+    tokens.push_back(int32_t(std::max_element(step->begin(), step->end()) - step->begin()));
+    step = ref.Feed({tokens.back()}, false);
+  }
+  ASSERT_TRUE(step.ok()) << step.status();
+
+  // The DCP group: the same calls on both ranks, in their threads.
+  ThreadGroup group(kRanks);
+  std::vector<std::vector<std::vector<float>>> got(kRanks), got_steps(kRanks);
+  std::vector<absl::Status> status(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto made = CudaOps::Create();
+      if (!made.ok()) {
+        status[r] = made.status();
+        return;
+      }
+      std::unique_ptr<CudaOps> ops = std::move(*made);
+      ThreadGroupCommunicator comm(group, r, ops->stream());
+      ModelOptions d = o;
+      d.dcp = kRanks;
+      auto m = DeepseekV3Model::Load(dir_, d, *ops, comm);
+      if (!m.ok()) {
+        status[r] = m.status();
+        return;
+      }
+      LocalSession s(**m);
+      for (int p = 0; p < 3; ++p) {
+        for (int chunk : {0, 5}) {
+          s.Reset();
+          auto l = s.Feed(golden_->Get<int32_t>("p" + std::to_string(p) + ".ids"), true, chunk);
+          if (!l.ok()) {
+            status[r] = l.status();
+            return;
+          }
+          got[r].push_back(*std::move(l));
+        }
+      }
+      s.Reset();
+      auto l = s.Feed(prompt, false);
+      for (size_t i = 0; i < tokens.size() && l.ok(); ++i) {
+        got_steps[r].push_back(*l);
+        l = s.Feed({tokens[i]}, false);
+      }
+      status[r] = l.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  ASSERT_EQ(got[0].size(), want.size());
+  ASSERT_EQ(got_steps[0].size(), want_steps.size());
+  EXPECT_EQ(got[0], got[1]) << "the two ranks' logits differ";
+  EXPECT_EQ(got_steps[0], got_steps[1]) << "the two ranks' decode logits differ";
+
+  for (int p = 0; p < 3; ++p) {
+    // The CPU's own sensitivity to the cache's rounding (PrefillAndChunkedPrefillMatchCpu's).
+    const auto ids = golden_->Get<int32_t>("p" + std::to_string(p) + ".ids");
+    LocalSession cs(*cpu_), fs(*cpu_f32kv_);
+    auto cc = cs.Feed(ids, true, 5);
+    auto fc = fs.Feed(ids, true, 5);
+    ASSERT_TRUE(cc.ok() && fc.ok());
+    const double bound = std::max(0.05, 3 * Compare(*cc, *fc, vocab).rel_l2);
+    for (int c = 0; c < 2; ++c) {
+      const Agreement a = Compare(got[0][2 * p + c], want[2 * p + c], vocab);
+      std::printf(
+          "[gpu_model] %s DCP x%d prompt %d %s: against one rank rel %.3g cos %.5f top1 %.3f "
+          "max %.3g (bound %.3g)\n",
+          GetParam(), kRanks, p, c == 0 ? "whole" : "chunks of 5", a.rel_l2, a.cosine, a.top1,
+          a.max_abs, bound);
+      EXPECT_LE(a.rel_l2, bound) << "prompt " << p << (c == 0 ? " whole" : " chunked");
+      EXPECT_GE(a.cosine, 0.99) << "prompt " << p << (c == 0 ? " whole" : " chunked");
+    }
+  }
+  int same = 0, near_ties = 0;
+  double worst = 0;
+  for (size_t i = 0; i < want_steps.size(); ++i) {
+    const std::vector<float>& a = got_steps[0][i];
+    const std::vector<float>& b = want_steps[i];
+    double err = 0;
+    for (int v = 0; v < vocab; ++v) err = std::max(err, double(std::abs(a[v] - b[v])));
+    worst = std::max(worst, err);
+    const int32_t pick = int32_t(std::max_element(a.begin(), a.end()) - a.begin());
+    if (pick == tokens[i]) {
+      ++same;
+    } else if (Margin(b.data(), vocab) <= 2 * err) {
+      ++near_ties;
+    } else {
+      ADD_FAILURE() << GetParam() << " DCP greedy step " << i << ": " << pick << ", one rank "
+                    << tokens[i] << " (margin " << Margin(b.data(), vocab) << ", max logit "
+                    << "difference " << err << ")";
+    }
+  }
+  std::printf(
+      "[gpu_model] %s DCP x%d greedy (teacher-forced): %d of %zu steps pick one rank's token, %d "
+      "near-ties, max logit difference %.3g\n",
+      GetParam(), kRanks, same, want_steps.size(), near_ties, worst);
 }
 
 // The INT4 folder's routed experts are held packed on the GPU (not dequantized to bf16): 4 bits +
