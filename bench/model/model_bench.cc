@@ -8,7 +8,7 @@
 //       [--moe-few-expert off] [--moe-few-expert-layer on] [--fused-prologues on]
 //       [--programmatic-small off]
 //       [--mla-q-fusion off] [--programmatic-dispatch off] [--shared-expert-overlap off]
-//       [--programmatic-mla-combine off] [--mla-min-share N] [--mla-absorb-fusion on]
+//       [--programmatic-mla-combine off] [--mla-min-share N] [--mla-absorb-fusion off]
 //       [--moe expert|tensor]
 //   mlaserve-model-bench --synthetic-weights CONFIG_DIR [--seed S] [--rank R --ranks N] ...
 //
@@ -59,9 +59,9 @@
 // line before the router instead of on a side stream beside the routed experts (CudaOps::
 // SetSharedExpertOverlap; on by default, and off whenever --phases on times the phases).
 // --programmatic-mla-combine off: the MLA decode's combine launched plainly (CudaOps::
-// SetProgrammaticMlaCombine; on by default). --mla-absorb-fusion on: q's absorption inside the
-// fused MLA input kernel instead of by a cuBLASLt launch in the MLA decode at decode steps
-// of up to 4 rows (CudaOps::SetMlaAbsorbFusion; off by default). --moe-route-split off: the
+// SetProgrammaticMlaCombine; on by default). --mla-absorb-fusion off: q's absorption by a cuBLASLt
+// launch in the MLA decode instead of inside the fused MLA input kernel at decode steps of up
+// to 4 rows (CudaOps::SetMlaAbsorbFusion; on by default). --moe-route-split off: the
 // router's one-warp-a-token kernel at decode sizes instead of a block a token (CudaOps::
 // SetMoeRouteSplit; on by default). --moe-route-dispatch-fusion off: the split router's kernel
 // no longer does the routed experts' dispatch in one-token steps (CudaOps::
@@ -123,9 +123,9 @@ ABSL_FLAG(mlaserve::OnOff, programmatic_small, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, mla_q_fusion, mlaserve::OnOff{true},
           "Rotate q inside the fused MLA input kernel and let the decode kernel read its RoPE dims "
           "in place (CudaOps::SetMlaQFusion); off: a RoPE kernel and a copy.");
-ABSL_FLAG(mlaserve::OnOff, mla_absorb_fusion, mlaserve::OnOff{false},
+ABSL_FLAG(mlaserve::OnOff, mla_absorb_fusion, mlaserve::OnOff{true},
           "Absorb q (q_nope W_kb) inside the fused MLA input kernel at decode steps of up to 4 "
-          "rows (CudaOps::SetMlaAbsorbFusion); off (the default): a cuBLASLt launch in the MLA "
+          "rows (CudaOps::SetMlaAbsorbFusion, the default); off: a cuBLASLt launch in the MLA "
           "decode.");
 ABSL_FLAG(mlaserve::OnOff, moe_route_split, mlaserve::OnOff{true},
           "Route decode-size batches with a block of 4 warps a token (sigmoid routers with one "

@@ -89,7 +89,7 @@ if [[ "${SHORT:-1}" == 1 ]]; then
   bench short_plain_dispatch "$short" "${common[@]}" --programmatic-dispatch off
   bench short_no_overlap "$short" "${common[@]}" --shared-expert-overlap off
   bench short_plain_mla_combine "$short" "${common[@]}" --programmatic-mla-combine off
-  bench short_absorb_fusion "$short" "${common[@]}" --mla-absorb-fusion on
+  bench short_no_absorb_fusion "$short" "${common[@]}" --mla-absorb-fusion off
   bench short_min_share4 "$short" "${common[@]}" --mla-min-share 4
   bench short_route_one_warp "$short" "${common[@]}" --moe-route-split off
   bench short_route_no_dispatch_fusion "$short" "${common[@]}" --moe-route-dispatch-fusion off

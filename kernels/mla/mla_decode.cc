@@ -106,6 +106,7 @@ const VariantEntry kVariants[] = {
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 constexpr int kWgmmaVariant = 2;
+constexpr int kTwoBlocksFp8Variant = 3;
 constexpr int kSm120E4m3Variant = 4;
 
 // Measured on the H200 (bench/RESULTS.md):
@@ -121,10 +122,18 @@ constexpr int kSm120E4m3Variant = 4;
 //   q.k variant (fp8 two blocks an SM where the others run one). Chosen from the shared-memory
 //   arithmetic and the instruction counts (kernels/mla/NOTES.md), unmeasured until an SM120 GPU
 //   is lent (bench/RESULTS.md says so); the two-blocks f16 variant is the other candidate.
+// * fp8 below 64 rows at batch <= 8 (2026-12-05 session 19, one run, 2 reps, fp8 8 and 16 heads,
+//   4k and 32k): the SM120 two-blocks variant (2 stages, P in the padding) is also the H200's
+//   fastest there, 1.00-1.20x the deep / shallow ring (8 heads batch 8 x 4k 20.4 -> 18.0 us, 16
+//   heads batch 1 x 32k 24.5 -> 22.5); at batch 64 x 32k it loses with 16 heads (417.6 -> 450.0).
 int DefaultVariant(int batch, int rows, KvCacheFormat format, int cc_major) {
   if (rows >= 64 && MlaDecodeVariantAvailable(kWgmmaVariant, format)) return kWgmmaVariant;
   if (cc_major == 12 && MlaDecodeVariantAvailable(kSm120E4m3Variant, format)) {
     return kSm120E4m3Variant;
+  }
+  if (format == KvCacheFormat::kFp8 && batch <= 8 &&
+      MlaDecodeVariantAvailable(kTwoBlocksFp8Variant, format)) {
+    return kTwoBlocksFp8Variant;
   }
   return batch < 8 ? 1 : 0;
 }

@@ -56,8 +56,9 @@ struct MlaKvPrepParams {
   // Needs q set, q_first_col == absorb_nope, absorb_nope a multiple of 4 in [4,
   // kMlaPrepAbsorbMaxNope], w_kb and q_abs 4-byte aligned. Meant to replace the cuBLASLt launch
   // that absorbs q at batch 1-4 (~3.5 us of a ~75 us layer); its first two forms were slower
-  // than that launch, this third one is unmeasured (bench/RESULTS.md, session 13; off in the
-  // model by default, CudaOps::SetMlaAbsorbFusion).
+  // than that launch (bench/RESULTS.md, session 13), this third one takes the 16-layer Kimi
+  // shard's batch-1 step from 1.27 to 1.22 ms (session 19; on in the model by default,
+  // CudaOps::SetMlaAbsorbFusion).
   const void* w_kb = nullptr;  // bf16 [q_heads, absorb_nope, 512]
   int absorb_nope = 0;
   void* q_abs = nullptr;       // bf16 [rows, q_heads, 576]

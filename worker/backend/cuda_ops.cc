@@ -97,7 +97,7 @@ struct CudaOps::Impl {
   bool fused_prologues = false;  // SetFusedPrologues
   bool programmatic_small = true;  // SetProgrammaticSmallKernels
   bool mla_q_fusion = true;  // SetMlaQFusion
-  bool mla_absorb_fusion = false;  // SetMlaAbsorbFusion
+  bool mla_absorb_fusion = true;   // SetMlaAbsorbFusion
   bool moe_route_split = true;     // SetMoeRouteSplit
   bool moe_route_dispatch_fusion = true;   // SetMoeRouteDispatchFusion (1-token steps)
   int* route_counter = nullptr;            // InvokeMoeRouteDispatch\'s counter (0 between calls)

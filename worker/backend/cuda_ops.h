@@ -141,9 +141,10 @@ class CudaOps : public Ops {
   void SetMlaQFusion(bool on);
   // q's absorption (q_nope W_kb[h], the MLA decode's first product) inside the fused MLA input
   // kernel at decode steps of at most 4 rows (Ops::MlaInputPrep's q_abs) instead of a cuBLASLt
-  // launch in MlaDecode; needs SetMlaQFusion, off in the batch-invariant mode. Off by default:
-  // its first two forms measured slower than cuBLASLt's absorption (bench/RESULTS.md, session
-  // 13), and the third (kernels/mla/mla_kv_prep.cu's AbsorbQ) has not run on a GPU yet.
+  // launch in MlaDecode; needs SetMlaQFusion, off in the batch-invariant mode. On by default
+  // since session 19: the 16-layer Kimi shard's batch-1 step 1.27 -> 1.22 ms, batch 2 1.51 ->
+  // 1.47, batch 4 unchanged (H200, off / on alternated twice; bench/RESULTS.md). Its first two
+  // forms were slower than cuBLASLt's absorption (session 13).
   void SetMlaAbsorbFusion(bool on);
   // The router's decode-size path (MoeRouteParams::split): a block of 4 warps a token instead
   // of one warp, for sigmoid routers with one expert group (Kimi-K2). Same ids and weights. On
