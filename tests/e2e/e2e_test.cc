@@ -411,7 +411,9 @@ TEST(E2eDeterministicTest, SeededSamplingSurvivesPreemptionAndBatching) {
 // preempted, then the same prompt again for a prefix-cache hit. Every output equals transformers'
 // golden continuation for its first 32 tokens and the request run alone for all 60 (f32 cache).
 TEST(E2eDcpTest, SplitCacheServesGoldenGreedyThroughPreemptionAndPrefixReuse) {
-  if (E2eOnGpu()) GTEST_SKIP() << "decode context parallelism runs on the CPU backend only so far";
+  // The GPU run of these tests has one worker rank (one GPU); GPU DCP over two ranks is
+  // gpu_model_test's DcpOverTwoRanksMatchesOneRank (two threads on one GPU).
+  if (E2eOnGpu()) GTEST_SKIP() << "needs 2 worker ranks; the GPU e2e runs one";
   ServerProcesses server;
   ServerOptions o;
   o.model_dir = FixtureDir(E2eModel());

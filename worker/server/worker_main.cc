@@ -7,7 +7,7 @@
 //       [--coordinator-curve-key FILE] [--dcp N] [--metrics-host H --metrics-port N]
 //       [--name NAME] [--coordinator-timeout-s S]   (--help lists every flag)
 //
-// --dcp N (decode context parallelism, issue 20; N divides the rank count, CPU backend so far):
+// --dcp N (decode context parallelism, issues 20 and 22; N divides the rank count; CPU and GPU):
 // groups of N ranks split the latent cache by blocks instead of each holding all of it;
 // --kv-blocks is per rank and the coordinator gets N times as many (ModelOptions::dcp).
 // --deterministic on (issue 23): a request's tokens do not depend on what it is batched with nor
