@@ -59,6 +59,32 @@ std::string Describe(absl::string_view op, const Tensor& t) {
   return absl::StrCat(op, " ", std::string(DTypeName(t.dtype())), "[", t.numel(), "]");
 }
 
+// The checks of a collective from send into recv (AllGatherDevice, AllToAllDevice): both on the
+// GPU, one dtype NCCL takes (F32, BF16, I32), recv's size right (`size_ok`, stated by `rule`).
+// Returns the NCCL type, or an InvalidArgument naming the rank and the collective (`what`).
+absl::StatusOr<ncclDataType_t> DevicePairType(int rank, absl::string_view op,
+                                              const std::string& what, const Tensor& send,
+                                              const Tensor& recv, bool size_ok,
+                                              absl::string_view rule) {
+  auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": NCCL ", what, ": ", why));
+  };
+  if (send.device() != Device::kCuda || recv.device() != Device::kCuda) {
+    return invalid("both tensors must be Device::kCuda");
+  }
+  if (send.dtype() != recv.dtype()) {
+    return invalid("send and recv dtypes differ");
+  }
+  if (!size_ok) {
+    return invalid(rule);
+  }
+  absl::StatusOr<ncclDataType_t> type = NcclType(send.dtype(), /*allow_i32=*/true, op);
+  if (!type.ok()) {
+    return invalid(type.status().message());
+  }
+  return type;
+}
+
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, cudaStream_t stream,
@@ -253,23 +279,11 @@ absl::Status NcclCommunicator::AllGatherDevice(const Tensor& send, Tensor& recv)
   const std::string what =
       absl::StrCat(Describe("AllGatherDevice", send), " -> ", std::string(DTypeName(recv.dtype())),
                    "[", recv.numel(), "]");
-  auto invalid = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, ": NCCL ", what, ": ", why));
-  };
-  if (send.device() != Device::kCuda || recv.device() != Device::kCuda) {
-    return invalid("both tensors must be Device::kCuda");
-  }
-  if (send.dtype() != recv.dtype()) {
-    return invalid("send and recv dtypes differ");
-  }
-  if (recv.numel() != send.numel() * size_) {
-    return invalid(
-        absl::StrCat("recv needs size() * send.numel() = ", send.numel() * size_, " elements"));
-  }
-  absl::StatusOr<ncclDataType_t> type =
-      NcclType(send.dtype(), /*allow_i32=*/true, "AllGatherDevice");
+  absl::StatusOr<ncclDataType_t> type = DevicePairType(
+      rank_, "AllGatherDevice", what, send, recv, recv.numel() == send.numel() * size_,
+      absl::StrCat("recv needs size() * send.numel() = ", send.numel() * size_, " elements"));
   if (!type.ok()) {
-    return invalid(type.status().message());
+    return type.status();
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.ok()) {
@@ -288,22 +302,12 @@ absl::Status NcclCommunicator::AllToAllDevice(const Tensor& send, Tensor& recv) 
   const std::string what =
       absl::StrCat(Describe("AllToAllDevice", send), " -> ", std::string(DTypeName(recv.dtype())),
                    "[", recv.numel(), "]");
-  auto invalid = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, ": NCCL ", what, ": ", why));
-  };
-  if (send.device() != Device::kCuda || recv.device() != Device::kCuda) {
-    return invalid("both tensors must be Device::kCuda");
-  }
-  if (send.dtype() != recv.dtype()) {
-    return invalid("send and recv dtypes differ");
-  }
-  if (recv.numel() != send.numel() || send.numel() % size_ != 0) {
-    return invalid(absl::StrCat("send and recv need the same numel, a multiple of ", size_));
-  }
   absl::StatusOr<ncclDataType_t> type =
-      NcclType(send.dtype(), /*allow_i32=*/true, "AllToAllDevice");
+      DevicePairType(rank_, "AllToAllDevice", what, send, recv,
+                     recv.numel() == send.numel() && send.numel() % size_ == 0,
+                     absl::StrCat("send and recv need the same numel, a multiple of ", size_));
   if (!type.ok()) {
-    return invalid(type.status().message());
+    return type.status();
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.ok()) {
