@@ -662,7 +662,8 @@ TEST_P(GpuModelTest, DcpOverTwoRanksMatchesOneRank) {
 }
 
 // The INT4 folder's routed experts are held packed on the GPU (not dequantized to bf16): 4 bits +
-// a bf16 scale per 32 weights of the kernels' padded shapes (multiples of 128), nothing else.
+// a bf16 scale per 32 weights of the kernels' padded shapes (multiples of 128), and the layer's
+// two counters.
 TEST(GpuModelInt4Test, ExpertsStayPackedOnTheGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   const std::string dir = ModelDir("dsv3-tiny-int4");
@@ -680,13 +681,15 @@ TEST(GpuModelInt4Test, ExpertsStayPackedOnTheGpu) {
   for (int i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.IsMoeLayer(i);
   const size_t weights = static_cast<size_t>(moe_layers) * c.n_routed_experts * 3 *
                          pad(c.hidden_size) * pad(c.moe_intermediate_size);
-  EXPECT_EQ((*m)->expert_bytes(), weights / 2 + weights / 16);
+  // Plus each layer's two int counters of the fused few-expert layer (moe_experts.h).
+  EXPECT_EQ((*m)->expert_bytes(), weights / 2 + weights / 16 + moe_layers * 2 * sizeof(int));
   std::printf("[gpu_model] dsv3-tiny-int4: routed experts hold %zu bytes on the GPU (bf16: %zu)\n",
               (*m)->expert_bytes(), weights * 2);
 }
 
 // The FP8 folder's routed experts are held in FP8 on the GPU (not dequantized to bf16): 1 byte + an
-// fp32 scale per 8 x 64 weights of the kernels' padded shapes (multiples of 128), nothing else.
+// fp32 scale per 8 x 64 weights of the kernels' padded shapes (multiples of 128), and the layer's
+// two counters.
 TEST(GpuModelFp8Test, ExpertsStayFp8OnTheGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   const std::string dir = ModelDir("dsv3-tiny-fp8");
@@ -705,7 +708,7 @@ TEST(GpuModelFp8Test, ExpertsStayFp8OnTheGpu) {
   for (int i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.IsMoeLayer(i);
   const size_t weights = static_cast<size_t>(moe_layers) * c.n_routed_experts * 3 *
                          pad(c.hidden_size) * pad(c.moe_intermediate_size);
-  EXPECT_EQ((*m)->expert_bytes(), weights + weights / 128);
+  EXPECT_EQ((*m)->expert_bytes(), weights + weights / 128 + moe_layers * 2 * sizeof(int));
   std::printf("[gpu_model] dsv3-tiny-fp8: routed experts hold %zu bytes on the GPU (bf16: %zu)\n",
               (*m)->expert_bytes(), weights * 2);
 }
