@@ -255,28 +255,4 @@ __device__ __forceinline__ void WgmmaM64N64K16RS(float (&d)[32], const uint32_t 
 #endif
 }
 
-// D[64 x 16] (+)= A[64 x 16] * B[16 x 16], A from registers (mma.m16n8k16 A layout per warp),
-// B from shared memory, K-major (imm-trans-b = 0), any descriptor layout (the token-major MLA
-// decode uses no-swizzle core matrices: kernels/mla/mla_decode_tokens.cuh).
-#define MLASERVE_WGMMA_M64N16K16_RS(T)                                                      \
-  asm volatile(                                                                             \
-      "{\n .reg .pred p;\n .reg .b64 db;\n setp.ne.b32 p, %14, 0;\n"                        \
-      " mov.b64 db, {%12, %13};\n"                                                          \
-      " wgmma.mma_async.sync.aligned.m64n16k16.f32." T "." T                                \
-      " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, db, p, 1, 1, 0;\n}\n"         \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-        "+f"(d[7])                                                                          \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b_lo), "r"(b_hi), "r"(accumulate))
-template <bool kF16>
-__device__ __forceinline__ void WgmmaM64N16K16RS(float (&d)[8], const uint32_t (&a)[4],
-                                                 uint32_t b_lo, uint32_t b_hi, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (kF16) {
-    MLASERVE_WGMMA_M64N16K16_RS("f16");
-  } else {
-    MLASERVE_WGMMA_M64N16K16_RS("bf16");
-  }
-#endif
-}
-
 }  // namespace mlaserve::wgmma

@@ -96,24 +96,12 @@ const VariantEntry kSm120E4m3{
     }                                                                       \
   }
 
-// SM90a token-major kernel (mla_decode_tokens.cuh), fp8 formats, 16 rows per block: the 64
-// tokens of a cache block as the warpgroup MMAs' M, the query rows as N, K and V converted from
-// the cache bytes straight into A registers (kernels/mla/NOTES.md, session 20).
-const VariantEntry kTokensVariant{
-    "wgmma_tokens64_rows16",
-    16,
-    kSched,
-    {&NotBuilt, &mla::MlaDecodeTokensBlocksPerSm<kFp8>,
-     &mla::MlaDecodeTokensBlocksPerSm<kFp8Tiled>},
-    {&NotBuiltLaunch, &mla::LaunchMlaDecodeTokens<kFp8>, &mla::LaunchMlaDecodeTokens<kFp8Tiled>}};
-
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3),
     MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 3, 3, 3),
     kSm120TwoBlocks,
     kSm120E4m3,
-    kTokensVariant,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 

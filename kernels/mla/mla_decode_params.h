@@ -107,13 +107,6 @@ cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaS
 template <KvCacheFormat kFormat, int kTile, int kStages>
 int MlaDecodeWgmmaBlocksPerSm();
 
-// SM90a token-major split decode kernel (mla_decode_tokens.cuh), fp8 formats: 16 query rows per
-// block as the MMAs' N, a 64-token cache block as their M. BlocksPerSm is 0 off SM 9.0.
-template <KvCacheFormat kFormat>
-cudaError_t LaunchMlaDecodeTokens(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat>
-int MlaDecodeTokensBlocksPerSm();
-
 // Cache write: one warp per token (kv_cache_write.cu).
 cudaError_t LaunchKvCacheWrite(KvCacheFormat format, float fp8_scale, const uint16_t* latent,
                                int64_t latent_stride, const uint16_t* rope, int64_t rope_stride,
