@@ -27,22 +27,29 @@ struct VariantEntry {
   int inline_schedule_max_batch;   // the kernel schedules batches up to this itself
   BlocksPerSmFn blocks_per_sm[3];  // Indexed by KvCacheFormat.
   LaunchFn launch[3];
+  // Workers per SM at most (0: every resident block slot). The deep ring is meant for small
+  // batches with many bytes in flight a block; where its format fits 3 blocks an SM (fp8_tiled
+  // since session 19's smaller score tiles), 3 workers an SM cut a batch-1 call into 1.5x the
+  // pieces: measured on the H100 (bench/RESULTS.md, session 20; 3 reps, minimum), fp8_tiled 8-16
+  // heads at batch 1-4 ran 1.03-1.13x faster with 2 an SM from 32k tokens (16 heads batch 1 x 32k
+  // 30.6 -> 27.0 us) and within 2% at 1k (one case of 24, 8 heads batch 1 x 4k, 0.94x); fp8 and
+  // bf16 fit 2 anyway.
+  int max_blocks_per_sm = 0;
 };
 
 // Warp-sliced kernel (mla_decode_sliced.cuh), 16 rows per block: tile tokens and stages per
 // format (bf16, fp8, fp8_tiled).
 constexpr int kSched = mla::kInlineScheduleMaxBatch;
-#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST)                                            \
+#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST, CAP)                                       \
   VariantEntry {                                                                            \
     NAME, 16, kSched,                                                                       \
         {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB, kSched, false>,      \
          &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8, T, S8, kSched, false>,       \
          &mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kFp8Tiled, T, ST, kSched, false>}, \
-    {                                                                                       \
-      &mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB, kSched, false>,              \
-          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8, kSched, false>,           \
-          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST, kSched, false>       \
-    }                                                                                       \
+        {&mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB, kSched, false>,           \
+         &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8, kSched, false>,            \
+         &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST, kSched, false>},      \
+        CAP                                                                                 \
   }
 
 // A format a variant has no kernel for.
@@ -97,8 +104,8 @@ const VariantEntry kSm120E4m3{
   }
 
 const VariantEntry kVariants[] = {
-    MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2),
-    MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3),
+    MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0),
+    MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2),
     MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 3, 3, 3),
     kSm120TwoBlocks,
     kSm120E4m3,
@@ -219,7 +226,10 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
                      std::string(KvCacheFormatName(format)), " kernel that runs on this device"));
   }
   const int rows_per_cta = kVariants[variant].rows_per_cta;
-  const int per_sm = kVariants[variant].blocks_per_sm[static_cast<int>(format)]();
+  int per_sm = kVariants[variant].blocks_per_sm[static_cast<int>(format)]();
+  if (kVariants[variant].max_blocks_per_sm > 0) {
+    per_sm = std::min(per_sm, kVariants[variant].max_blocks_per_sm);
+  }
   const int row_tiles = (rows + rows_per_cta - 1) / rows_per_cta;
   MlaDecodePlan plan;
   plan.variant = variant;
