@@ -191,14 +191,15 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
                           (t % kTilesPerBlock) * kTile) *
                              Cfg::kRowBytes;
     };
-    // Rows past the sequence's end are zero-filled (never stale NaN bytes).
+    // Rows past the sequence's end are zero-filled (never stale NaN bytes): src-size 0 reads
+    // nothing, and their addresses lie in the same 64-token cache block (no dummy pointer).
     auto copy_operand = [&](int t, int buf) {  // bf16: straight into the swizzled operand tile
       const uint8_t* src = tile_src(t) + ct * Cfg::kRowBytes + cch * 16;
       const bool valid = t * kTile + ct < len;
       const uint32_t dst = kv_smem + buf * Cfg::kKvBytes + op_off;
 #pragma unroll
       for (int kb = 0; kb < kDimBlocks; ++kb) {
-        ptx::CpAsync16(dst + kb * Cfg::kKvBlockBytes, valid ? src + kb * 128 : p.kv_pool, valid);
+        ptx::CpAsync16(dst + kb * Cfg::kKvBlockBytes, src + kb * 128, valid);
       }
     };
     auto copy_raw = [&](int t, int slot) {  // fp8: raw bytes
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
         const int i = tid + kThreads * j;
         if (j + 1 < (kChunks + kThreads - 1) / kThreads || i < kChunks) {
           const bool valid = 16 * i < valid_bytes;
-          ptx::CpAsync16(dst + 16 * i, valid ? src + 16 * i : p.kv_pool, valid);
+          ptx::CpAsync16(dst + 16 * i, src + 16 * i, valid);
         }
       }
     };
