@@ -42,6 +42,7 @@
 #include "tests/model/golden_fixture.h"
 #include "tests/model/quantized_checkpoint_writer.h"
 #include "tests/model/thread_group_communicator.h"
+#include "tests/model/zero_peer_communicator.h"
 #include "worker/backend/cpu_ops.h"
 #include "worker/backend/cuda_ops.h"
 #include "worker/model/local_session.h"
@@ -492,6 +493,96 @@ TEST_P(GpuModelTest, GraphReplayMatchesEager) {
     std::printf("[gpu_model] %s graphs: %d sequence(s), 8 decode steps bit-identical to eager\n",
                 GetParam(), n);
   }
+}
+
+// The decode steps of a multi-rank model replayed as CUDA graphs (ModelOptions::multi_rank_graphs,
+// the path NCCL ranks take; issue 22) give the same logits, bit for bit, as the same steps run
+// eagerly: rank 0 of a two-rank world on one GPU whose collectives are capturable copies
+// (ZeroPeerCommunicator: the peer contributes zeros), so the graphs hold the step's all-reduces
+// and the vocab-parallel gather. Without multi_rank_graphs no graph is captured.
+TEST_P(GpuModelTest, MultiRankGraphReplayMatchesEager) {
+  const auto prompt = golden_->Get<int32_t>("p1.ids");
+  struct Rank {
+    std::unique_ptr<CudaOps> ops;
+    std::unique_ptr<ZeroPeerCommunicator> comm;
+    std::unique_ptr<DeepseekV3Model> model;
+  };
+  auto make = [&](bool graphs, bool multi_rank) {
+    Rank r;
+    auto g = CudaOps::Create();
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok()) return r;
+    r.ops = std::move(*g);
+    r.comm = std::make_unique<ZeroPeerCommunicator>(r.ops->stream());
+    ModelOptions o;
+    o.kv_format = KvCacheFormat::kBf16;
+    o.num_kv_blocks = 8;
+    o.graphs = graphs;
+    o.multi_rank_graphs = multi_rank;
+    auto m = DeepseekV3Model::Load(dir_, o, *r.ops, *r.comm);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (m.ok()) r.model = std::move(*m);
+    return r;
+  };
+  Rank graphed = make(true, true), eager = make(false, false), gated = make(true, false);
+  ASSERT_TRUE(graphed.model && eager.model && gated.model);
+  const int vocab = graphed.model->config().vocab_size;
+  // Three sequences of different prompt lengths in blocks [0,2), [2,4), [4,6).
+  std::vector<int> len(3, 0);
+  auto step = [&](const std::vector<std::vector<int32_t>>& toks, std::vector<int>& lens) {
+    StepBatch b;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      SequenceSlice sl;
+      sl.token_begin = static_cast<int>(b.tokens.size());
+      sl.num_tokens = static_cast<int>(toks[i].size());
+      sl.context_len = lens[i];
+      sl.block_table = {2 * static_cast<int>(i), 2 * static_cast<int>(i) + 1};
+      for (size_t t = 0; t < toks[i].size(); ++t) {
+        const int pos = lens[i] + static_cast<int>(t);
+        b.tokens.push_back(toks[i][t]);
+        b.positions.push_back(pos);
+        b.slots.push_back(int64_t{sl.block_table[pos / kKvBlockTokens]} * kKvBlockTokens +
+                          pos % kKvBlockTokens);
+      }
+      b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
+      b.seqs.push_back(std::move(sl));
+      lens[i] += static_cast<int>(toks[i].size());
+    }
+    return b;
+  };
+  std::vector<std::vector<int32_t>> first;
+  for (int i = 0; i < 3; ++i) {
+    first.push_back(std::vector<int32_t>(prompt.begin(), prompt.begin() + 20 + 9 * i));
+  }
+  std::vector<int> la_len = len, lb_len = len, lc_len = len;
+  std::vector<float> la, lb, lc;
+  ASSERT_TRUE(graphed.model->Forward(step(first, la_len), &la).ok());
+  ASSERT_TRUE(eager.model->Forward(step(first, lb_len), &lb).ok());
+  ASSERT_TRUE(gated.model->Forward(step(first, lc_len), &lc).ok());
+  for (int s = 0; s < 8; ++s) {
+    std::vector<std::vector<int32_t>> next;
+    for (int i = 0; i < 3; ++i) {
+      const float* row = lb.data() + static_cast<size_t>(i) * vocab;
+      next.push_back({int32_t(std::max_element(row, row + vocab) - row)});
+    }
+    ASSERT_TRUE(graphed.model->Forward(step(next, la_len), &la).ok()) << "step " << s;
+    ASSERT_TRUE(eager.model->Forward(step(next, lb_len), &lb).ok()) << "step " << s;
+    ASSERT_TRUE(gated.model->Forward(step(next, lc_len), &lc).ok()) << "step " << s;
+    ASSERT_EQ(la.size(), lb.size());
+    size_t differ = 0, differ_gated = 0;
+    for (size_t i = 0; i < la.size(); ++i) {
+      differ += la[i] != lb[i];
+      differ_gated += lc[i] != lb[i];
+    }
+    EXPECT_EQ(differ, 0u) << "decode step " << s;
+    EXPECT_EQ(differ_gated, 0u) << "decode step " << s;
+  }
+  EXPECT_GT(graphed.model->captured_graphs(), 0);
+  EXPECT_EQ(gated.model->captured_graphs(), 0);
+  std::printf(
+      "[gpu_model] %s two-rank graphs: 8 decode steps of 3 sequences bit-identical to "
+      "eager (%d graph(s))\n",
+      GetParam(), graphed.model->captured_graphs());
 }
 
 // The deterministic mode on the GPU (issue 23): bit-identical logits alone, recomputed (whole and

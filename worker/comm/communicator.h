@@ -28,6 +28,11 @@ class Communicator {
   // Waits until this rank's collectives have completed (a GPU communicator bounds the wait and
   // names a peer that died); OK at once for host collectives, which complete before returning.
   virtual absl::Status WaitForDevice() { return absl::OkStatus(); }
+  // Whether the device collectives (AllReduceSum(Tensor&), AllGatherDevice, AllToAllDevice) only
+  // enqueue work on the backend's stream, with no host wait or host copy, so that a step calling
+  // them can be captured into a CUDA graph and replayed (NCCL; one rank, which has nothing to
+  // exchange). Host-staged communicators (MPI, the tests' thread groups) cannot.
+  virtual bool CapturesDeviceCollectives() const { return false; }
   // Every rank contributes send[count]; recv[size() * count] gets them in rank order.
   virtual absl::Status AllGather(const float* send, size_t count, float* recv) = 0;
   // Personalised exchange: send and recv are size() chunks of `count`; chunk j of send goes to
@@ -60,6 +65,8 @@ class TimedCommunicator : public Communicator {
   absl::Status AllToAll(const float* send, size_t count, float* recv) override;
   absl::Status AllToAllDevice(const Tensor& send, Tensor& recv) override;
   absl::Status WaitForDevice() override { return inner_.WaitForDevice(); }
+  // (A replayed graph calls no collective from the host: its steps add no time here.)
+  bool CapturesDeviceCollectives() const override { return inner_.CapturesDeviceCollectives(); }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
     return inner_.Split(color, key);
   }
@@ -87,6 +94,7 @@ class SingleRankCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
+  bool CapturesDeviceCollectives() const override { return true; }
   absl::Status AllReduceSum(float*, size_t) override { return absl::OkStatus(); }
   absl::Status AllReduceSum(Tensor&) override { return absl::OkStatus(); }
   absl::Status AllGather(const float* send, size_t count, float* recv) override;

@@ -53,6 +53,9 @@ class NcclCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // Every device collective is enqueued on stream() (a nonblocking communicator's ncclInProgress
+  // is waited for on the host, which capture allows); WaitForStream refuses during a capture.
+  bool CapturesDeviceCollectives() const override { return true; }
 
   // Host fp32 buffers: an error (this communicator reduces device buffers; MpiCommunicator
   // reduces host memory).

@@ -632,6 +632,12 @@ size_t DeepseekV3Model::kv_cache_bytes() const {
   return total;
 }
 
+bool DeepseekV3Model::CapturableCollectives() const {
+  if (comm_.size() == 1) return true;
+  return options_.multi_rank_graphs && comm_.CapturesDeviceCollectives() &&
+         (dcp_comm_ == nullptr || dcp_comm_->CapturesDeviceCollectives());
+}
+
 absl::Status DeepseekV3Model::AllReduce(Tensor& t) {
   if (comm_.size() == 1) return absl::OkStatus();
   ops_.Phase("allreduce");
@@ -771,7 +777,7 @@ absl::StatusOr<Tensor> DeepseekV3Model::Forward(const StepBatch& batch) {
   if (!layout.ok()) return layout.status();
   layout_ = *std::move(layout);
   if (layout_.num_tokens == 0) return ops_.Activation({0, c.vocab_size}, DType::kF32);
-  if (options_.graphs && ops_.SupportsGraphs() && comm_.size() == 1 &&
+  if (options_.graphs && ops_.SupportsGraphs() && CapturableCollectives() &&
       IsSingleTokenDecode(layout_)) {
     return ForwardGraph();
   }

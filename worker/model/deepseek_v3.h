@@ -32,6 +32,13 @@ struct ModelOptions {
   // Replay single-token decode steps as graphs (backends that have them, one rank), one graph
   // per (batch bucket, block-table width bucket), captured on the second step of its shape.
   bool graphs = false;
+  // With `graphs`, also capture the decode steps of several ranks when their communicators'
+  // device collectives can be captured (Communicator::CapturesDeviceCollectives: NCCL, and the
+  // DCP group's as well): every rank captures and replays the same steps, so the collectives in
+  // the graphs stay in the same order on every rank. Off by default until it has run on a machine
+  // with several GPUs (issue 22); tested on one GPU with a capturable two-rank stand-in
+  // (gpu_model_test MultiRankGraphReplayMatchesEager).
+  bool multi_rank_graphs = false;
   // The deterministic mode (issue 23): a request's logits do not depend on what shares its steps
   // nor on whether its tokens were decoded, prefilled or recomputed after preemption. Every
   // token's attention runs as a one-token decode over the cache (StepLayoutOptions::
@@ -93,6 +100,12 @@ class DeepseekV3Model {
   Communicator& comm() { return comm_; }
   // Turns graph replay of decode steps on or off (benchmarks compare the two).
   void set_graphs(bool on) { options_.graphs = on; }
+  // Decode graphs captured so far (one per batch and table-width bucket; tests).
+  int captured_graphs() const {
+    int n = 0;
+    for (const auto& [shape, g] : graphs_) n += g.id >= 0;
+    return n;
+  }
   // Switches the deterministic mode (ModelOptions::deterministic) between steps; the graphs
   // captured so far hold the other mode's kernels and are dropped (captured again as needed).
   absl::Status set_deterministic(bool on);
@@ -119,6 +132,9 @@ class DeepseekV3Model {
   absl::Status Attention(Layer& layer, const StepTensors& step, const Tensor& h, Tensor& out);
   absl::Status Mlp(Layer& layer, const Tensor& h, Tensor& out);
   absl::Status AllReduce(Tensor& t);
+  // Whether a step's collectives may be captured into a graph (one rank, or
+  // ModelOptions::multi_rank_graphs with capturable communicators).
+  bool CapturableCollectives() const;
   // Embedding to logits for a step whose metadata is uploaded (the graphs record this part).
   absl::StatusOr<Tensor> Layers(const StepTensors& step);
   absl::StatusOr<Tensor> ForwardGraph();

@@ -3,7 +3,9 @@
 //   mpirun -np N mlaserve-worker --model DIR --coordinator tcp://HOST:PORT
 //       [--device auto|cuda|cpu] [--kv-format bf16|fp8|fp8_tiled] [--kv-blocks N]
 //       [--gpu-memory-fraction F] [--max-step-tokens N] [--max-seqs N]
-//       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off] [--deterministic on|off]
+//       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off] [--cuda-graphs-multi-rank
+//       on|off]
+//       [--deterministic on|off]
 //       [--coordinator-curve-key FILE] [--dcp N] [--metrics-host H --metrics-port N]
 //       [--name NAME] [--coordinator-timeout-s S]   (--help lists every flag)
 //
@@ -85,6 +87,9 @@ ABSL_FLAG(std::string, moe, "expert",
 ABSL_FLAG(int32_t, threads, 1, "CPU backend threads per rank, in [1, 1024].");
 ABSL_FLAG(mlaserve::OnOff, cuda_graphs, mlaserve::OnOff{true},
           "Replay single-token decode steps as CUDA graphs.");
+ABSL_FLAG(mlaserve::OnOff, cuda_graphs_multi_rank, mlaserve::OnOff{false},
+          "With --cuda-graphs on, also replay the decode steps of several GPU ranks (NCCL) as "
+          "graphs. Not yet run on several GPUs.");
 ABSL_FLAG(mlaserve::OnOff, deterministic, mlaserve::OnOff{false},
           "Tokens independent of batching and preemption (README, Deterministic serving).");
 ABSL_FLAG(int32_t, dcp, 1,
@@ -115,6 +120,7 @@ struct Args {
   double gpu_memory_fraction = 0.9;
   int max_step_tokens = 0, max_seqs = 0;
   bool cuda_graphs = true;
+  bool cuda_graphs_multi_rank = false;
   bool deterministic = false;
   int dcp = 1;
   std::string metrics_host;
@@ -168,6 +174,7 @@ int main(int argc, char** argv) {
   a.moe = FlagOneOf(FLAGS_moe, {"expert", "tensor"});
   a.threads = FlagInRange(FLAGS_threads, 1, 1024);
   a.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs).on;
+  a.cuda_graphs_multi_rank = absl::GetFlag(FLAGS_cuda_graphs_multi_rank).on;
   a.deterministic = absl::GetFlag(FLAGS_deterministic).on;
   a.dcp = FlagInRange(FLAGS_dcp, 1, 1024);
   a.metrics_host = absl::GetFlag(FLAGS_metrics_host);
@@ -234,6 +241,7 @@ int main(int argc, char** argv) {
       plan_note = plan->Describe();
       options.num_kv_blocks = plan->kv_blocks;
       options.graphs = a.cuda_graphs;
+      options.multi_rank_graphs = a.cuda_graphs_multi_rank;
       ops = std::move(cuda);
       if (comm.size() > 1) {
         // Activations between the ranks' GPUs go over NCCL; MPI keeps the control messages.
