@@ -414,6 +414,35 @@ TEST_P(GpuModelTest, MlaAbsorbFusionMatchesCublasAbsorb) {
               GetParam(), worst);
 }
 
+// A sequence of the hand-made steps below: its block table and the tokens it has cached.
+struct TestSeq {
+  std::vector<int32_t> table;
+  int len = 0;
+};
+
+// One step feeding toks[i] to seqs[i] (logits for each one's last token); their lengths grow.
+StepBatch StepOf(const std::vector<std::vector<int32_t>>& toks, std::vector<TestSeq>& seqs) {
+  StepBatch b;
+  for (size_t i = 0; i < toks.size(); ++i) {
+    SequenceSlice sl;
+    sl.token_begin = static_cast<int>(b.tokens.size());
+    sl.num_tokens = static_cast<int>(toks[i].size());
+    sl.context_len = seqs[i].len;
+    sl.block_table = seqs[i].table;
+    for (size_t t = 0; t < toks[i].size(); ++t) {
+      const int pos = seqs[i].len + static_cast<int>(t);
+      b.tokens.push_back(toks[i][t]);
+      b.positions.push_back(pos);
+      b.slots.push_back(int64_t{sl.block_table[pos / kKvBlockTokens]} * kKvBlockTokens +
+                        pos % kKvBlockTokens);
+    }
+    b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
+    b.seqs.push_back(std::move(sl));
+    seqs[i].len += static_cast<int>(toks[i].size());
+  }
+  return b;
+}
+
 // Decode steps replayed as CUDA graphs give the same logits, bit for bit, as the same steps run
 // eagerly: one sequence (bucket 1), and three sequences of different lengths (bucket 4: one
 // padding sequence), through the eager first step, the capture and the replays, and a prefill
@@ -431,60 +460,35 @@ TEST_P(GpuModelTest, GraphReplayMatchesEager) {
   DeepseekV3Model& graphed = **m;
   const auto prompt = golden_->Get<int32_t>("p1.ids");
   // Three sequences: blocks [0,2), [2,4), [4,6) of the pool, prompts of 3 lengths.
-  struct Seq {
-    std::vector<int32_t> table;
-    int len = 0;
-  };
-  std::vector<Seq> seqs(3);
+  std::vector<TestSeq> seqs(3);
   for (int i = 0; i < 3; ++i) seqs[i].table = {2 * i, 2 * i + 1};
-  auto step = [&](const std::vector<std::vector<int32_t>>& toks, std::vector<Seq>& ss) {
-    StepBatch b;
-    for (size_t i = 0; i < toks.size(); ++i) {
-      SequenceSlice sl;
-      sl.token_begin = static_cast<int>(b.tokens.size());
-      sl.num_tokens = static_cast<int>(toks[i].size());
-      sl.context_len = ss[i].len;
-      sl.block_table = ss[i].table;
-      for (size_t t = 0; t < toks[i].size(); ++t) {
-        const int pos = ss[i].len + static_cast<int>(t);
-        b.tokens.push_back(toks[i][t]);
-        b.positions.push_back(pos);
-        b.slots.push_back(int64_t{sl.block_table[pos / kKvBlockTokens]} * kKvBlockTokens +
-                          pos % kKvBlockTokens);
-      }
-      b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
-      b.seqs.push_back(std::move(sl));
-      ss[i].len += static_cast<int>(toks[i].size());
-    }
-    return b;
-  };
   for (int n : {1, 3}) {
-    std::vector<Seq> a(seqs.begin(), seqs.begin() + n), b = a;
+    std::vector<TestSeq> a(seqs.begin(), seqs.begin() + n), b = a;
     std::vector<std::vector<int32_t>> first;
     for (int i = 0; i < n; ++i)
       first.push_back(std::vector<int32_t>(prompt.begin(), prompt.begin() + 20 + 9 * i));
     std::vector<float> la, lb;
-    ASSERT_TRUE(graphed.Forward(step(first, a), &la).ok());
-    ASSERT_TRUE(gpu_->Forward(step(first, b), &lb).ok());
+    ASSERT_TRUE(graphed.Forward(StepOf(first, a), &la).ok());
+    ASSERT_TRUE(gpu_->Forward(StepOf(first, b), &lb).ok());
     const int vocab = gpu_->config().vocab_size;
     for (int s = 0; s < 8; ++s) {
       if (s == 4) {
         // A prefill of another sequence (blocks 6 and 7) between decode steps: more scratch
         // than a decode step, so the arena grows and the graphs are captured again.
-        std::vector<Seq> extra_a(1), extra_b(1);
+        std::vector<TestSeq> extra_a(1), extra_b(1);
         extra_a[0].table = extra_b[0].table = {6, 7};
         std::vector<std::vector<int32_t>> p100 = {std::vector<int32_t>(100, 7)};
         std::vector<float> ignore;
-        ASSERT_TRUE(graphed.Forward(step(p100, extra_a), &ignore).ok());
-        ASSERT_TRUE(gpu_->Forward(step(p100, extra_b), &ignore).ok());
+        ASSERT_TRUE(graphed.Forward(StepOf(p100, extra_a), &ignore).ok());
+        ASSERT_TRUE(gpu_->Forward(StepOf(p100, extra_b), &ignore).ok());
       }
       std::vector<std::vector<int32_t>> next;
       for (int i = 0; i < n; ++i) {
         const float* row = lb.data() + static_cast<size_t>(i) * vocab;
         next.push_back({int32_t(std::max_element(row, row + vocab) - row)});
       }
-      ASSERT_TRUE(graphed.Forward(step(next, a), &la).ok()) << "step " << s;
-      ASSERT_TRUE(gpu_->Forward(step(next, b), &lb).ok()) << "step " << s;
+      ASSERT_TRUE(graphed.Forward(StepOf(next, a), &la).ok()) << "step " << s;
+      ASSERT_TRUE(gpu_->Forward(StepOf(next, b), &lb).ok()) << "step " << s;
       ASSERT_EQ(la.size(), lb.size());
       size_t differ = 0;
       for (size_t i = 0; i < la.size(); ++i) differ += la[i] != lb[i];
@@ -528,46 +532,26 @@ TEST_P(GpuModelTest, MultiRankGraphReplayMatchesEager) {
   ASSERT_TRUE(graphed.model && eager.model && gated.model);
   const int vocab = graphed.model->config().vocab_size;
   // Three sequences of different prompt lengths in blocks [0,2), [2,4), [4,6).
-  std::vector<int> len(3, 0);
-  auto step = [&](const std::vector<std::vector<int32_t>>& toks, std::vector<int>& lens) {
-    StepBatch b;
-    for (size_t i = 0; i < toks.size(); ++i) {
-      SequenceSlice sl;
-      sl.token_begin = static_cast<int>(b.tokens.size());
-      sl.num_tokens = static_cast<int>(toks[i].size());
-      sl.context_len = lens[i];
-      sl.block_table = {2 * static_cast<int>(i), 2 * static_cast<int>(i) + 1};
-      for (size_t t = 0; t < toks[i].size(); ++t) {
-        const int pos = lens[i] + static_cast<int>(t);
-        b.tokens.push_back(toks[i][t]);
-        b.positions.push_back(pos);
-        b.slots.push_back(int64_t{sl.block_table[pos / kKvBlockTokens]} * kKvBlockTokens +
-                          pos % kKvBlockTokens);
-      }
-      b.logits_rows.push_back(static_cast<int32_t>(b.tokens.size()) - 1);
-      b.seqs.push_back(std::move(sl));
-      lens[i] += static_cast<int>(toks[i].size());
-    }
-    return b;
-  };
+  std::vector<TestSeq> seqs(3);
+  for (int i = 0; i < 3; ++i) seqs[i].table = {2 * i, 2 * i + 1};
   std::vector<std::vector<int32_t>> first;
   for (int i = 0; i < 3; ++i) {
     first.push_back(std::vector<int32_t>(prompt.begin(), prompt.begin() + 20 + 9 * i));
   }
-  std::vector<int> la_len = len, lb_len = len, lc_len = len;
+  std::vector<TestSeq> sa = seqs, sb = seqs, sc = seqs;
   std::vector<float> la, lb, lc;
-  ASSERT_TRUE(graphed.model->Forward(step(first, la_len), &la).ok());
-  ASSERT_TRUE(eager.model->Forward(step(first, lb_len), &lb).ok());
-  ASSERT_TRUE(gated.model->Forward(step(first, lc_len), &lc).ok());
+  ASSERT_TRUE(graphed.model->Forward(StepOf(first, sa), &la).ok());
+  ASSERT_TRUE(eager.model->Forward(StepOf(first, sb), &lb).ok());
+  ASSERT_TRUE(gated.model->Forward(StepOf(first, sc), &lc).ok());
   for (int s = 0; s < 8; ++s) {
     std::vector<std::vector<int32_t>> next;
     for (int i = 0; i < 3; ++i) {
       const float* row = lb.data() + static_cast<size_t>(i) * vocab;
       next.push_back({int32_t(std::max_element(row, row + vocab) - row)});
     }
-    ASSERT_TRUE(graphed.model->Forward(step(next, la_len), &la).ok()) << "step " << s;
-    ASSERT_TRUE(eager.model->Forward(step(next, lb_len), &lb).ok()) << "step " << s;
-    ASSERT_TRUE(gated.model->Forward(step(next, lc_len), &lc).ok()) << "step " << s;
+    ASSERT_TRUE(graphed.model->Forward(StepOf(next, sa), &la).ok()) << "step " << s;
+    ASSERT_TRUE(eager.model->Forward(StepOf(next, sb), &lb).ok()) << "step " << s;
+    ASSERT_TRUE(gated.model->Forward(StepOf(next, sc), &lc).ok()) << "step " << s;
     ASSERT_EQ(la.size(), lb.size());
     size_t differ = 0, differ_gated = 0;
     for (size_t i = 0; i < la.size(); ++i) {
