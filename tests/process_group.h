@@ -12,11 +12,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -35,16 +38,66 @@ inline bool PortFree(int port) {
   return ok;
 }
 
-inline int FreePort(std::set<int>& taken) {
+// Ports for the processes a test starts are taken from outside the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default): a port inside it that is free
+// when checked can be taken before its server binds it by any outgoing connection or by mpirun's
+// own listeners (a CI run lost the coordinator's metrics port that way: "Possible problem binding
+// to port"). The candidates are 10000 up to the range's start, and above its end.
+inline std::vector<std::pair<int, int>> NonEphemeralPortRanges() {
+  int lo = 32768, hi = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) {
+      lo = 32768;
+      hi = 60999;
+    }
+    std::fclose(f);
+  }
+  std::vector<std::pair<int, int>> ranges;  // [first, last]
+  if (lo > 10000) {
+    ranges.push_back({10000, lo - 1});
+  }
+  if (hi < 65535) {
+    ranges.push_back({std::max(hi + 1, 10000), 65535});
+  }
+  if (ranges.empty()) {
+    ranges.push_back({10000, 65535});  // everything is ephemeral: nothing better to do
+  }
+  return ranges;
+}
+
+// `count` consecutive ports, free on every interface, none of them in `taken` (which gets them);
+// 0 if none was found.
+inline int FreePorts(int count, std::set<int>& taken) {
+  const std::vector<std::pair<int, int>> ranges = NonEphemeralPortRanges();
+  long total = 0;
+  for (const auto& [first, last] : ranges) {
+    total += last - first + 1;
+  }
   for (int tries = 0; tries < 1000; ++tries) {
-    const int port = 20000 + (std::rand() % 30000);
-    if (taken.count(port) == 0 && PortFree(port)) {
-      taken.insert(port);
-      return port;
+    long pick = std::rand() % total;
+    int base = 0;
+    for (const auto& [first, last] : ranges) {
+      if (pick < last - first + 1) {
+        base = first + static_cast<int>(pick);
+        break;
+      }
+      pick -= last - first + 1;
+    }
+    bool ok = base + count - 1 <= 65535;
+    for (int i = 0; i < count && ok; ++i) {
+      ok = taken.count(base + i) == 0 && PortFree(base + i);
+    }
+    if (ok) {
+      for (int i = 0; i < count; ++i) {
+        taken.insert(base + i);
+      }
+      return base;
     }
   }
   return 0;
 }
+
+inline int FreePort(std::set<int>& taken) { return FreePorts(1, taken); }
 
 // Starts `args` in a process group of its own (so that teardown reaches mpirun's ranks), stdout
 // and stderr to `log`, with `env` (NAME=VALUE) added to this process's environment.

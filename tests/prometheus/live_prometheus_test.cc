@@ -33,8 +33,7 @@
 #include "coordinator/client/client.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-
-extern char** environ;
+#include "tests/process_group.h"
 
 namespace mlaserve {
 namespace {
@@ -46,30 +45,6 @@ using json = nlohmann::json;
 std::string ReadFile(const fs::path& p) {
   std::ifstream in(p);
   return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-bool PortFree(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  close(fd);
-  return ok;
-}
-
-// `count` consecutive free loopback ports, none of them in `taken`.
-int FreePorts(int count, std::set<int>& taken) {
-  for (int tries = 0; tries < 1000; ++tries) {
-    const int base = 20000 + (std::rand() % 30000);
-    bool ok = true;
-    for (int i = 0; i < count && ok; ++i) ok = !taken.count(base + i) && PortFree(base + i);
-    if (!ok) continue;
-    for (int i = 0; i < count; ++i) taken.insert(base + i);
-    return base;
-  }
-  return 0;
 }
 
 std::string UrlEncode(const std::string& s) {
@@ -107,57 +82,6 @@ std::string HttpGet(int port, const std::string& target, int* status = nullptr) 
   const size_t body = resp.find("\r\n\r\n");
   return body == std::string::npos ? "" : resp.substr(body + 4);
 }
-
-pid_t Spawn(const std::vector<std::string>& args, const fs::path& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(
-      &attr, POSIX_SPAWN_SETPGROUP);  // its own group: teardown reaches mpirun's ranks
-  posix_spawnattr_setpgroup(&attr, 0);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  return pid;
-}
-
-// Exit status, 128 + signal, or -1 if still running after `timeout`.
-int WaitFor(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  do {
-    int st;
-    const pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (r < 0) return -2;
-    std::this_thread::sleep_for(20ms);
-  } while (std::chrono::steady_clock::now() < deadline);
-  return -1;
-}
-
-// A process group this test started; stopped with SIGTERM (then SIGKILL) when it goes out of scope.
-struct Group {
-  pid_t pid = -1;
-  ~Group() { Stop(10s); }
-  int Stop(std::chrono::seconds grace) {
-    if (pid <= 0) return -1;
-    kill(pid, SIGTERM);
-    int rc = WaitFor(pid, grace);
-    if (rc == -1) {
-      kill(-pid, SIGKILL);
-      rc = WaitFor(pid, 5s);
-    }
-    kill(-pid, SIGKILL);  // anything left in the group (ranks of a killed mpirun)
-    pid = -1;
-    return rc;
-  }
-};
 
 std::string Tool(const char* env, const char* name) {
   if (const char* p = std::getenv(env)) return p;
@@ -297,14 +221,14 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
                         "60000",
                         "--max-step-tokens",
                         "512"},
-                       dir / "launch.log");
+                       (dir / "launch.log").string());
   ASSERT_GT(launcher.pid, 0);
   Group prom;
   prom.pid =
       Spawn({prometheus, "--config.file=" + (dir / "prometheus.yml").string(),
              "--storage.tsdb.path=" + (dir / "data").string(),
              "--web.listen-address=127.0.0.1:" + std::to_string(prom_port_), "--log.level=warn"},
-            dir / "prometheus.log");
+            (dir / "prometheus.log").string());
   ASSERT_GT(prom.pid, 0);
   const std::string model_name = fs::path(model).filename().string();
 
@@ -318,13 +242,13 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
       auto h = c.Health(500ms);
       healthy = h.ok() && h->ok;
       ASSERT_EQ(WaitFor(launcher.pid, 0ms), -1) << "launcher exited\n"
-                                                << ReadFile(dir / "launch.log");
+                                                << ReadFile((dir / "launch.log").string());
     }
-    ASSERT_TRUE(healthy) << ReadFile(dir / "launch.log");
+    ASSERT_TRUE(healthy) << ReadFile((dir / "launch.log").string());
     int status = 0;
     for (int i = 0; i < 100 && status != 200; ++i, std::this_thread::sleep_for(100ms))
       HttpGet(prom_port_, "/-/ready", &status);
-    ASSERT_EQ(status, 200) << ReadFile(dir / "prometheus.log");
+    ASSERT_EQ(status, 200) << ReadFile((dir / "prometheus.log").string());
   }
 
   // Bounded load. Finish reasons: length (max_tokens), stop (a token the greedy run is known to
@@ -376,7 +300,7 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
   const auto load_start = std::chrono::steady_clock::now();
   while (!pending.empty()) {
     auto r = c.Next(120s);
-    ASSERT_TRUE(r.ok()) << r.status() << "\n" << ReadFile(dir / "launch.log");
+    ASSERT_TRUE(r.ok()) << r.status() << "\n" << ReadFile((dir / "launch.log").string());
     if (r->kind == Reply::Kind::kChunk) continue;
     auto it = pending.find(r->request_id);
     if (it == pending.end()) continue;
@@ -396,7 +320,7 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
   for (int i = 0; i < 100 && !scraped; ++i, std::this_thread::sleep_for(200ms)) {
     scraped = !Query("mlaserve_requests_total{finish_reason=\"abort\"} > 0", &err).empty();
   }
-  ASSERT_TRUE(scraped) << err << ReadFile(dir / "prometheus.log");
+  ASSERT_TRUE(scraped) << err << ReadFile((dir / "prometheus.log").string());
   std::this_thread::sleep_for(2500ms);
 
   // The load did exercise what the panels show (through Prometheus, not the exporter).
@@ -530,8 +454,8 @@ TEST_F(LivePrometheusTest, EveryTargetUpAndEveryDashboardAndRuleQueryReturnsSeri
       panels, queries, returned, finite, variables);
 
   // SIGTERM drains and stops cleanly.
-  EXPECT_EQ(launcher.Stop(60s), 0) << ReadFile(dir / "launch.log");
-  EXPECT_EQ(prom.Stop(20s), 0) << ReadFile(dir / "prometheus.log");
+  EXPECT_EQ(launcher.Stop(60s), 0) << ReadFile((dir / "launch.log").string());
+  EXPECT_EQ(prom.Stop(20s), 0) << ReadFile((dir / "prometheus.log").string());
 }
 
 }  // namespace
