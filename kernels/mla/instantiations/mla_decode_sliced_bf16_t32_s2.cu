@@ -2,5 +2,6 @@
 #include "kernels/mla/mla_decode_sliced.cuh"
 
 namespace mlaserve::mla {
-MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kBf16, 32, 2, kInlineScheduleMaxBatch, false)
+MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kBf16, 32, 2, kInlineScheduleMaxBatch, false,
+                                       false)
 }  // namespace mlaserve::mla
