@@ -44,6 +44,18 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
   return d;
 }
+// Both halves of x = its upper (hi) or lower half. Fed to MulBf16x2, ptxas folds it into the
+// multiply's operand swizzle (HMUL2.BF16_V2 R, R, R.H0_H0 / .H1_H1: no instruction of its own;
+// SASS read with nvdisasm, kernels/moe NOTES in bench/RESULTS.md session 21).
+__device__ __forceinline__ uint32_t Bf16x2Broadcast(uint32_t x, bool hi) {
+  uint32_t d;
+  if (hi) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {h, h};\n}\n" : "=r"(d) : "r"(x));
+  } else {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {l, l};\n}\n" : "=r"(d) : "r"(x));
+  }
+  return d;
+}
 
 template <int kBM_, int kBN_, int kBK_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_,
           int kChunkCodeBytes_ = 512, int kChunkScaleBytes_ = 64>

@@ -43,14 +43,19 @@ struct Nvfp4Format : FourBitLanes {
   static __device__ __forceinline__ void Fragment(const uint4& cw, const uint2& sw, int j,
                                                   uint32_t (&a)[4]) {
     const uint32_t word = j < 2 ? sw.x : sw.y;
-    // bf16 bits (code << 4) + (232 << 7) = scale * 2^119 in both halves: one byte permute puts
-    // the code in bytes 0 and 2 (zeros in 1 and 3), one multiply-add shifts it and adds the
-    // exponent bias. Against the previous mask, shift and add per pair, a warp's integer-pipe
-    // operations per 16 x 64 chunk (the most loaded pipe here) fell from ~53 to ~44 with the
-    // code placement of nvfp4_moe_layout.h (SASS and H200 times: bench/RESULTS.md, session 10).
-    const uint32_t sel_g = (j & 1) ? 0x4242u : 0x4040u, sel_g8 = (j & 1) ? 0x4343u : 0x4141u;
-    const uint32_t sg = MulAddU32(__byte_perm(word, 0, sel_g), 16u, 0x74007400u);
-    const uint32_t sg8 = MulAddU32(__byte_perm(word, 0, sel_g8), 16u, 0x74007400u);
+    // word's bytes: row g's scale code of block 2i (i = j / 2), row g + 8's of 2i, row g's of
+    // 2i + 1, row g + 8's of 2i + 1. bf16 bits (code << 4) + (232 << 7) = scale * 2^119: one
+    // byte permute puts row g's two codes (or row g + 8's) in bytes 0 and 2, one multiply-add
+    // shifts them and adds the exponent bias, and each multiply below takes the half of its
+    // block j through the operand swizzle (.H0_H0 / .H1_H1), so a pair of blocks shares the two
+    // scale registers: 4 integer operations per 2 fragments where a broadcast pair per fragment
+    // took 8 (session 21; the same bf16 operands, so the same bits). Session 10 had brought a
+    // warp's integer-pipe operations per 16 x 64 chunk from ~53 to ~44 with the code placement
+    // of nvfp4_moe_layout.h (bench/RESULTS.md).
+    const uint32_t s_g = MulAddU32(__byte_perm(word, 0, 0x4240u), 16u, 0x74007400u);
+    const uint32_t s_g8 = MulAddU32(__byte_perm(word, 0, 0x4341u), 16u, 0x74007400u);
+    const bool odd = (j & 1) != 0;
+    const uint32_t sg = Bf16x2Broadcast(s_g, odd), sg8 = Bf16x2Broadcast(s_g8, odd);
     const uint32_t q = j == 0 ? cw.x : j == 1 ? cw.y : j == 2 ? cw.z : cw.w;
 #ifdef MLASERVE_MOE_DIAG_NO_DEQUANT
     // Diagnostic builds only (bench/moe/build_variants.sh RAW): the codes and scales go to the
