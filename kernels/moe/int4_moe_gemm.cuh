@@ -45,10 +45,10 @@ struct Int4Format : FourBitLanes {
   static __device__ __forceinline__ void Fragment(const uint4& cw, const uint2& sw, int j,
                                                   uint32_t (&a)[4]) {
     const uint32_t word = j < 2 ? sw.x : sw.y;
-    // (s(g), s(g)) for registers a0, a2 and (s(g + 8), s(g + 8)) for a1, a3: word's halves
-    // taken by the multiplies' operand swizzle (no byte permute; session 21).
-    const uint32_t sg = Bf16x2Broadcast(word, false);
-    const uint32_t sg8 = Bf16x2Broadcast(word, true);
+    // (s(g), s(g)) for registers a0, a2 and (s(g + 8), s(g + 8)) for a1, a3: word's halves,
+    // taken by the multiplies' operand swizzle (no instruction of their own; session 21).
+    const uint32_t sg = Int4ScalePair(word, false);
+    const uint32_t sg8 = Int4ScalePair(word, true);
     const uint32_t q = j == 0 ? cw.x : j == 1 ? cw.y : j == 2 ? cw.z : cw.w;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {

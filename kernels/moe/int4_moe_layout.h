@@ -59,10 +59,22 @@ MLASERVE_INT4_HD uint32_t Int4BiasedPair(uint32_t word, int reg) {
 
 // The bf16 scale pair a register is multiplied by, from a lane's scale word (s(g), s(g + 8)) of one
 // 32-column group: (s(g), s(g)) for registers a0 / a2 (rows g), (s(g + 8), s(g + 8)) for a1 / a3.
-// On the device one PRMT (selectors 0x1010 / 0x3232: bytes 0,1,0,1 / 2,3,2,3 of the word).
+// On the device the half is broadcast by two PTX moves that ptxas folds into the consuming bf16
+// multiply's operand swizzle (.H0_H0 / .H1_H1): no instruction of its own (session 21; it was one
+// PRMT a register before).
 MLASERVE_INT4_HD uint32_t Int4ScalePair(uint32_t word, bool row_plus_8) {
 #if defined(__CUDA_ARCH__)
-  return __byte_perm(word, 0, row_plus_8 ? 0x3232u : 0x1010u);
+  uint32_t d;
+  if (row_plus_8) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {h, h};\n}\n"
+        : "=r"(d)
+        : "r"(word));
+  } else {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {l, l};\n}\n"
+        : "=r"(d)
+        : "r"(word));
+  }
+  return d;
 #else
   const uint32_t s = row_plus_8 ? word >> 16 : word & 0xffffu;
   return s | (s << 16);
