@@ -65,25 +65,28 @@ inline std::vector<std::pair<int, int>> NonEphemeralPortRanges() {
   return ranges;
 }
 
-// `count` consecutive ports, free on every interface, none of them in `taken` (which gets them);
-// 0 if none was found.
+// `count` consecutive ports inside one of those ranges, free on every interface, none of them in
+// `taken` (which gets them); 0 if none was found.
 inline int FreePorts(int count, std::set<int>& taken) {
-  const std::vector<std::pair<int, int>> ranges = NonEphemeralPortRanges();
+  std::vector<std::pair<int, int>> bases;  // [first, last] of the block's first port
   long total = 0;
-  for (const auto& [first, last] : ranges) {
-    total += last - first + 1;
+  for (const auto& [first, last] : NonEphemeralPortRanges()) {
+    if (last - first + 1 >= count) {
+      bases.push_back({first, last - count + 1});
+      total += last - count + 1 - first + 1;
+    }
   }
-  for (int tries = 0; tries < 1000; ++tries) {
+  for (int tries = 0; total > 0 && tries < 1000; ++tries) {
     long pick = std::rand() % total;
     int base = 0;
-    for (const auto& [first, last] : ranges) {
+    for (const auto& [first, last] : bases) {
       if (pick < last - first + 1) {
         base = first + static_cast<int>(pick);
         break;
       }
       pick -= last - first + 1;
     }
-    bool ok = base + count - 1 <= 65535;
+    bool ok = true;
     for (int i = 0; i < count && ok; ++i) {
       ok = taken.count(base + i) == 0 && PortFree(base + i);
     }
