@@ -66,17 +66,6 @@ __device__ __forceinline__ float LdsF32(uint32_t smem) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem));
   return v;
 }
-__device__ __forceinline__ void Lds128(uint32_t (&v)[4], uint32_t smem) {
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-               : "r"(smem));
-}
-__device__ __forceinline__ void Sts128(uint32_t smem, uint32_t a, uint32_t b, uint32_t c,
-                                       uint32_t d) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem), "r"(a), "r"(b), "r"(c),
-               "r"(d)
-               : "memory");
-}
 
 // d += a * b, m16n8k16, fp32 accumulators.
 __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

@@ -85,23 +85,11 @@ const VariantEntry kSm120E4m3{
     {&NotBuiltLaunch, &LaunchMlaDecodeSliced<kFp8, 32, 2, kSched120, true>,
      &LaunchMlaDecodeSliced<kFp8Tiled, 32, 3, kSched120, true>}};
 
-// q in shared memory (session 21, kernels/mla/NOTES.md): the sliced fp8 kernels with q's A
-// fragments loaded per k-step from shared memory, which frees ~20 of the shallow variant's 166
-// registers for converted K pairs in flight (its SASS feeds every q.k HMMA through one B pair
-// otherwise); 2 stages so that 3 blocks an SM still fit (69,128 / 73,224 B). Not a default until
-// the H200 says so.
-const VariantEntry kQSmemVariant{
-    "sliced_tile32_q_smem",
-    16,
-    kSched,
-    {&NotBuilt, &MlaDecodeSlicedBlocksPerSm<kFp8, 32, 2, kSched, false, true>,
-     &MlaDecodeSlicedBlocksPerSm<kFp8Tiled, 32, 2, kSched, false, true>},
-    {&NotBuiltLaunch, &LaunchMlaDecodeSliced<kFp8, 32, 2, kSched, false, true>,
-     &LaunchMlaDecodeSliced<kFp8Tiled, 32, 2, kSched, false, true>}};
-
 // The instantiated kernels (instantiations/*.cu): the same kernel with two cp.async ring depths.
 // (The first kernel of this directory, 16-token tiles with a shared-memory fp8 dequantize pass,
-// lost to these in every case measured and was removed; bench/RESULTS.md keeps its figures.)
+// lost to these in every case measured and was removed; bench/RESULTS.md keeps its figures;
+// so was session 21's q-in-shared-memory variant, 0.84-1.01x the best of these on the H100,
+// session 22.)
 // SM90a warpgroup-MMA kernel (mla_decode_wgmma.cuh), 64 rows per block: tile tokens and raw
 // ring depth per format.
 #define MLASERVE_MLA_WGMMA(NAME, T, SB, S8, ST)                             \
@@ -123,7 +111,6 @@ const VariantEntry kVariants[] = {
     MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 3, 3, 3),
     kSm120TwoBlocks,
     kSm120E4m3,
-    kQSmemVariant,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 

@@ -94,13 +94,10 @@ inline int DecodeKernelBlocksPerSm(const void* kernel, int threads, int smem_byt
 
 // Warp-sliced split decode kernel (mla_decode_sliced.cuh): 16 query rows per block, kTile KV
 // tokens per stage, kStages-deep cp.async ring per warp, the schedule computed in the kernel for
-// batches up to kSchedMax (p.inline_schedule must be 0 above it); kQkE4m3: q.k on e4m3 MMAs;
-// kQSmem: q's fragments in shared memory instead of registers (fp8 formats, f16 q.k).
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3,
-          bool kQSmem = false>
+// batches up to kSchedMax (p.inline_schedule must be 0 above it); kQkE4m3: q.k on e4m3 MMAs.
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3,
-          bool kQSmem = false>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 int MlaDecodeSlicedBlocksPerSm();
 
 // SM90a warpgroup-MMA split decode kernel (mla_decode_wgmma.cuh): 64 query rows per block,

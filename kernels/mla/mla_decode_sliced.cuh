@@ -63,12 +63,8 @@ constexpr int kSmemLimit = 99 * 1024;  // SM120's per-block maximum.
 // prefix array); larger batches read the schedule kernel's. The SM120 two-blocks variant takes 256.
 // kQkE4m3 (fp8 formats): q.k on e4m3 x e4m3 MMAs straight from the cache bytes, q split into two
 // e4m3 parts (the SM120 path: native there, emulated on SM90; see the kernel's q setup).
-// kQSmem (fp8 formats, f16 q.k): q's A fragments are kept in shared memory (each lane's 16 B of a
-// k-step, one 128-bit load a k-step) instead of 36 registers, so that ptxas has registers for
-// several converted K pairs in flight under the 3-blocks-an-SM cap (kernels/mla/NOTES.md,
-// session 21: the shallow variant's q.k feeds every HMMA through one B register pair).
 template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax = kInlineScheduleMaxBatch,
-          bool kQkE4m3 = false, bool kQSmem = false>
+          bool kQkE4m3 = false>
 struct Config {
   static constexpr bool kBf16 = kFormat == KvCacheFormat::kBf16;
   static constexpr bool kTiled = kFormat == KvCacheFormat::kFp8Tiled;
@@ -100,10 +96,8 @@ struct Config {
   static constexpr int kPBytes = kPInPadding ? 0 : 16 * kTileP * 4;
   static constexpr int kStatBytes = 2 * kWarps * 16 * 4;
   static constexpr int kSchedBytes = 4 * (kSchedMax + 2);
-  // q's fragments ([warp][k-step][lane] 16 B), kQSmem only.
-  static constexpr int kQBytes = kQSmem ? kWarps * 9 * 32 * 16 : 0;
   static constexpr int kSmemBytes =
-      kStages * kStageBytes + kPartBytes + kPBytes + kStatBytes + kQBytes + kSchedBytes;
+      kStages * kStageBytes + kPartBytes + kPBytes + kStatBytes + kSchedBytes;
   // P's (row, token) as a float offset from the score tiles' base.
   static __device__ __forceinline__ int PAt(int row, int tok) {
     if constexpr (kPInPadding) {
@@ -126,7 +120,6 @@ struct Config {
   static_assert(kSmemBytes <= kSmemLimit, "must fit SM120's 99 KB per block");
   static_assert(kStages >= 2, "need double buffering");
   static_assert(!(kQkE4m3 && kBf16), "e4m3 q.k is for the fp8 formats");
-  static_assert(!(kQSmem && (kBf16 || kQkE4m3)), "q in shared memory is for the f16 q.k");
   static_assert(kTile == 32 || kTile == 64, "tiles of 32 or 64 tokens (within a 64-token block)");
   static_assert(kSlice == 8 || kSlice == 16, "slice = 8 or 16 tokens");
 };
@@ -197,16 +190,15 @@ __device__ __forceinline__ void SplitE4m3x4(uint32_t p01, uint32_t p23, float s,
 
 }  // namespace sliced
 
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3, bool kQSmem>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 __global__ void __launch_bounds__(
-    sliced::kThreads,
-    sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kQSmem>::kMinBlocks)
+    sliced::kThreads, sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>::kMinBlocks)
     MlaDecodeSlicedKernel(const MlaDecodeKernelParams p) {
   // Launched plainly: a programmatically launched combine may become resident now and wait for
   // this grid.
   pdl::AllowDependentLaunch();
   using namespace sliced;
-  using Cfg = Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kQSmem>;
+  using Cfg = Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;
   constexpr bool kF16 = !kBf16;  // mma type of the latent q.k and of p.v
   constexpr int kSTiles = Cfg::kSTiles, kPSteps = Cfg::kPSteps, kSlice = Cfg::kSlice;
@@ -236,9 +228,6 @@ __global__ void __launch_bounds__(
   const uint32_t part_base = smem_base + kStages * Cfg::kStageBytes;  // [4][16][kTileP] f32, P
   // m [4][16], then l [4][16]
   const uint32_t stat_base = part_base + Cfg::kPartBytes + Cfg::kPBytes;
-  // kQSmem: this lane's 16 B of k-step ks at q_lane + 512 ks. Each lane reads back only what it
-  // wrote, so no barrier orders the writes (program order within the thread does).
-  const uint32_t q_lane = stat_base + Cfg::kStatBytes + (w * 9 * 32 + lane) * 16;
 
   // This warp's byte offsets inside a row.
   const int latent_off = w * (kBf16 ? 256 : 128);
@@ -409,23 +398,8 @@ __global__ void __launch_bounds__(
           qf[8][2] = ld2(row_lo, lo_ok, k0 + 8, true);
           qf[8][3] = ld2(row_hi, hi_ok, k0 + 8, true);
         }
-        if constexpr (kQSmem) {
-#pragma unroll
-          for (int ks = 0; ks < 9; ++ks) {
-            ptx::Sts128(q_lane + 512 * ks, qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
-          }
-        }
       }
     }
-    // q's A fragment of k-step ks: registers, or (kQSmem) one 128-bit shared load.
-    auto q_frag = [&](int ks, uint32_t(&a)[4]) {
-      if constexpr (kQSmem) {
-        ptx::Lds128(a, q_lane + 512 * ks);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = qf[ks][i];
-      }
-    };
     // Causal limit inside the new tokens: query i sees positions <= len - s_q + i.
     const int lim_lo = min(row_lo < p.rows ? len - p.s_q + row_lo / p.heads : len - 1, tok_end - 1);
     const int lim_hi = min(row_hi < p.rows ? len - p.s_q + row_hi / p.heads : len - 1, tok_end - 1);
@@ -496,13 +470,11 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int ks = 0; ks < kF16Steps; ++ks) {
           const int off = (ks < 8 ? latent_off + 16 * ks : rope_off) + 4 * c;
-          uint32_t qa[4];
-          q_frag(ks, qa);
 #pragma unroll
           for (int j = 0; j < kSTiles; ++j) {
             uint32_t b0, b1;
             E4m3x4ToF16x2x2(Lds32(tile + (8 * j + g) * kRow + off), b0, b1);
-            Mma<true>(s[j], qa, b0, b1);
+            Mma<true>(s[j], qf[ks], b0, b1);
           }
         }
       }
@@ -519,14 +491,12 @@ __global__ void __launch_bounds__(
           float sr[kSTiles][4];
 #pragma unroll
           for (int j = 0; j < kSTiles; ++j) sr[j][0] = sr[j][1] = sr[j][2] = sr[j][3] = 0.0f;
-          uint32_t qa[4];
-          q_frag(8, qa);
 #pragma unroll
           for (int jj = 0; jj < kSTiles / 2; ++jj) {
             uint32_t kb[4];
             LdMatrixX4(kb, tile + k_lane_off + jj * 16 * kRow + rope_off);
-            Mma<false>(sr[2 * jj], qa, kb[0], kb[1]);
-            Mma<false>(sr[2 * jj + 1], qa, kb[2], kb[3]);
+            Mma<false>(sr[2 * jj], qf[8], kb[0], kb[1]);
+            Mma<false>(sr[2 * jj + 1], qf[8], kb[2], kb[3]);
           }
 #pragma unroll
           for (int j = 0; j < kSTiles; ++j) {
@@ -807,34 +777,33 @@ __global__ void __launch_bounds__(
   }
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3, bool kQSmem>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 int MlaDecodeSlicedBlocksPerSm() {
-  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kQSmem>;
+  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
   static const int blocks = DecodeKernelBlocksPerSm(
       reinterpret_cast<const void*>(
-          &MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kQSmem>),
+          &MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3>),
       sliced::kThreads, Cfg::kSmemBytes);
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3, bool kQSmem>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kQSmem>;
-  if (MlaDecodeSlicedBlocksPerSm<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kQSmem>() == 0) {
+  using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
+  if (MlaDecodeSlicedBlocksPerSm<kFormat, kTile, kStages, kSchedMax, kQkE4m3>() == 0) {
     return cudaErrorInvalidConfiguration;
   }
   if (p.inline_schedule && p.batch > kSchedMax) return cudaErrorInvalidValue;
-  MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kQSmem>
+  MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3>
       <<<grid, sliced::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
 // SCHED_MAX: the largest batch the kernel schedules itself (kInlineScheduleMaxBatch, or less for
-// a variant that must save shared memory); QK_E4M3: q.k on e4m3 MMAs (fp8 formats); Q_SMEM: q's
-// fragments in shared memory (fp8 formats, f16 q.k).
-#define MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3, Q_SMEM) \
-  template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3, Q_SMEM>(  \
-      const MlaDecodeKernelParams&, int, cudaStream_t);                                          \
-  template int MlaDecodeSlicedBlocksPerSm<FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3, Q_SMEM>();
+// a variant that must save shared memory); QK_E4M3: q.k on e4m3 MMAs (fp8 formats).
+#define MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3) \
+  template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3>(  \
+      const MlaDecodeKernelParams&, int, cudaStream_t);                                  \
+  template int MlaDecodeSlicedBlocksPerSm<FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3>();
 
 }  // namespace mlaserve::mla

@@ -2,6 +2,5 @@
 #include "kernels/mla/mla_decode_sliced.cuh"
 
 namespace mlaserve::mla {
-MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kBf16, 32, 2, kInlineScheduleMaxBatch, false,
-                                       false)
+MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kBf16, 32, 2, kInlineScheduleMaxBatch, false)
 }  // namespace mlaserve::mla

@@ -7,5 +7,5 @@ namespace mlaserve::mla {
 static_assert(
     sliced::Config<KvCacheFormat::kFp8, 32, 2, kSm120InlineScheduleMaxBatch>::kTwoBlocksSm120);
 MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kFp8, 32, 2, kSm120InlineScheduleMaxBatch,
-                                       false, false)
+                                       false)
 }  // namespace mlaserve::mla

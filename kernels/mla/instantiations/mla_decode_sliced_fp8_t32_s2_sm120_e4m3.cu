@@ -6,5 +6,5 @@ namespace mlaserve::mla {
 static_assert(sliced::Config<KvCacheFormat::kFp8, 32, 2, kSm120InlineScheduleMaxBatch,
                              true>::kTwoBlocksSm120);
 MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kFp8, 32, 2, kSm120InlineScheduleMaxBatch,
-                                       true, false)
+                                       true)
 }  // namespace mlaserve::mla

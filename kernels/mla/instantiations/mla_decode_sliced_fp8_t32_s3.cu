@@ -2,6 +2,5 @@
 #include "kernels/mla/mla_decode_sliced.cuh"
 
 namespace mlaserve::mla {
-MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kFp8, 32, 3, kInlineScheduleMaxBatch, false,
-                                       false)
+MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kFp8, 32, 3, kInlineScheduleMaxBatch, false)
 }  // namespace mlaserve::mla

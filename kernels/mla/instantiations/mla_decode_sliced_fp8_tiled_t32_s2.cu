@@ -3,5 +3,5 @@
 
 namespace mlaserve::mla {
 MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kFp8Tiled, 32, 2, kInlineScheduleMaxBatch,
-                                       false, false)
+                                       false)
 }  // namespace mlaserve::mla

@@ -4,5 +4,5 @@
 
 namespace mlaserve::mla {
 MLASERVE_INSTANTIATE_MLA_DECODE_SLICED(KvCacheFormat::kFp8Tiled, 32, 3,
-                                       kSm120InlineScheduleMaxBatch, true, false)
+                                       kSm120InlineScheduleMaxBatch, true)
 }  // namespace mlaserve::mla
