@@ -105,12 +105,24 @@ const VariantEntry kSm120E4m3{
     }                                                                       \
   }
 
+// The wgmma kernel with its bf16 loop one tile ahead (kernels/mla/NOTES.md, session 22): the next
+// tile's q.k runs on the tensor cores beside this tile's softmax and before its p.v. bf16 only
+// (fp8's conversion would need a third operand buffer, which does not fit).
+const VariantEntry kWgmmaAhead{
+    "wgmma_rows64_tile32_ahead",
+    64,
+    kSched,
+    {&mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kBf16, 32, 3, true>, &NotBuilt, &NotBuilt},
+    {&mla::LaunchMlaDecodeWgmma<KvCacheFormat::kBf16, 32, 3, true>, &NotBuiltLaunch,
+     &NotBuiltLaunch}};
+
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2),
     MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 3, 3, 3),
     kSm120TwoBlocks,
     kSm120E4m3,
+    kWgmmaAhead,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 

@@ -101,10 +101,11 @@ template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQk
 int MlaDecodeSlicedBlocksPerSm();
 
 // SM90a warpgroup-MMA split decode kernel (mla_decode_wgmma.cuh): 64 query rows per block,
-// kTile KV tokens per tile, a kStages-deep ring. BlocksPerSm is 0 off SM 9.0.
-template <KvCacheFormat kFormat, int kTile, int kStages>
+// kTile KV tokens per tile, a kStages-deep ring; kAhead (bf16 only): the loop issues the next
+// tile's q.k before this tile's softmax. BlocksPerSm is 0 off SM 9.0.
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false>
 cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kTile, int kStages>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false>
 int MlaDecodeWgmmaBlocksPerSm();
 
 // Cache write: one warp per token (kv_cache_write.cu).

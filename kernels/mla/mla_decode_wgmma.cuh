@@ -28,6 +28,11 @@
 //   warpgroup g multiplies it by output dims [256g, 256g + 256) with m64n256k16, V transposed
 //   by the descriptor. O is 128 fp32 registers per thread.
 //
+// * kAhead (bf16; variant wgmma_rows64_tile32_ahead, kernels/mla/NOTES.md session 22): the loop
+//   runs one tile ahead, tile it + 1's q.k issued before tile it's softmax so that the tensor
+//   cores run it beside the softmax and queue tile it's P.V behind it (FlashAttention-3's
+//   intra-warpgroup overlap); the partial exchange is double-buffered.
+//
 // Where it stands (H200, bench/RESULTS.md "The wgmma MLA decode kernel"): 64 heads x batch 64 x
 // 32k at 0.61 (bf16) / 0.29 (fp8) / 0.31 (fp8_tiled) of copy bandwidth, 1.65-2.3x the sliced
 // kernel; ncu (fp8_tiled): shared-memory wavefronts at 59% of peak, tensor pipe 31%, stalls on
@@ -56,7 +61,7 @@ constexpr int kThreads = 256;               // Two warpgroups.
 constexpr int kQkSteps = kMlaQkDim / 16;    // 36 k16 steps of q.k.
 constexpr int kDimBlocks = kMlaQkDim / 64;  // 9 blocks of 64 dims (8 latent, 1 RoPE).
 
-template <KvCacheFormat kFormat, int kTile, int kStages>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead>
 struct Config {
   static constexpr bool kBf16 = kFormat == KvCacheFormat::kBf16;
   static constexpr bool kTiled = kFormat == KvCacheFormat::kFp8Tiled;
@@ -70,7 +75,10 @@ struct Config {
   static constexpr int kKvBytes = kDimBlocks * kKvBlockBytes;  // 36,864 at 32 tokens
   static constexpr int kRawBytes = kTile * kRowBytes;          // one raw tile
   static constexpr int kSRegs = kTile / 2;                     // S accumulators per thread
-  static constexpr int kSxBytes = 2 * kSRegs * 128 * 4;        // both partials
+  // Partial-S exchange buffers (both warpgroups' partials each): two where the loop runs one tile
+  // ahead (kAhead: bf16 only, see the kernel).
+  static constexpr int kSxBufs = kAhead ? 2 : 1;
+  static constexpr int kSxBytes = kSxBufs * 2 * kSRegs * 128 * 4;
   static constexpr int kQOff = 0;
   static constexpr int kKvOff = kQOff + kQBytes;
   static constexpr int kRawOff = kKvOff + kKvBufs * kKvBytes;
@@ -81,6 +89,7 @@ struct Config {
   static constexpr int kSmemBytes = kSchedOff + kSchedBytes + 1024;  // + alignment slack
   static_assert(kTile == 32, "a thread copies / converts one 16-B chunk of each 64-dim block");
   static_assert(kStages >= 2, "need a ring");
+  static_assert(!kAhead || kBf16, "the tile-ahead loop has no room for fp8's conversion buffers");
   static_assert(kRowBytes % 16 == 0, "16-B copies");
   static_assert(kSmemBytes <= 227 * 1024, "H200: 227 KB per block");
 };
@@ -119,7 +128,7 @@ __device__ __forceinline__ void Sts128(uint32_t addr, uint4 v) {
 
 }  // namespace wg
 
-template <KvCacheFormat kFormat, int kTile, int kStages>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead>
 __global__ void __launch_bounds__(wg::kThreads, 1)
     MlaDecodeWgmmaKernel(const MlaDecodeKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -127,7 +136,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // this grid.
   pdl::AllowDependentLaunch();
   using namespace wg;
-  using Cfg = Config<kFormat, kTile, kStages>;
+  using Cfg = Config<kFormat, kTile, kStages, kAhead>;
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;
   constexpr bool kF16 = !kBf16;
   constexpr int kSRegs = Cfg::kSRegs;
@@ -344,23 +353,11 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
     float qd_lo = 1.0f, qd_hi = 1.0f;
 
-    for (int it = 0; it < n_tiles; ++it) {
-      const int t = t_begin + it;
-      // (1) bf16: tile it landed; fp8: raw tile it + 1 landed and tile it's operand converted.
-      // Both: the previous tile's operand reads are done.
-      ptx::CpAsyncWait<kStages - 2>();
-      wgmma::FenceProxyAsyncShared();
-      __syncthreads();
-      if (kF16 && it == 0) {
-        qd_lo = qscale[lrow_lo];
-        qd_hi = qscale[lrow_hi];
-      }
-      const int buf = kBf16 ? it % kStages : it & 1;
-      const uint32_t buf_units = static_cast<uint32_t>(buf * Cfg::kKvBytes) >> 4;
-
-      // ---- Partial S over this warpgroup's 18 k-steps (in flight while the next tile is
-      // converted or copied).
-      float s[kSRegs];
+    // The per-tile steps, shared by the two loops below.
+    auto units = [](int buf) { return static_cast<uint32_t>(buf * Cfg::kKvBytes) >> 4; };
+    // This warpgroup's partial S (its 18 k-steps) of the operand tile at buf_units: issued and
+    // committed, not waited for.
+    auto issue_qk = [&](float(&s)[kSRegs], uint32_t buf_units) {
 #pragma unroll
       for (int i = 0; i < kSRegs; ++i) s[i] = 0.0f;
       wgmma::FenceRegs(s);
@@ -373,26 +370,19 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
                                       k > 0 ? 1 : 0);
       }
       wgmma::Commit();
-      if constexpr (kBf16) {
-        const int tn = it + kStages - 1;
-        if (tn < n_tiles) copy_operand(t_begin + tn, tn % kStages);
-        ptx::CpAsyncCommit();
-      } else {
-        if (it + 1 < n_tiles) convert((it + 1) % kStages, (it + 1) & 1);
-        const int tn = it + kStages;
-        if (tn < n_tiles) copy_raw(t_begin + tn, it % kStages);
-        ptx::CpAsyncCommit();
-      }
-      wgmma::Wait<0>();
-      wgmma::FenceRegs(s);
-      // Exchange partials: float4 [warpgroup][4][128 threads].
-      float4* sx = reinterpret_cast<float4*>(smem + Cfg::kSxOff);
+    };
+    // Partials exchanged through shared memory: float4 [exchange buffer][warpgroup][4][128].
+    float4* const sx_base = reinterpret_cast<float4*>(smem + Cfg::kSxOff);
+    auto exchange_write = [&](const float(&s)[kSRegs], int xb) {
+      float4* sx = sx_base + xb * (2 * (kSRegs / 4) * 128);
 #pragma unroll
       for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
         sx[(wgi * (kSRegs / 4) + q4) * 128 + tw] =
             make_float4(s[4 * q4], s[4 * q4 + 1], s[4 * q4 + 2], s[4 * q4 + 3]);
       }
-      __syncthreads();  // (2) both partials are in shared memory.
+    };
+    auto exchange_add = [&](float(&s)[kSRegs], int xb) {  // after a barrier behind the writes
+      const float4* sx = sx_base + xb * (2 * (kSRegs / 4) * 128);
 #pragma unroll
       for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
         const float4 v = sx[((1 - wgi) * (kSRegs / 4) + q4) * 128 + tw];
@@ -401,8 +391,13 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
         s[4 * q4 + 2] += v.z;
         s[4 * q4 + 3] += v.w;
       }
-
-      // ---- Online softmax (log2 domain), identical in both warpgroups.
+    };
+    // Online softmax of tile it's full S (log2 domain; identical in both warpgroups), then O +=
+    // P V over this warpgroup's 256 output dims from the operand tile at buf_units: issued and
+    // committed, not waited for; P's registers go back to the caller (live until the wait).
+    auto softmax_pv = [&](float(&s)[kSRegs], int it, uint32_t buf_units,
+                          uint32_t(&pa)[kTile / 16][4]) {
+      const int t = t_begin + it;
       const float sl_lo = qd_lo * p.score_scale_log2, sl_hi = qd_hi * p.score_scale_log2;
 #pragma unroll
       for (int j = 0; j < kSRegs / 4; ++j) {
@@ -464,9 +459,6 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
           o[4 * n + 3] *= alpha_hi;
         }
       }
-
-      // ---- O += P V over this warpgroup's 256 output dims.
-      uint32_t pa[kTile / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
         pa[kk][0] = Pack<kF16>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -482,8 +474,107 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
                                              dv.hi, 1);
       }
       wgmma::Commit();
-      wgmma::Wait<0>();
-      wgmma::FenceRegs(o);
+    };
+
+    if constexpr (kAhead) {
+      // kAhead (bf16): software-pipelined one tile ahead (FlashAttention-3's intra-warpgroup
+      // overlap): tile it + 1's q.k is issued before tile it's softmax and runs on the tensor cores
+      // beside it and beside tile it's P.V, which follows it in the same queue. The ring holds tile
+      // it (P.V), it + 1 (q.k) and it + 2 (in flight); the partial-S exchange is double-buffered
+      // (Config::kSxBufs) so tile it + 1's partials can be written while tile it's are in use.
+      float sa[kSRegs], sb[kSRegs];
+      if (n_tiles > 0) {
+        ptx::CpAsyncWait<kStages - 2>();  // tile 0 landed (tiles 0 .. kStages - 2 committed)
+        wgmma::FenceProxyAsyncShared();
+        __syncthreads();  // everyone's part of tile 0 and of Q
+        issue_qk(sa, units(0));
+        const int tn = kStages - 1;  // the ring's last slot
+        if (tn < n_tiles) copy_operand(t_begin + tn, tn);
+        ptx::CpAsyncCommit();
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(sa);
+        exchange_write(sa, 0);
+        __syncthreads();  // tile 0's partials
+      }
+      // Tile it: its partial S in s, exchanged in buffer it & 1; with a next tile (next: a
+      // literal at every call, so each inlined copy has no runtime branch here; ptxas serializes
+      // the wgmmas when the q.k issue and its wait_group 1 sit under runtime conditions it cannot
+      // pair), sn receives tile it + 1's partial.
+      auto step = [&](bool next, float(&s)[kSRegs], float(&sn)[kSRegs], int it) {
+        exchange_add(s, it & 1);
+        if (next) {
+          // Tile it + 1 landed (committed: tiles up to it + kStages - 1); the barrier also
+          // retires every read of exchange buffer (it + 1) & 1 (tile it - 1's).
+          ptx::CpAsyncWait<kStages - 2>();
+          wgmma::FenceProxyAsyncShared();
+          __syncthreads();
+          issue_qk(sn, units((it + 1) % kStages));
+        }
+        uint32_t pa[kTile / 16][4];
+        softmax_pv(s, it, units(it % kStages), pa);
+        if (next) {
+          wgmma::Wait<1>();  // tile it + 1's q.k (committed before this P.V)
+          wgmma::FenceRegs(sn);
+          exchange_write(sn, (it + 1) & 1);
+        }
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(o);
+        wgmma::UseRegs(pa);
+        // Both warpgroups' P.V of tile it are done (and tile it + 1's partials written): its
+        // slot takes tile it + kStages.
+        __syncthreads();
+        const int tn = it + kStages;
+        if (tn < n_tiles) copy_operand(t_begin + tn, it % kStages);
+        ptx::CpAsyncCommit();
+      };
+      constexpr bool more = true, last = false;
+      int it = 0;
+      for (; it + 2 < n_tiles; it += 2) {
+        step(more, sa, sb, it);
+        step(more, sb, sa, it + 1);
+      }
+      if (it + 1 < n_tiles) {
+        step(more, sa, sb, it);
+        step(last, sb, sa, it + 1);
+      } else if (it < n_tiles) {
+        step(last, sa, sb, it);
+      }
+    } else {
+      for (int it = 0; it < n_tiles; ++it) {
+        // (1) bf16: tile it landed; fp8: raw tile it + 1 landed and tile it's operand converted.
+        // Both: the previous tile's operand reads are done.
+        ptx::CpAsyncWait<kStages - 2>();
+        wgmma::FenceProxyAsyncShared();
+        __syncthreads();
+        if (kF16 && it == 0) {
+          qd_lo = qscale[lrow_lo];
+          qd_hi = qscale[lrow_hi];
+        }
+        const int buf = kBf16 ? it % kStages : it & 1;
+        // Partial S over this warpgroup's 18 k-steps, in flight while the next tile is converted
+        // or copied.
+        float s[kSRegs];
+        issue_qk(s, units(buf));
+        if constexpr (kBf16) {
+          const int tn = it + kStages - 1;
+          if (tn < n_tiles) copy_operand(t_begin + tn, tn % kStages);
+        } else {
+          if (it + 1 < n_tiles) convert((it + 1) % kStages, (it + 1) & 1);
+          const int tn = it + kStages;
+          if (tn < n_tiles) copy_raw(t_begin + tn, it % kStages);
+        }
+        ptx::CpAsyncCommit();
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(s);
+        exchange_write(s, 0);
+        __syncthreads();  // (2) both partials are in shared memory.
+        exchange_add(s, 0);
+        uint32_t pa[kTile / 16][4];
+        softmax_pv(s, it, units(buf), pa);
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(o);
+        wgmma::UseRegs(pa);
+      }
     }
     ptx::CpAsyncWait<0>();
     __syncthreads();  // The next piece's prologue reuses Q, the buffers and the exchange.
@@ -524,31 +615,32 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
 
 // 1 on an SM90 device (the kernel fits one block per SM), 0 elsewhere: the plan then refuses
 // this variant (MlaDecodeVariantAvailable).
-template <KvCacheFormat kFormat, int kTile, int kStages>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead>
 int MlaDecodeWgmmaBlocksPerSm() {
-  using Cfg = wg::Config<kFormat, kTile, kStages>;
+  using Cfg = wg::Config<kFormat, kTile, kStages, kAhead>;
   static const int blocks = [] {
     if (!wgmma::CurrentDeviceIsSm90()) return 0;
     return DecodeKernelBlocksPerSm(
-        reinterpret_cast<const void*>(&MlaDecodeWgmmaKernel<kFormat, kTile, kStages>), wg::kThreads,
-        Cfg::kSmemBytes);
+        reinterpret_cast<const void*>(&MlaDecodeWgmmaKernel<kFormat, kTile, kStages, kAhead>),
+        wg::kThreads, Cfg::kSmemBytes);
   }();
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead>
 cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  using Cfg = wg::Config<kFormat, kTile, kStages>;
-  if (MlaDecodeWgmmaBlocksPerSm<kFormat, kTile, kStages>() == 0) {
+  using Cfg = wg::Config<kFormat, kTile, kStages, kAhead>;
+  if (MlaDecodeWgmmaBlocksPerSm<kFormat, kTile, kStages, kAhead>() == 0) {
     return cudaErrorInvalidConfiguration;
   }
-  MlaDecodeWgmmaKernel<kFormat, kTile, kStages><<<grid, wg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  MlaDecodeWgmmaKernel<kFormat, kTile, kStages, kAhead>
+      <<<grid, wg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-#define MLASERVE_INSTANTIATE_MLA_DECODE_WGMMA(FORMAT, TILE, STAGES)                             \
-  template cudaError_t LaunchMlaDecodeWgmma<FORMAT, TILE, STAGES>(const MlaDecodeKernelParams&, \
-                                                                  int, cudaStream_t);           \
-  template int MlaDecodeWgmmaBlocksPerSm<FORMAT, TILE, STAGES>();
+#define MLASERVE_INSTANTIATE_MLA_DECODE_WGMMA(FORMAT, TILE, STAGES, AHEAD) \
+  template cudaError_t LaunchMlaDecodeWgmma<FORMAT, TILE, STAGES, AHEAD>(  \
+      const MlaDecodeKernelParams&, int, cudaStream_t);                    \
+  template int MlaDecodeWgmmaBlocksPerSm<FORMAT, TILE, STAGES, AHEAD>();
 
 }  // namespace mlaserve::mla
