@@ -1754,6 +1754,10 @@ class Renderer {
     if (name == "items") {
       CallArgs none;
       if (v.is_undefined()) return Value::MakeList({});
+      // Jinja2 raises TypeError on anything but a mapping (CallMethod has no items() for it).
+      if (v.kind() != Value::Kind::kDict) {
+        throw RenderError("Can only get item pairs from a mapping, not '" + v.TypeName() + "'");
+      }
       return *CallMethod(v, "items", none);
     }
     if (name == "reverse") {
@@ -1819,6 +1823,9 @@ class Renderer {
     }
     if (name == "sort" || name == "dictsort") {
       CallArgs none;
+      if (name == "dictsort" && v.kind() != Value::Kind::kDict) {  // Jinja2: value.items() fails
+        throw RenderError("'" + v.TypeName() + "' object has no attribute 'items'");
+      }
       List items = name == "dictsort" ? CallMethod(v, "items", none)->AsList() : Iterate(v);
       const bool reverse = a.Get(0, "reverse", Value::Bool(false)).Truthy();
       const Value attribute = a.Get(2, "attribute", Value::None());

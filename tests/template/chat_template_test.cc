@@ -166,6 +166,28 @@ TEST(ChatTemplateTest, ErrorsAreReportedAtLoadTime) {
   }
 }
 
+// The items and dictsort filters on anything but a dict end with Jinja2's error (the fuzzer found
+// `[..]|items` dereferencing an empty method result: undefined behaviour, a crash under UBSan).
+TEST(ChatTemplateTest, MappingFiltersRejectOtherValues) {
+  for (const char* source : {"{{ {'k': 1}.items()|items()|list }}", "{{ [1, 2]|items }}",
+                             "{{ 'ab'|items }}", "{{ 3|dictsort }}", "{{ [[1, 2]]|dictsort }}"}) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
+    ASSERT_TRUE(t.ok()) << source << ": " << t.status();
+    absl::StatusOr<std::string> out = t->Render(nlohmann::json::object());
+    ASSERT_FALSE(out.ok()) << source << " -> " << *out;
+    EXPECT_TRUE(out.status().message().find("mapping") != std::string::npos ||
+                out.status().message().find("'items'") != std::string::npos)
+        << source << ": " << out.status();
+  }
+  absl::StatusOr<ChatTemplate> ok = ChatTemplate::Parse(
+      "{% for k, v in {'b': 1, 'a': 2}|dictsort %}{{ k }}={{ v }};{% endfor %}"
+      "{% for k, v in {'c': 3}|items %}{{ k }}={{ v }}{% endfor %}");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  absl::StatusOr<std::string> out = ok->Render(nlohmann::json::object());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "a=2;b=1;c=3");
+}
+
 TEST(ChatTemplateTest, TemplateComesFromTokenizerConfig) {
   REQUIRE_ORACLE(MissingOracles());
   const nlohmann::json config = nlohmann::json::parse(ReadText(DeepSeekConfigPath()));
