@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs binaries built here for the GPU machine, which has CUDA, NCCL and MPI but lacks ZeroMQ,
-# Cap'n Proto, abseil, prometheus-cpp and civetweb (../shared/NOTES.md): one xz archive holding
+# Cap'n Proto, abseil, prometheus-cpp and civetweb (the developers' shared notes): one xz archive holding
 # dist/bin (the binaries, and libmlaserve_cuda_backend.so where given: the worker and the model
 # tests load it from their own directory) and dist/lib (those libraries, found with ldd).
 #   scripts/pack_gpu.sh OUT.tar.xz BINARY...
