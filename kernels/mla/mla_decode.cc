@@ -88,7 +88,7 @@ const VariantEntry kSm120E4m3{
 // The instantiated kernels (instantiations/*.cu): the same kernel with two cp.async ring depths.
 // (The first kernel of this directory, 16-token tiles with a shared-memory fp8 dequantize pass,
 // lost to these in every case measured and was removed; bench/RESULTS.md keeps its figures;
-// so was session 21's q-in-shared-memory variant, 0.84-1.01x the best of these on the H100,
+// so was session 21's q-in-shared-memory variant, 0.84-1.02x the best of these on the H100,
 // session 22.)
 // SM90a warpgroup-MMA kernel (mla_decode_wgmma.cuh), 64 rows per block: tile tokens and raw
 // ring depth per format.
