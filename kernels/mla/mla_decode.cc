@@ -105,16 +105,20 @@ const VariantEntry kSm120E4m3{
     }                                                                       \
   }
 
-// The wgmma kernel with its bf16 loop one tile ahead (kernels/mla/NOTES.md, session 22): the next
-// tile's q.k runs on the tensor cores beside this tile's softmax and before its p.v. bf16 only
-// (fp8's conversion would need a third operand buffer, which does not fit).
+// The wgmma kernel with its loop one tile ahead (kernels/mla/NOTES.md, sessions 22-23): the next
+// tile's q.k runs on the tensor cores beside this tile's softmax and before its p.v. The fp8
+// formats convert tile it + 2 after tile it's p.v (two operand tiles are all that fit), so there
+// the conversion no longer overlaps a q.k.
 const VariantEntry kWgmmaAhead{
     "wgmma_rows64_tile32_ahead",
     64,
     kSched,
-    {&mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kBf16, 32, 3, true>, &NotBuilt, &NotBuilt},
-    {&mla::LaunchMlaDecodeWgmma<KvCacheFormat::kBf16, 32, 3, true>, &NotBuiltLaunch,
-     &NotBuiltLaunch}};
+    {&mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kBf16, 32, 3, true>,
+     &mla::MlaDecodeWgmmaBlocksPerSm<kFp8, 32, 3, true>,
+     &mla::MlaDecodeWgmmaBlocksPerSm<kFp8Tiled, 32, 3, true>},
+    {&mla::LaunchMlaDecodeWgmma<KvCacheFormat::kBf16, 32, 3, true>,
+     &mla::LaunchMlaDecodeWgmma<kFp8, 32, 3, true>,
+     &mla::LaunchMlaDecodeWgmma<kFp8Tiled, 32, 3, true>}};
 
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0),

@@ -75,9 +75,9 @@ struct Config {
   static constexpr int kKvBytes = kDimBlocks * kKvBlockBytes;  // 36,864 at 32 tokens
   static constexpr int kRawBytes = kTile * kRowBytes;          // one raw tile
   static constexpr int kSRegs = kTile / 2;                     // S accumulators per thread
-  // Partial-S exchange buffers (both warpgroups' partials each): two where the loop runs one tile
-  // ahead (kAhead: bf16 only, see the kernel).
-  static constexpr int kSxBufs = kAhead ? 2 : 1;
+  // Partial-S exchange buffers (both warpgroups' partials each): two where the bf16 loop runs one
+  // tile ahead; the fp8 loop one tile ahead has no room for a second (a barrier orders it).
+  static constexpr int kSxBufs = kAhead && kBf16 ? 2 : 1;
   static constexpr int kSxBytes = kSxBufs * 2 * kSRegs * 128 * 4;
   static constexpr int kQOff = 0;
   static constexpr int kKvOff = kQOff + kQBytes;
@@ -89,7 +89,6 @@ struct Config {
   static constexpr int kSmemBytes = kSchedOff + kSchedBytes + 1024;  // + alignment slack
   static_assert(kTile == 32, "a thread copies / converts one 16-B chunk of each 64-dim block");
   static_assert(kStages >= 2, "need a ring");
-  static_assert(!kAhead || kBf16, "the tile-ahead loop has no room for fp8's conversion buffers");
   static_assert(kRowBytes % 16 == 0, "16-B copies");
   static_assert(kSmemBytes <= 227 * 1024, "H200: 227 KB per block");
 };
@@ -476,7 +475,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       wgmma::Commit();
     };
 
-    if constexpr (kAhead) {
+    if constexpr (kAhead && kBf16) {
       // kAhead (bf16): software-pipelined one tile ahead (FlashAttention-3's intra-warpgroup
       // overlap): tile it + 1's q.k is issued before tile it's softmax and runs on the tensor cores
       // beside it and beside tile it's P.V, which follows it in the same queue. The ring holds tile
@@ -526,6 +525,79 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
         const int tn = it + kStages;
         if (tn < n_tiles) copy_operand(t_begin + tn, it % kStages);
         ptx::CpAsyncCommit();
+      };
+      constexpr bool more = true, last = false;
+      int it = 0;
+      for (; it + 2 < n_tiles; it += 2) {
+        step(more, sa, sb, it);
+        step(more, sb, sa, it + 1);
+      }
+      if (it + 1 < n_tiles) {
+        step(more, sa, sb, it);
+        step(last, sb, sa, it + 1);
+      } else if (it < n_tiles) {
+        step(last, sa, sb, it);
+      }
+    } else if constexpr (kAhead) {
+      // kAhead (fp8 formats): the same one-tile-ahead loop with two operand tiles, which is all
+      // that fits beside Q and the raw ring (2 x 36,864 B; a third would take ~240 KB of the 227).
+      // Tile it + 1's q.k runs beside tile it's softmax and P.V as in the bf16 loop; tile it + 2
+      // is converted after tile it's P.V has released its operand tile, so the conversion no
+      // longer overlaps a q.k (the chained loop's one overlap) but the tensor work of two tiles
+      // does. Raw tile t lives in ring slot t % kStages; its slot is refilled (tile t + kStages)
+      // at the first barrier after every thread has converted it. One cp.async group a step
+      // (empty where nothing is copied), so "raw tile it + 2 landed" is wait_group<2> at the end
+      // of step it (groups of tiles it + 3 and it + 4 may still be in flight).
+      static_assert(kStages == 3, "the commit-group counts below assume a 3-deep raw ring");
+      float sa[kSRegs], sb[kSRegs];
+      if (n_tiles > 0) {
+        // Tile 0 was converted into operand tile 0 above (every thread its own row chunks).
+        wgmma::FenceProxyAsyncShared();
+        __syncthreads();  // operand tile 0, Q and qscale complete; raw slot 0 free
+        qd_lo = qscale[lrow_lo];
+        qd_hi = qscale[lrow_hi];
+        issue_qk(sa, units(0));
+        if (kStages < n_tiles) copy_raw(t_begin + kStages, 0);
+        ptx::CpAsyncCommit();
+        if (n_tiles > 1) {  // tile 1 into operand tile 1, beside tile 0's q.k
+          ptx::CpAsyncWait<2>();  // raw tile 1 (groups of tiles 2 and 3 may be pending)
+          __syncthreads();        // everyone's part of it
+          convert(1, 1);
+        }
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(sa);
+        exchange_write(sa, 0);
+        wgmma::FenceProxyAsyncShared();
+        __syncthreads();  // tile 0's partials; operand tile 1; raw slot 1 free
+      }
+      auto step = [&](bool next, float(&s)[kSRegs], float(&sn)[kSRegs], int it) {
+        exchange_add(s, 0);
+        if (next) {
+          // Every thread's reads of the exchange are done before tile it + 1's partials are
+          // written, and every thread converted raw tile it + 1 (end of the previous step, or
+          // above), whose slot now takes tile it + 4.
+          __syncthreads();
+          issue_qk(sn, units((it + 1) & 1));
+          const int tn = it + 4;
+          if (tn < n_tiles) copy_raw(t_begin + tn, tn % kStages);
+        }
+        ptx::CpAsyncCommit();
+        uint32_t pa[kTile / 16][4];
+        softmax_pv(s, it, units(it & 1), pa);
+        if (next) {
+          wgmma::Wait<1>();  // tile it + 1's q.k (committed before this P.V)
+          wgmma::FenceRegs(sn);
+          exchange_write(sn, 0);
+        }
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(o);
+        wgmma::UseRegs(pa);
+        ptx::CpAsyncWait<2>();  // raw tile it + 2
+        // Both warpgroups' P.V of tile it are done (its operand tile is free), tile it + 1's
+        // partials are written, raw tile it + 2 is complete.
+        __syncthreads();
+        if (it + 2 < n_tiles) convert((it + 2) % kStages, it & 1);
+        wgmma::FenceProxyAsyncShared();
       };
       constexpr bool more = true, last = false;
       int it = 0;
