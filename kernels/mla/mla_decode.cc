@@ -105,20 +105,17 @@ const VariantEntry kSm120E4m3{
     }                                                                       \
   }
 
-// The wgmma kernel with its loop one tile ahead (kernels/mla/NOTES.md, sessions 22-23): the next
-// tile's q.k runs on the tensor cores beside this tile's softmax and before its p.v. The fp8
-// formats convert tile it + 2 after tile it's p.v (two operand tiles are all that fit), so there
-// the conversion no longer overlaps a q.k.
-const VariantEntry kWgmmaAhead{
-    "wgmma_rows64_tile32_ahead",
-    64,
-    kSched,
-    {&mla::MlaDecodeWgmmaBlocksPerSm<KvCacheFormat::kBf16, 32, 3, true>,
-     &mla::MlaDecodeWgmmaBlocksPerSm<kFp8, 32, 3, true>,
-     &mla::MlaDecodeWgmmaBlocksPerSm<kFp8Tiled, 32, 3, true>},
-    {&mla::LaunchMlaDecodeWgmma<KvCacheFormat::kBf16, 32, 3, true>,
-     &mla::LaunchMlaDecodeWgmma<kFp8, 32, 3, true>,
-     &mla::LaunchMlaDecodeWgmma<kFp8Tiled, 32, 3, true>}};
+// The wgmma kernel with its loop one tile ahead (kernels/mla/NOTES.md, sessions 22-23), the fp8
+// formats: the next tile's q.k runs on the tensor cores beside this tile's softmax and before its
+// p.v; tile it + 2 is converted after tile it's p.v (two operand tiles are all that fit). The same
+// loop in bf16 lost (0.93-1.04x, session 23) and was removed.
+const VariantEntry kWgmmaAhead{"wgmma_rows64_tile32_ahead",
+                               64,
+                               kSched,
+                               {&NotBuilt, &mla::MlaDecodeWgmmaBlocksPerSm<kFp8, 32, 3, true>,
+                                &mla::MlaDecodeWgmmaBlocksPerSm<kFp8Tiled, 32, 3, true>},
+                               {&NotBuiltLaunch, &mla::LaunchMlaDecodeWgmma<kFp8, 32, 3, true>,
+                                &mla::LaunchMlaDecodeWgmma<kFp8Tiled, 32, 3, true>}};
 
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0),
@@ -133,6 +130,7 @@ constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int kWgmmaVariant = 2;
 constexpr int kTwoBlocksFp8Variant = 3;
 constexpr int kSm120E4m3Variant = 4;
+constexpr int kWgmmaAheadVariant = 5;
 
 // Measured on the H200 (bench/RESULTS.md):
 // * sliced kernels (2026-11-29 session 2): the deep ring (fp8: 4 stages, 2 blocks/SM) wins at
@@ -151,7 +149,15 @@ constexpr int kSm120E4m3Variant = 4;
 //   4k and 32k): the SM120 two-blocks variant (2 stages, P in the padding) is also the H200's
 //   fastest there, 1.00-1.20x the deep / shallow ring (8 heads batch 8 x 4k 20.4 -> 18.0 us, 16
 //   heads batch 1 x 32k 24.5 -> 22.5); at batch 64 x 32k it loses with 16 heads (417.6 -> 450.0).
+// * the wgmma kernel one tile ahead (2026-12-06 session 23, H100, one run, 2 reps, minimum; raw:
+//   bench/mla/results/h100_2026-12-06_s23_ahead_ab.csv): the fp8 formats 1.03-1.13x faster than
+//   the chained loop at 16 / 64 / 128 heads, batch 1 and 64, 32k and 128k (fp8 64 heads batch 64 x
+//   32k 921.7 -> 833.6 us); bf16 0.93-1.04x (64 heads batch 64 x 128k 0.948): it keeps the
+//   chained loop (the variant has no bf16 kernel).
 int DefaultVariant(int batch, int rows, KvCacheFormat format, int cc_major) {
+  if (rows >= 64 && MlaDecodeVariantAvailable(kWgmmaAheadVariant, format)) {
+    return kWgmmaAheadVariant;
+  }
   if (rows >= 64 && MlaDecodeVariantAvailable(kWgmmaVariant, format)) return kWgmmaVariant;
   if (cc_major == 12 && MlaDecodeVariantAvailable(kSm120E4m3Variant, format)) {
     return kSm120E4m3Variant;

@@ -28,10 +28,12 @@
 //   warpgroup g multiplies it by output dims [256g, 256g + 256) with m64n256k16, V transposed
 //   by the descriptor. O is 128 fp32 registers per thread.
 //
-// * kAhead (bf16; variant wgmma_rows64_tile32_ahead, kernels/mla/NOTES.md session 22): the loop
-//   runs one tile ahead, tile it + 1's q.k issued before tile it's softmax so that the tensor
-//   cores run it beside the softmax and queue tile it's P.V behind it (FlashAttention-3's
-//   intra-warpgroup overlap); the partial exchange is double-buffered.
+// * kAhead (fp8 formats; variant wgmma_rows64_tile32_ahead, the plan's choice for them from 64
+//   rows; kernels/mla/NOTES.md sessions 22-23): the loop runs one tile ahead, tile it + 1's q.k
+//   issued before tile it's softmax so that the tensor cores run it beside the softmax and queue
+//   tile it's P.V behind it (FlashAttention-3's intra-warpgroup overlap). 1.03-1.13x the chained
+//   loop on the H100 in the fp8 formats; the same loop in bf16 (session 22) measured 0.93-1.04x
+//   and was removed.
 //
 // Where it stands (H200, bench/RESULTS.md "The wgmma MLA decode kernel"): 64 heads x batch 64 x
 // 32k at 0.61 (bf16) / 0.29 (fp8) / 0.31 (fp8_tiled) of copy bandwidth, 1.65-2.3x the sliced
@@ -75,10 +77,8 @@ struct Config {
   static constexpr int kKvBytes = kDimBlocks * kKvBlockBytes;  // 36,864 at 32 tokens
   static constexpr int kRawBytes = kTile * kRowBytes;          // one raw tile
   static constexpr int kSRegs = kTile / 2;                     // S accumulators per thread
-  // Partial-S exchange buffers (both warpgroups' partials each): two where the bf16 loop runs one
-  // tile ahead; the fp8 loop one tile ahead has no room for a second (a barrier orders it).
-  static constexpr int kSxBufs = kAhead && kBf16 ? 2 : 1;
-  static constexpr int kSxBytes = kSxBufs * 2 * kSRegs * 128 * 4;
+  // Partial-S exchange buffer (both warpgroups' partials).
+  static constexpr int kSxBytes = 2 * kSRegs * 128 * 4;
   static constexpr int kQOff = 0;
   static constexpr int kKvOff = kQOff + kQBytes;
   static constexpr int kRawOff = kKvOff + kKvBufs * kKvBytes;
@@ -91,6 +91,8 @@ struct Config {
   static_assert(kStages >= 2, "need a ring");
   static_assert(kRowBytes % 16 == 0, "16-B copies");
   static_assert(kSmemBytes <= 227 * 1024, "H200: 227 KB per block");
+  static_assert(!(kAhead && kBf16),
+                "the tile-ahead loop is the fp8 formats' (bf16 lost, session 23)");
 };
 
 // Four e4m3 (byte i = element i) to two f16x2, exactly (as the sliced kernel).
@@ -370,18 +372,18 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       }
       wgmma::Commit();
     };
-    // Partials exchanged through shared memory: float4 [exchange buffer][warpgroup][4][128].
+    // Partials exchanged through shared memory: float4 [warpgroup][4][128].
     float4* const sx_base = reinterpret_cast<float4*>(smem + Cfg::kSxOff);
-    auto exchange_write = [&](const float(&s)[kSRegs], int xb) {
-      float4* sx = sx_base + xb * (2 * (kSRegs / 4) * 128);
+    auto exchange_write = [&](const float(&s)[kSRegs]) {
+      float4* sx = sx_base;
 #pragma unroll
       for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
         sx[(wgi * (kSRegs / 4) + q4) * 128 + tw] =
             make_float4(s[4 * q4], s[4 * q4 + 1], s[4 * q4 + 2], s[4 * q4 + 3]);
       }
     };
-    auto exchange_add = [&](float(&s)[kSRegs], int xb) {  // after a barrier behind the writes
-      const float4* sx = sx_base + xb * (2 * (kSRegs / 4) * 128);
+    auto exchange_add = [&](float(&s)[kSRegs]) {  // after a barrier behind the writes
+      const float4* sx = sx_base;
 #pragma unroll
       for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
         const float4 v = sx[((1 - wgi) * (kSRegs / 4) + q4) * 128 + tw];
@@ -475,79 +477,21 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       wgmma::Commit();
     };
 
-    if constexpr (kAhead && kBf16) {
-      // kAhead (bf16): software-pipelined one tile ahead (FlashAttention-3's intra-warpgroup
-      // overlap): tile it + 1's q.k is issued before tile it's softmax and runs on the tensor cores
-      // beside it and beside tile it's P.V, which follows it in the same queue. The ring holds tile
-      // it (P.V), it + 1 (q.k) and it + 2 (in flight); the partial-S exchange is double-buffered
-      // (Config::kSxBufs) so tile it + 1's partials can be written while tile it's are in use.
-      float sa[kSRegs], sb[kSRegs];
-      if (n_tiles > 0) {
-        ptx::CpAsyncWait<kStages - 2>();  // tile 0 landed (tiles 0 .. kStages - 2 committed)
-        wgmma::FenceProxyAsyncShared();
-        __syncthreads();  // everyone's part of tile 0 and of Q
-        issue_qk(sa, units(0));
-        const int tn = kStages - 1;  // the ring's last slot
-        if (tn < n_tiles) copy_operand(t_begin + tn, tn);
-        ptx::CpAsyncCommit();
-        wgmma::Wait<0>();
-        wgmma::FenceRegs(sa);
-        exchange_write(sa, 0);
-        __syncthreads();  // tile 0's partials
-      }
-      // Tile it: its partial S in s, exchanged in buffer it & 1; with a next tile (next: a
-      // literal at every call, so each inlined copy has no runtime branch here; ptxas serializes
-      // the wgmmas when the q.k issue and its wait_group 1 sit under runtime conditions it cannot
-      // pair), sn receives tile it + 1's partial.
-      auto step = [&](bool next, float(&s)[kSRegs], float(&sn)[kSRegs], int it) {
-        exchange_add(s, it & 1);
-        if (next) {
-          // Tile it + 1 landed (committed: tiles up to it + kStages - 1); the barrier also
-          // retires every read of exchange buffer (it + 1) & 1 (tile it - 1's).
-          ptx::CpAsyncWait<kStages - 2>();
-          wgmma::FenceProxyAsyncShared();
-          __syncthreads();
-          issue_qk(sn, units((it + 1) % kStages));
-        }
-        uint32_t pa[kTile / 16][4];
-        softmax_pv(s, it, units(it % kStages), pa);
-        if (next) {
-          wgmma::Wait<1>();  // tile it + 1's q.k (committed before this P.V)
-          wgmma::FenceRegs(sn);
-          exchange_write(sn, (it + 1) & 1);
-        }
-        wgmma::Wait<0>();
-        wgmma::FenceRegs(o);
-        wgmma::UseRegs(pa);
-        // Both warpgroups' P.V of tile it are done (and tile it + 1's partials written): its
-        // slot takes tile it + kStages.
-        __syncthreads();
-        const int tn = it + kStages;
-        if (tn < n_tiles) copy_operand(t_begin + tn, it % kStages);
-        ptx::CpAsyncCommit();
-      };
-      constexpr bool more = true, last = false;
-      int it = 0;
-      for (; it + 2 < n_tiles; it += 2) {
-        step(more, sa, sb, it);
-        step(more, sb, sa, it + 1);
-      }
-      if (it + 1 < n_tiles) {
-        step(more, sa, sb, it);
-        step(last, sb, sa, it + 1);
-      } else if (it < n_tiles) {
-        step(last, sa, sb, it);
-      }
-    } else if constexpr (kAhead) {
-      // kAhead (fp8 formats): the same one-tile-ahead loop with two operand tiles, which is all
-      // that fits beside Q and the raw ring (2 x 36,864 B; a third would take ~240 KB of the 227).
-      // Tile it + 1's q.k runs beside tile it's softmax and P.V as in the bf16 loop; tile it + 2
-      // is converted after tile it's P.V has released its operand tile, so the conversion no
-      // longer overlaps a q.k (the chained loop's one overlap) but the tensor work of two tiles
-      // does. Raw tile t lives in ring slot t % kStages; its slot is refilled (tile t + kStages)
-      // at the first barrier after every thread has converted it. One cp.async group a step
-      // (empty where nothing is copied), so "raw tile it + 2 landed" is wait_group<2> at the end
-      // of step it (groups of tiles it + 3 and it + 4 may still be in flight).
+    if constexpr (kAhead) {
+      // kAhead (fp8 formats): software-pipelined one tile ahead (FlashAttention-3's
+      // intra-warpgroup overlap): tile it + 1's q.k is issued before tile it's softmax and runs on
+      // the tensor cores beside it and beside tile it's P.V, which follows it in the same queue.
+      // Two operand tiles are all that fits beside Q and the raw ring (a third would take ~240 KB
+      // of the 227), so tile it + 2 is converted after tile it's P.V has released its operand
+      // tile: the conversion no longer overlaps a q.k (the chained loop's one overlap) but the
+      // tensor work of two tiles does. Tile it + 1's partials are written after a barrier that
+      // follows every read of tile it's, so one exchange buffer serves. The step is called with
+      // a literal `next` (the last tile peeled): ptxas serializes every wgmma when the q.k issue
+      // and its wait_group 1 sit under runtime conditions it cannot pair (warning C7514). Raw tile
+      // t lives in ring slot t % kStages; its slot is refilled (tile t + kStages) at the first
+      // barrier after every thread has converted it. One cp.async group a step (empty where nothing
+      // is copied), so "raw tile it + 2 landed" is wait_group<2> at the end of step it (groups of
+      // tiles it + 3 and it + 4 may still be in flight).
       static_assert(kStages == 3, "the commit-group counts below assume a 3-deep raw ring");
       float sa[kSRegs], sb[kSRegs];
       if (n_tiles > 0) {
@@ -566,12 +510,12 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
         }
         wgmma::Wait<0>();
         wgmma::FenceRegs(sa);
-        exchange_write(sa, 0);
+        exchange_write(sa);
         wgmma::FenceProxyAsyncShared();
         __syncthreads();  // tile 0's partials; operand tile 1; raw slot 1 free
       }
       auto step = [&](bool next, float(&s)[kSRegs], float(&sn)[kSRegs], int it) {
-        exchange_add(s, 0);
+        exchange_add(s);
         if (next) {
           // Every thread's reads of the exchange are done before tile it + 1's partials are
           // written, and every thread converted raw tile it + 1 (end of the previous step, or
@@ -587,7 +531,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
         if (next) {
           wgmma::Wait<1>();  // tile it + 1's q.k (committed before this P.V)
           wgmma::FenceRegs(sn);
-          exchange_write(sn, 0);
+          exchange_write(sn);
         }
         wgmma::Wait<0>();
         wgmma::FenceRegs(o);
@@ -638,9 +582,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
         ptx::CpAsyncCommit();
         wgmma::Wait<0>();
         wgmma::FenceRegs(s);
-        exchange_write(s, 0);
+        exchange_write(s);
         __syncthreads();  // (2) both partials are in shared memory.
-        exchange_add(s, 0);
+        exchange_add(s);
         uint32_t pa[kTile / 16][4];
         softmax_pv(s, it, units(buf), pa);
         wgmma::Wait<0>();
