@@ -117,6 +117,18 @@ const VariantEntry kWgmmaAhead{"wgmma_rows64_tile32_ahead",
                                {&NotBuiltLaunch, &mla::LaunchMlaDecodeWgmma<kFp8, 32, 3, true>,
                                 &mla::LaunchMlaDecodeWgmma<kFp8Tiled, 32, 3, true>}};
 
+// The shallow ring with e4m3 -> f16 by integer instructions instead of cvt (kernels/mla/NOTES.md,
+// session 23: three ALU instructions per pair against one F2FP; which issues faster is what
+// bench/mla/e4m3_convert_bench.cu measures). Written in session 23, not yet run; not a default.
+const VariantEntry kSlicedIntCvt{
+    "sliced_tile32_shallow_int_cvt",
+    16,
+    kSched,
+    {&NotBuilt, &MlaDecodeSlicedBlocksPerSm<kFp8, 32, 3, kSched, false, true>,
+     &MlaDecodeSlicedBlocksPerSm<kFp8Tiled, 32, 2, kSched, false, true>},
+    {&NotBuiltLaunch, &LaunchMlaDecodeSliced<kFp8, 32, 3, kSched, false, true>,
+     &LaunchMlaDecodeSliced<kFp8Tiled, 32, 2, kSched, false, true>}};
+
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2),
@@ -124,6 +136,7 @@ const VariantEntry kVariants[] = {
     kSm120TwoBlocks,
     kSm120E4m3,
     kWgmmaAhead,
+    kSlicedIntCvt,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
