@@ -1,16 +1,13 @@
-// Issue rate of the two ways to turn fp8 e4m3 cache bytes into f16 MMA operands (the sliced MLA
-// kernel converts every K and V byte in registers; kernels/mla/NOTES.md, session 23):
-//   f2fp: cvt.rn.f16x2.e4m3x2 (PTX ISA "cvt", sm_89+; SASS F2FP.F16.E4M3.UNPACK_B), two per
-//         4 bytes;
-//   alu:  three integer instructions per 2 bytes, exact, scaled by 2^-8 (a caller folds 2^8 into
-//         its fp32 scales): the 16-bit lane [low byte b, high byte b's sign replicated]
-//         (one PRMT makes both lanes of a word), shifted right by one arithmetically and masked
-//         with 0xbf80: bit 15 = the sign, bits 13..7 = b's exponent and mantissa (so the f16
-//         exponent field is e4m3's, 15 - 7 = 8 less bias), bit 14 and bits 6..0 cleared. e4m3
-//         subnormals map to f16 subnormals (m * 2^-9 * 2^-8 = m * 2^7 * 2^-24), so every finite
-//         value is exact; NaN (0x7f / 0xff) maps to a finite value (the caches hold none).
-// Prints whether the integer form matches cvt bit for bit (times 2^-8) on all 65,536 byte pairs,
-// then conversions a second and per SM a clock for each form at 8-32 warps an SM.
+// Issue rate of the two ways the sliced MLA kernel can turn fp8 e4m3 cache bytes into f16 MMA
+// operands (it converts every K and V byte in registers; kernels/mla/NOTES.md, session 23), both
+// the kernel's own functions (kernels/mla/mla_decode_sliced.cuh, where the bit layout is
+// explained):
+//   f2fp: cvt.rn.f16x2.e4m3x2 (E4m3x4ToF16x2x2; SASS F2FP.F16.E4M3.UNPACK_B), two per 4 bytes;
+//   alu:  three integer instructions per 2 bytes, exact, times 2^-8 (E4m3x4ToF16x2x2Scaled; the
+//         kernel takes 2^8 back in its fp32 scales).
+// Prints whether the integer form, in both of the kernel's layouts (one word; byte j of two
+// tokens' words, p.v), matches cvt times 2^-8 on all 65,536 byte pairs (NaN skipped: the caches
+// hold none), then conversions a second and per SM a clock for each form at 8-32 warps an SM.
 //   e4m3_convert_bench
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -19,25 +16,14 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "kernels/mla/mla_decode_sliced.cuh"
+
 namespace {
 
-__device__ __forceinline__ void CvtF2fp(uint32_t four, uint32_t& lo, uint32_t& hi) {
-  asm volatile(
-      "{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(four));
-}
-
-// Bytes [b0, b1, b2, b3] -> lo = (b0, b1) * 2^-8, hi = (b2, b3) * 2^-8 as f16x2.
-__device__ __forceinline__ void CvtAlu(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  uint32_t x, y;
-  // prmt selector nibbles pick result bytes 0..3; 8 | i replicates byte i's sign bit.
-  asm volatile("prmt.b32 %0, %1, 0, 0x1800;" : "=r"(x) : "r"(w));  // [b0, b0, sx(b0), b1]
-  asm volatile("prmt.b32 %0, %1, 0, 0x3a22;" : "=r"(y) : "r"(w));  // [b2, b2, sx(b2), b3]
-  lo = static_cast<uint32_t>(static_cast<int32_t>(x) >> 1) & 0xbf80bf80u;
-  hi = static_cast<uint32_t>(static_cast<int32_t>(y) >> 1) & 0xbf80bf80u;
-}
+using mlaserve::mla::sliced::E4m3PairToF16x2Scaled;
+using mlaserve::mla::sliced::E4m3x4ToF16x2x2;
+using mlaserve::mla::sliced::E4m3x4ToF16x2x2Scaled;
+using mlaserve::mla::sliced::PrmtSigned;
 
 template <bool kAlu>
 __global__ void ThroughputKernel(const uint32_t* in, uint32_t* out, int iters) {
@@ -49,9 +35,9 @@ __global__ void ThroughputKernel(const uint32_t* in, uint32_t* out, int iters) {
     for (int i = 0; i < 8; ++i) {
       uint32_t lo, hi;
       if constexpr (kAlu) {
-        CvtAlu(w[i], lo, hi);
+        E4m3x4ToF16x2x2Scaled(w[i], lo, hi);
       } else {
-        CvtF2fp(w[i], lo, hi);
+        E4m3x4ToF16x2x2(w[i], lo, hi);
       }
       acc ^= lo ^ hi;  // both forms pay the same one LOP3 a pair here
       w[i] += 0x01010101u;
@@ -64,8 +50,8 @@ __global__ void ExactnessKernel(int* mismatches) {
   const uint32_t pair = threadIdx.x + 256 * blockIdx.x;  // 65,536 byte pairs
   const uint32_t w = pair | (pair << 16);
   uint32_t f_lo, f_hi, a_lo, a_hi;
-  CvtF2fp(w, f_lo, f_hi);
-  CvtAlu(w, a_lo, a_hi);
+  E4m3x4ToF16x2x2(w, f_lo, f_hi);
+  E4m3x4ToF16x2x2Scaled(w, a_lo, a_hi);
   for (int i = 0; i < 2; ++i) {
     const uint8_t byte = (pair >> (8 * i)) & 0xff;
     if ((byte & 0x7f) == 0x7f) continue;  // NaN
@@ -74,6 +60,24 @@ __global__ void ExactnessKernel(int* mismatches) {
     if (f * (1.0f / 256.0f) != a || signbit(f) != signbit(a)) atomicAdd(mismatches, 1);
   }
   if (f_lo != f_hi || a_lo != a_hi) atomicAdd(mismatches, 1);  // both halves hold the same pair
+  // The p.v form: byte j of two tokens' words straight into one pair (selector j | j << 4 |
+  // (8 | j) << 8 | (4 + j) << 12), against cvt of the same two bytes.
+  const uint32_t t0 = pair & 0xff, t1 = pair >> 8;
+  const uint32_t v0 = t0 * 0x01010101u, v1 = t1 * 0x01010101u;  // byte j = t0 / t1 for every j
+  uint32_t ref, unused;
+  E4m3x4ToF16x2x2(t0 | (t1 << 8), ref, unused);
+  const uint32_t pv[4] = {E4m3PairToF16x2Scaled(PrmtSigned<0x4800>(v0, v1)),
+                          E4m3PairToF16x2Scaled(PrmtSigned<0x5911>(v0, v1)),
+                          E4m3PairToF16x2Scaled(PrmtSigned<0x6a22>(v0, v1)),
+                          E4m3PairToF16x2Scaled(PrmtSigned<0x7b33>(v0, v1))};
+  for (int j = 0; j < 4; ++j) {
+    for (int i = 0; i < 2; ++i) {
+      if ((((pair >> (8 * i)) & 0x7f)) == 0x7f) continue;  // NaN
+      const float f = __half2float(__ushort_as_half(static_cast<uint16_t>(ref >> (16 * i))));
+      const float a = __half2float(__ushort_as_half(static_cast<uint16_t>(pv[j] >> (16 * i))));
+      if (f * (1.0f / 256.0f) != a || signbit(f) != signbit(a)) atomicAdd(mismatches, 1);
+    }
+  }
 }
 
 #define CHECK(x)                                                    \

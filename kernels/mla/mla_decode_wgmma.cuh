@@ -375,18 +375,16 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     // Partials exchanged through shared memory: float4 [warpgroup][4][128].
     float4* const sx_base = reinterpret_cast<float4*>(smem + Cfg::kSxOff);
     auto exchange_write = [&](const float(&s)[kSRegs]) {
-      float4* sx = sx_base;
 #pragma unroll
       for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
-        sx[(wgi * (kSRegs / 4) + q4) * 128 + tw] =
+        sx_base[(wgi * (kSRegs / 4) + q4) * 128 + tw] =
             make_float4(s[4 * q4], s[4 * q4 + 1], s[4 * q4 + 2], s[4 * q4 + 3]);
       }
     };
     auto exchange_add = [&](float(&s)[kSRegs]) {  // after a barrier behind the writes
-      const float4* sx = sx_base;
 #pragma unroll
       for (int q4 = 0; q4 < kSRegs / 4; ++q4) {
-        const float4 v = sx[((1 - wgi) * (kSRegs / 4) + q4) * 128 + tw];
+        const float4 v = sx_base[((1 - wgi) * (kSRegs / 4) + q4) * 128 + tw];
         s[4 * q4] += v.x;
         s[4 * q4 + 1] += v.y;
         s[4 * q4 + 2] += v.z;
