@@ -1,7 +1,6 @@
 // Issue rate of the two ways the sliced MLA kernel can turn fp8 e4m3 cache bytes into f16 MMA
 // operands (it converts every K and V byte in registers; kernels/mla/NOTES.md, session 23), both
-// the kernel's own functions (kernels/mla/mla_decode_sliced.cuh, where the bit layout is
-// explained):
+// the kernels' own functions (kernels/mla/e4m3_convert.cuh, where the bit layout is explained):
 //   f2fp: cvt.rn.f16x2.e4m3x2 (E4m3x4ToF16x2x2; SASS F2FP.F16.E4M3.UNPACK_B), two per 4 bytes;
 //   alu:  three integer instructions per 2 bytes, exact, times 2^-8 (E4m3x4ToF16x2x2Scaled; the
 //         kernel takes 2^8 back in its fp32 scales).
@@ -16,14 +15,14 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "kernels/mla/mla_decode_sliced.cuh"
+#include "kernels/mla/e4m3_convert.cuh"
 
 namespace {
 
-using mlaserve::mla::sliced::E4m3PairToF16x2Scaled;
-using mlaserve::mla::sliced::E4m3x4ToF16x2x2;
-using mlaserve::mla::sliced::E4m3x4ToF16x2x2Scaled;
-using mlaserve::mla::sliced::PrmtSigned;
+using mlaserve::mla::E4m3PairToF16x2Scaled;
+using mlaserve::mla::E4m3x4ToF16x2x2;
+using mlaserve::mla::E4m3x4ToF16x2x2Scaled;
+using mlaserve::mla::PrmtSigned;
 
 template <bool kAlu>
 __global__ void ThroughputKernel(const uint32_t* in, uint32_t* out, int iters) {

@@ -129,6 +129,27 @@ const VariantEntry kSlicedIntCvt{
     {&NotBuiltLaunch, &LaunchMlaDecodeSliced<kFp8, 32, 3, kSched, false, true>,
      &LaunchMlaDecodeSliced<kFp8Tiled, 32, 2, kSched, false, true>}};
 
+// The same conversion in the two kernels the plan takes for the fp8 formats: the two-blocks
+// variant (fp8, batch <= 8 below 64 rows) and the 64-row kernel one tile ahead (from 64 rows,
+// where the conversion of each operand tile runs alone between the tensor-core waits; fp8_tiled
+// multiplies its power-of-two tile scale times 2^8 in, so its operands are the cvt form's bits).
+// Written in session 24, not yet run; not defaults.
+const VariantEntry kTwoBlocksIntCvt{
+    "sliced_tile32_sm120_fp8_int_cvt",
+    16,
+    kSched120,
+    {&NotBuilt, &MlaDecodeSlicedBlocksPerSm<kFp8, 32, 2, kSched120, false, true>, &NotBuilt},
+    {&NotBuiltLaunch, &LaunchMlaDecodeSliced<kFp8, 32, 2, kSched120, false, true>,
+     &NotBuiltLaunch}};
+const VariantEntry kWgmmaAheadIntCvt{
+    "wgmma_rows64_tile32_ahead_int_cvt",
+    64,
+    kSched,
+    {&NotBuilt, &mla::MlaDecodeWgmmaBlocksPerSm<kFp8, 32, 3, true, true>,
+     &mla::MlaDecodeWgmmaBlocksPerSm<kFp8Tiled, 32, 3, true, true>},
+    {&NotBuiltLaunch, &mla::LaunchMlaDecodeWgmma<kFp8, 32, 3, true, true>,
+     &mla::LaunchMlaDecodeWgmma<kFp8Tiled, 32, 3, true, true>}};
+
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2),
@@ -137,6 +158,8 @@ const VariantEntry kVariants[] = {
     kSm120E4m3,
     kWgmmaAhead,
     kSlicedIntCvt,
+    kTwoBlocksIntCvt,
+    kWgmmaAheadIntCvt,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 

@@ -105,10 +105,11 @@ int MlaDecodeSlicedBlocksPerSm();
 
 // SM90a warpgroup-MMA split decode kernel (mla_decode_wgmma.cuh): 64 query rows per block,
 // kTile KV tokens per tile, a kStages-deep ring; kAhead (fp8 formats only): the loop issues the
-// next tile's q.k before this tile's softmax. BlocksPerSm is 0 off SM 9.0.
-template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false>
+// next tile's q.k before this tile's softmax; kIntCvt (fp8 formats): e4m3 -> f16 with integer
+// instructions instead of cvt. BlocksPerSm is 0 off SM 9.0.
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false, bool kIntCvt = false>
 cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false, bool kIntCvt = false>
 int MlaDecodeWgmmaBlocksPerSm();
 
 // Cache write: one warp per token (kv_cache_write.cu).
