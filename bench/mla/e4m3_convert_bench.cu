@@ -1,12 +1,15 @@
-// Issue rate of the two ways the sliced MLA kernel can turn fp8 e4m3 cache bytes into f16 MMA
-// operands (it converts every K and V byte in registers; kernels/mla/NOTES.md, session 23), both
-// the kernels' own functions (kernels/mla/e4m3_convert.cuh, where the bit layout is explained):
-//   f2fp: cvt.rn.f16x2.e4m3x2 (E4m3x4ToF16x2x2; SASS F2FP.F16.E4M3.UNPACK_B), two per 4 bytes;
-//   alu:  three integer instructions per 2 bytes, exact, times 2^-8 (E4m3x4ToF16x2x2Scaled; the
-//         kernel takes 2^8 back in its fp32 scales).
-// Prints whether the integer form, in both of the kernel's layouts (one word; byte j of two
+// Rate of the two ways an MLA decode kernel can turn fp8 e4m3 cache bytes into f16 MMA operands
+// (kernels/mla/NOTES.md, sessions 23-24; kernels/mla/e4m3_convert.cuh, where the bit layout is
+// explained):
+//   f2fp: cvt.rn.f16x2.e4m3x2 (E4m3x4ToF16x2x2; SASS F2FP.F16.E4M3.UNPACK_B), two per 4 bytes,
+//         what the kernels use;
+//   alu:  three integer instructions per 2 bytes, exact, times 2^-8 (E4m3x4ToF16x2x2Scaled; a
+//         kernel would take 2^8 back in its fp32 scales).
+// Prints whether the integer form, in both of the sliced kernel's layouts (one word; byte j of two
 // tokens' words, p.v), matches cvt times 2^-8 on all 65,536 byte pairs (NaN skipped: the caches
 // hold none), then conversions a second and per SM a clock for each form at 8-32 warps an SM.
+// H100 (session 24): f2fp 83.8, alu 42.0 an SM a clock, so the kernels keep cvt; on another GPU
+// (SM120) run this first before considering the integer form.
 //   e4m3_convert_bench
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -117,39 +117,6 @@ const VariantEntry kWgmmaAhead{"wgmma_rows64_tile32_ahead",
                                {&NotBuiltLaunch, &mla::LaunchMlaDecodeWgmma<kFp8, 32, 3, true>,
                                 &mla::LaunchMlaDecodeWgmma<kFp8Tiled, 32, 3, true>}};
 
-// The shallow ring with e4m3 -> f16 by integer instructions instead of cvt (kernels/mla/NOTES.md,
-// session 23: three ALU instructions per pair against one F2FP; which issues faster is what
-// bench/mla/e4m3_convert_bench.cu measures). Written in session 23, not yet run; not a default.
-const VariantEntry kSlicedIntCvt{
-    "sliced_tile32_shallow_int_cvt",
-    16,
-    kSched,
-    {&NotBuilt, &MlaDecodeSlicedBlocksPerSm<kFp8, 32, 3, kSched, false, true>,
-     &MlaDecodeSlicedBlocksPerSm<kFp8Tiled, 32, 2, kSched, false, true>},
-    {&NotBuiltLaunch, &LaunchMlaDecodeSliced<kFp8, 32, 3, kSched, false, true>,
-     &LaunchMlaDecodeSliced<kFp8Tiled, 32, 2, kSched, false, true>}};
-
-// The same conversion in the two kernels the plan takes for the fp8 formats: the two-blocks
-// variant (fp8, batch <= 8 below 64 rows) and the 64-row kernel one tile ahead (from 64 rows,
-// where the conversion of each operand tile runs alone between the tensor-core waits; fp8_tiled
-// multiplies its power-of-two tile scale times 2^8 in, so its operands are the cvt form's bits).
-// Written in session 24, not yet run; not defaults.
-const VariantEntry kTwoBlocksIntCvt{
-    "sliced_tile32_sm120_fp8_int_cvt",
-    16,
-    kSched120,
-    {&NotBuilt, &MlaDecodeSlicedBlocksPerSm<kFp8, 32, 2, kSched120, false, true>, &NotBuilt},
-    {&NotBuiltLaunch, &LaunchMlaDecodeSliced<kFp8, 32, 2, kSched120, false, true>,
-     &NotBuiltLaunch}};
-const VariantEntry kWgmmaAheadIntCvt{
-    "wgmma_rows64_tile32_ahead_int_cvt",
-    64,
-    kSched,
-    {&NotBuilt, &mla::MlaDecodeWgmmaBlocksPerSm<kFp8, 32, 3, true, true>,
-     &mla::MlaDecodeWgmmaBlocksPerSm<kFp8Tiled, 32, 3, true, true>},
-    {&NotBuiltLaunch, &mla::LaunchMlaDecodeWgmma<kFp8, 32, 3, true, true>,
-     &mla::LaunchMlaDecodeWgmma<kFp8Tiled, 32, 3, true, true>}};
-
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2),
@@ -157,9 +124,6 @@ const VariantEntry kVariants[] = {
     kSm120TwoBlocks,
     kSm120E4m3,
     kWgmmaAhead,
-    kSlicedIntCvt,
-    kTwoBlocksIntCvt,
-    kWgmmaAheadIntCvt,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -190,6 +154,11 @@ constexpr int kWgmmaAheadVariant = 5;
 //   the chained loop at 16 / 64 / 128 heads, batch 1 and 64, 32k and 128k (fp8 64 heads batch 64 x
 //   32k 921.7 -> 833.6 us); bf16 0.93-1.04x (64 heads batch 64 x 128k 0.948): it keeps the
 //   chained loop (the variant has no bf16 kernel).
+// * e4m3 -> f16 by integer instructions instead of cvt (2026-12-06 session 24, H100, one run, 2
+//   reps; bench/mla/results/h100_2026-12-06_s24_int_cvt_*.csv): cvt converts 83.8 values an SM a
+//   clock against the integer form's 42.0 (bench/mla/e4m3_convert_bench.cu), and the integer form
+//   lost in every kernel it went into: shallow ring 0.83-0.97x, two blocks 0.81-0.94x, 64-row
+//   ahead 0.95-1.00x. Removed; the kernels convert with cvt.
 int DefaultVariant(int batch, int rows, KvCacheFormat format, int cc_major) {
   if (rows >= 64 && MlaDecodeVariantAvailable(kWgmmaAheadVariant, format)) {
     return kWgmmaAheadVariant;

@@ -94,22 +94,18 @@ inline int DecodeKernelBlocksPerSm(const void* kernel, int threads, int smem_byt
 
 // Warp-sliced split decode kernel (mla_decode_sliced.cuh): 16 query rows per block, kTile KV
 // tokens per stage, kStages-deep cp.async ring per warp, the schedule computed in the kernel for
-// batches up to kSchedMax (p.inline_schedule must be 0 above it); kQkE4m3: q.k on e4m3 MMAs;
-// kIntCvt (fp8 formats, f16 MMAs): e4m3 -> f16 with integer instructions instead of cvt.
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3,
-          bool kIntCvt = false>
+// batches up to kSchedMax (p.inline_schedule must be 0 above it); kQkE4m3: q.k on e4m3 MMAs.
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3,
-          bool kIntCvt = false>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 int MlaDecodeSlicedBlocksPerSm();
 
 // SM90a warpgroup-MMA split decode kernel (mla_decode_wgmma.cuh): 64 query rows per block,
 // kTile KV tokens per tile, a kStages-deep ring; kAhead (fp8 formats only): the loop issues the
-// next tile's q.k before this tile's softmax; kIntCvt (fp8 formats): e4m3 -> f16 with integer
-// instructions instead of cvt. BlocksPerSm is 0 off SM 9.0.
-template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false, bool kIntCvt = false>
+// next tile's q.k before this tile's softmax. BlocksPerSm is 0 off SM 9.0.
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false>
 cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false, bool kIntCvt = false>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false>
 int MlaDecodeWgmmaBlocksPerSm();
 
 // Cache write: one warp per token (kv_cache_write.cu).

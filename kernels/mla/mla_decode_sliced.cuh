@@ -182,7 +182,7 @@ __device__ __forceinline__ void SplitE4m3x4(uint32_t p01, uint32_t p23, float s,
 
 }  // namespace sliced
 
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3, bool kIntCvt>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 __global__ void __launch_bounds__(
     sliced::kThreads, sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>::kMinBlocks)
     MlaDecodeSlicedKernel(const MlaDecodeKernelParams p) {
@@ -191,18 +191,6 @@ __global__ void __launch_bounds__(
   pdl::AllowDependentLaunch();
   using namespace sliced;
   using Cfg = Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
-  static_assert(!kIntCvt || (kFormat != KvCacheFormat::kBf16 && !kQkE4m3),
-                "the integer e4m3 conversion feeds the fp8 formats' f16 MMAs");
-  // e4m3 (byte i = element i) -> two f16x2: bytes 0, 1 -> lo, bytes 2, 3 -> hi; kIntCvt: times
-  // 2^-8, which the scores' q descale and the output scale take back (both fp32, exact).
-  auto cvt4 = [](uint32_t four, uint32_t& lo, uint32_t& hi) {
-    if constexpr (kIntCvt) {
-      E4m3x4ToF16x2x2Scaled(four, lo, hi);
-    } else {
-      E4m3x4ToF16x2x2(four, lo, hi);
-    }
-  };
-  constexpr float kCvtUnscale = kIntCvt ? 256.0f : 1.0f;
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;
   constexpr bool kF16 = !kBf16;  // mma type of the latent q.k and of p.v
   constexpr int kSTiles = Cfg::kSTiles, kPSteps = Cfg::kPSteps, kSlice = Cfg::kSlice;
@@ -365,8 +353,8 @@ __global__ void __launch_bounds__(
         };
         const int e_lo = qexp(amax_lo), e_hi = qexp(amax_hi);
         const float s_lo = exp2f(static_cast<float>(e_lo)), s_hi = exp2f(static_cast<float>(e_hi));
-        qdescale_lo = exp2f(static_cast<float>(-e_lo)) * kCvtUnscale;
-        qdescale_hi = exp2f(static_cast<float>(-e_hi)) * kCvtUnscale;
+        qdescale_lo = exp2f(static_cast<float>(-e_lo));
+        qdescale_hi = exp2f(static_cast<float>(-e_hi));
         if constexpr (kQkE4m3) {
           // k32-step kk covers the f16 k-steps 2kk and 2kk + 1; register r of an e4m3 A fragment
           // holds dims 4c..4c+3 of row g (r even) or g + 8 (r odd) of step 2kk + r / 2, which are
@@ -477,7 +465,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
           for (int j = 0; j < kSTiles; ++j) {
             uint32_t b0, b1;
-            cvt4(Lds32(tile + (8 * j + g) * kRow + off), b0, b1);
+            E4m3x4ToF16x2x2(Lds32(tile + (8 * j + g) * kRow + off), b0, b1);
             Mma<true>(s[j], qf[ks], b0, b1);
           }
         }
@@ -687,31 +675,15 @@ __global__ void __launch_bounds__(
             const uint32_t v0 = Lds32(vrow + nn * 32), v1 = Lds32(vrow + kRow + nn * 32);
             const uint32_t v8 = Lds32(vrow + 8 * kRow + nn * 32);
             const uint32_t v9 = Lds32(vrow + 9 * kRow + nn * 32);
+            // Byte j of each pair register: (token 2c, dim j), (token 2c+1, dim j), ...
+            const uint32_t lo01 = __byte_perm(v0, v1, 0x5140), hi01 = __byte_perm(v0, v1, 0x7362);
+            const uint32_t lo23 = __byte_perm(v8, v9, 0x5140), hi23 = __byte_perm(v8, v9, 0x7362);
             // n8 tile (nn, j): column n <-> dim 32nn + 4n + j.
             uint32_t f0[4], f1[4];  // f0: tokens (2c, 2c+1), f1: (2c+8, 2c+9); dims j = 0..3
-            if constexpr (kIntCvt) {
-              // One PRMT a pair straight from the two tokens' words: [byte j of the first,
-              // again, its sign replicated, byte j of the second].
-              // Selectors j | j << 4 | (8 | j) << 8 | (4 + j) << 12.
-              f0[0] = E4m3PairToF16x2Scaled(PrmtSigned<0x4800>(v0, v1));
-              f0[1] = E4m3PairToF16x2Scaled(PrmtSigned<0x5911>(v0, v1));
-              f0[2] = E4m3PairToF16x2Scaled(PrmtSigned<0x6a22>(v0, v1));
-              f0[3] = E4m3PairToF16x2Scaled(PrmtSigned<0x7b33>(v0, v1));
-              f1[0] = E4m3PairToF16x2Scaled(PrmtSigned<0x4800>(v8, v9));
-              f1[1] = E4m3PairToF16x2Scaled(PrmtSigned<0x5911>(v8, v9));
-              f1[2] = E4m3PairToF16x2Scaled(PrmtSigned<0x6a22>(v8, v9));
-              f1[3] = E4m3PairToF16x2Scaled(PrmtSigned<0x7b33>(v8, v9));
-            } else {
-              // Byte j of each pair register: (token 2c, dim j), (token 2c+1, dim j), ...
-              const uint32_t lo01 = __byte_perm(v0, v1, 0x5140);
-              const uint32_t hi01 = __byte_perm(v0, v1, 0x7362);
-              const uint32_t lo23 = __byte_perm(v8, v9, 0x5140);
-              const uint32_t hi23 = __byte_perm(v8, v9, 0x7362);
-              cvt4(lo01, f0[0], f0[1]);
-              cvt4(hi01, f0[2], f0[3]);
-              cvt4(lo23, f1[0], f1[1]);
-              cvt4(hi23, f1[2], f1[3]);
-            }
+            E4m3x4ToF16x2x2(lo01, f0[0], f0[1]);
+            E4m3x4ToF16x2x2(hi01, f0[2], f0[3]);
+            E4m3x4ToF16x2x2(lo23, f1[0], f1[1]);
+            E4m3x4ToF16x2x2(hi23, f1[2], f1[3]);
 #pragma unroll
             for (int j = 0; j < 4; ++j) Mma<true>(o[4 * nn + j], pa, f0[j], f1[j]);
           }
@@ -721,7 +693,7 @@ __global__ void __launch_bounds__(
     CpAsyncWait<0>();
     __syncthreads();  // The next piece's prologue reuses the stages and the exchange buffers.
 
-    const float unit = (kTiled ? sigma : 1.0f) * kCvtUnscale;
+    const float unit = kTiled ? sigma : 1.0f;
     const float inv_lo = l_lo > 0.0f ? p.out_scale * unit / l_lo : 0.0f;
     const float inv_hi = l_hi > 0.0f ? p.out_scale * unit / l_hi : 0.0f;
     const float lse2_lo = l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY;  // log2 units
@@ -797,24 +769,24 @@ __global__ void __launch_bounds__(
   }
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3, bool kIntCvt>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 int MlaDecodeSlicedBlocksPerSm() {
   using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
   static const int blocks = DecodeKernelBlocksPerSm(
       reinterpret_cast<const void*>(
-          &MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kIntCvt>),
+          &MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3>),
       sliced::kThreads, Cfg::kSmemBytes);
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3, bool kIntCvt>
+template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>
 cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
   using Cfg = sliced::Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
-  if (MlaDecodeSlicedBlocksPerSm<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kIntCvt>() == 0) {
+  if (MlaDecodeSlicedBlocksPerSm<kFormat, kTile, kStages, kSchedMax, kQkE4m3>() == 0) {
     return cudaErrorInvalidConfiguration;
   }
   if (p.inline_schedule && p.batch > kSchedMax) return cudaErrorInvalidValue;
-  MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3, kIntCvt>
+  MlaDecodeSlicedKernel<kFormat, kTile, kStages, kSchedMax, kQkE4m3>
       <<<grid, sliced::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -825,10 +797,5 @@ cudaError_t LaunchMlaDecodeSliced(const MlaDecodeKernelParams& p, int grid, cuda
   template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3>(  \
       const MlaDecodeKernelParams&, int, cudaStream_t);                                  \
   template int MlaDecodeSlicedBlocksPerSm<FORMAT, TILE, STAGES, SCHED_MAX, QK_E4M3>();
-// The integer e4m3 conversion (kIntCvt) of an f16-MMA fp8 instantiation.
-#define MLASERVE_INSTANTIATE_MLA_DECODE_SLICED_INT_CVT(FORMAT, TILE, STAGES, SCHED_MAX)     \
-  template cudaError_t LaunchMlaDecodeSliced<FORMAT, TILE, STAGES, SCHED_MAX, false, true>( \
-      const MlaDecodeKernelParams&, int, cudaStream_t);                                     \
-  template int MlaDecodeSlicedBlocksPerSm<FORMAT, TILE, STAGES, SCHED_MAX, false, true>();
 
 }  // namespace mlaserve::mla

@@ -123,7 +123,7 @@ __device__ __forceinline__ void Sts128(uint32_t addr, uint4 v) {
 
 }  // namespace wg
 
-template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead, bool kIntCvt>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead>
 __global__ void __launch_bounds__(wg::kThreads, 1)
     MlaDecodeWgmmaKernel(const MlaDecodeKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -135,12 +135,6 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;
   constexpr bool kF16 = !kBf16;
   constexpr int kSRegs = Cfg::kSRegs;
-  static_assert(!kIntCvt || !kBf16, "the integer e4m3 conversion is the fp8 formats'");
-  // kIntCvt (e4m3_convert.cuh): the operand tile holds f16(b) x 2^-8. fp8_tiled multiplies its
-  // tile scale times 2^8 in (power-of-two scales, so the operand holds exactly what the cvt form
-  // gives: f16(b) x scale); fp8 takes 2^8 back in its fp32 q descale and output scale (exact).
-  constexpr float kCvtUnscale = kIntCvt && !kTiled ? 256.0f : 1.0f;
-  constexpr float kTileScaleUp = kIntCvt && kTiled ? 256.0f : 1.0f;
   extern __shared__ uint8_t smem_raw[];
   // 1024-B aligned base: the swizzle atoms of the wgmma operands must be.
   const uint32_t smem_raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -257,15 +251,10 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
           w = make_uint4(Bf16x2ToF16x2(v[kb].x), Bf16x2ToF16x2(v[kb].y), Bf16x2ToF16x2(v[kb].z),
                          Bf16x2ToF16x2(v[kb].w));
         } else {
-          if constexpr (kIntCvt) {
-            E4m3x4ToF16x2x2Scaled(v[kb].x, w.x, w.y);
-            E4m3x4ToF16x2x2Scaled(v[kb].y, w.z, w.w);
-          } else {
-            E4m3x4ToF16x2x2(v[kb].x, w.x, w.y);
-            E4m3x4ToF16x2x2(v[kb].y, w.z, w.w);
-          }
+          E4m3x4ToF16x2x2(v[kb].x, w.x, w.y);
+          E4m3x4ToF16x2x2(v[kb].y, w.z, w.w);
           if constexpr (kTiled) {
-            const __half2 s2 = __float2half2_rn(sc[kb >> 1] * kTileScaleUp);
+            const __half2 s2 = __float2half2_rn(sc[kb >> 1]);
             w.x = HMul2(w.x, s2);
             w.y = HMul2(w.y, s2);
             w.z = HMul2(w.z, s2);
@@ -327,7 +316,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
           e = max(-100, min(100, 14 - ex));
         }
         sc = exp2f(static_cast<float>(e));
-        if (part == 0) qscale[lr] = exp2f(static_cast<float>(-e)) * kCvtUnscale;
+        if (part == 0) qscale[lr] = exp2f(static_cast<float>(-e));
       }
 #pragma unroll 6
       for (int k = 0; k < 18; ++k) {
@@ -598,8 +587,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     ptx::CpAsyncWait<0>();
     __syncthreads();  // The next piece's prologue reuses Q, the buffers and the exchange.
 
-    const float inv_lo = l_lo > 0.0f ? p.out_scale * kCvtUnscale / l_lo : 0.0f;
-    const float inv_hi = l_hi > 0.0f ? p.out_scale * kCvtUnscale / l_hi : 0.0f;
+    const float inv_lo = l_lo > 0.0f ? p.out_scale / l_lo : 0.0f;
+    const float inv_hi = l_hi > 0.0f ? p.out_scale / l_hi : 0.0f;
     const float lse2_lo = l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY;  // log2 units
     const float lse2_hi = l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY;
     constexpr float kLn2 = 0.693147180559945309f;
@@ -634,33 +623,32 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
 
 // 1 on an SM90 device (the kernel fits one block per SM), 0 elsewhere: the plan then refuses
 // this variant (MlaDecodeVariantAvailable).
-template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead, bool kIntCvt>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead>
 int MlaDecodeWgmmaBlocksPerSm() {
   using Cfg = wg::Config<kFormat, kTile, kStages, kAhead>;
   static const int blocks = [] {
     if (!wgmma::CurrentDeviceIsSm90()) return 0;
     return DecodeKernelBlocksPerSm(
-        reinterpret_cast<const void*>(
-            &MlaDecodeWgmmaKernel<kFormat, kTile, kStages, kAhead, kIntCvt>),
+        reinterpret_cast<const void*>(&MlaDecodeWgmmaKernel<kFormat, kTile, kStages, kAhead>),
         wg::kThreads, Cfg::kSmemBytes);
   }();
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead, bool kIntCvt>
+template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead>
 cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
   using Cfg = wg::Config<kFormat, kTile, kStages, kAhead>;
-  if (MlaDecodeWgmmaBlocksPerSm<kFormat, kTile, kStages, kAhead, kIntCvt>() == 0) {
+  if (MlaDecodeWgmmaBlocksPerSm<kFormat, kTile, kStages, kAhead>() == 0) {
     return cudaErrorInvalidConfiguration;
   }
-  MlaDecodeWgmmaKernel<kFormat, kTile, kStages, kAhead, kIntCvt>
+  MlaDecodeWgmmaKernel<kFormat, kTile, kStages, kAhead>
       <<<grid, wg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-#define MLASERVE_INSTANTIATE_MLA_DECODE_WGMMA(FORMAT, TILE, STAGES, AHEAD, INT_CVT) \
-  template cudaError_t LaunchMlaDecodeWgmma<FORMAT, TILE, STAGES, AHEAD, INT_CVT>(  \
-      const MlaDecodeKernelParams&, int, cudaStream_t);                             \
-  template int MlaDecodeWgmmaBlocksPerSm<FORMAT, TILE, STAGES, AHEAD, INT_CVT>();
+#define MLASERVE_INSTANTIATE_MLA_DECODE_WGMMA(FORMAT, TILE, STAGES, AHEAD) \
+  template cudaError_t LaunchMlaDecodeWgmma<FORMAT, TILE, STAGES, AHEAD>(  \
+      const MlaDecodeKernelParams&, int, cudaStream_t);                    \
+  template int MlaDecodeWgmmaBlocksPerSm<FORMAT, TILE, STAGES, AHEAD>();
 
 }  // namespace mlaserve::mla

@@ -2,5 +2,5 @@
 #include "kernels/mla/mla_decode_wgmma.cuh"
 
 namespace mlaserve::mla {
-MLASERVE_INSTANTIATE_MLA_DECODE_WGMMA(KvCacheFormat::kBf16, 32, 3, false, false)
+MLASERVE_INSTANTIATE_MLA_DECODE_WGMMA(KvCacheFormat::kBf16, 32, 3, false)
 }  // namespace mlaserve::mla
