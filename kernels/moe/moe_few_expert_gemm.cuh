@@ -13,15 +13,15 @@
 // partials, a counter) for a few KB of weights.
 //
 // Here a block of 8 warps owns kMT 16-row m-tiles of one expert tile over the whole K: warp w
-// streams m-tile w % kMT over K slice w / kMT (8 / kMT slices) through a ring of kFewExpertDepth
-// chunks of codes and scales in registers (plain loads straight into the lane's A-fragment
-// words: the layout already stores each lane's 16 bytes of a 16 x 64 chunk together), with no
-// barrier in the K loop; the slices are added in slice order in shared memory (no global
-// partials, no counters). The tile's activation rows, 4 at a time, sit in shared memory for the
-// whole K. The grid is persistent: blocks take work items (tile, m-block) in turn, reading the
-// dispatch offsets once, and issue the next item's first weight loads before the current item's
-// epilogue. Same rounding points as the tile kernel, a different fp32 summation order (so the
-// deterministic mode does not use it).
+// streams m-tile w % kMT over K slice w / kMT (8 / kMT slices) through a ring of a few chunks
+// of codes and scales in registers (plain loads straight into the lane's A-fragment words: the
+// layout already stores each lane's 16 bytes of a 16 x 64 chunk together), with no barrier in
+// the K loop; the slices are added in slice order in shared memory (no global partials, no
+// counters). The tile's activation rows, a pass of 2 or 4 at a time (FewExpertGemmConfig), sit in
+// shared memory for the whole K. The grid is persistent: blocks take work items (tile, m-block) in
+// turn, reading the dispatch offsets once, and issue the next item's first weight loads before the
+// current item's epilogue. Same rounding points as the tile kernel, a different fp32 summation
+// order (so the deterministic mode does not use it).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,21 +52,46 @@ inline constexpr int kFewExpertChunkXBytes = 64 * 2;  // one row of one 64-colum
 // Row padding that puts the rows of an ldmatrix on different banks.
 inline constexpr int kFewExpertRowPad = 16;
 
-// Dynamic shared memory: the pass's activation rows over the whole K, the K slices' sums
-// ([8 warps][32 lanes][4] fp32), then the local experts' tile offsets.
-inline int FewExpertXBytes(int k) {
-  return kFewExpertPassRows * (k / 64 * kFewExpertChunkXBytes + kFewExpertRowPad);
-}
-inline int FewExpertSmemBytes(int k, int num_local_experts) {
-  return FewExpertXBytes(k) + kFewExpertWarps * 32 * 16 + 4 * (num_local_experts + 1);
-}
-inline constexpr int kFewExpertMaxSmemBytes = 96 * 1024;  // SM120 allows 99 KB a block
-
 // Three blocks an SM for the 4-bit formats (80 registers), two for FP8 (whose ring holds twice the
-// code bytes).
+// code bytes). The fused layer's (moe_few_expert_layer.cuh); the GEMM kernel's are below.
 template <class Format>
 inline constexpr int kFewExpertMinBlocks =
     Format::kChunkCodeBytes <= 512 ? MLASERVE_FEW_EXPERT_MIN_BLOCKS : 2;
+
+// The GEMM kernel's ring depth, activation rows a pass and blocks an SM, per format and per
+// step size. kWide (steps of 2+ tokens, for the 4-bit formats): 2 rows a pass (33 KB of shared
+// memory a block at K = 7,168 instead of 61.6 KB) and 4 blocks an SM with a 3-chunk ring (64
+// registers, no spills): as many chunks in flight an SM as 3 blocks x 4 chunks, but 528 block
+// slots on 132 SMs instead of 396, so the items of 2 active experts (512 gate_up, 448 down) are
+// one round instead of two. Measured on the H100 (bench/RESULTS.md, session 24; same runs, 2 reps,
+// NVFP4, the few-expert layer): Kimi EP8 2 tokens (2 active experts) 50.1 -> 41.7 us, 4 tokens (5)
+// 82.4 -> 78.7, 8 (10) 132.9 -> 126.5, 16 (15) 185.7 -> 170.0; DeepSeek EP8 4-16 tokens 1.05-1.09x,
+// all 256 local 1-16 tokens 1.05-1.08x; but one active expert (DeepSeek EP8 2 tokens in that
+// draw) 30.7 -> 32.2 us: with 256 items on fewer slots than either config has, the deeper ring
+// is what counts. A one-token step (0-1 active experts an EP8 rank, mostly) keeps the deep ring.
+// A 4-chunk ring at 4 blocks (spilling 24-32 bytes) lost to the 3-chunk one. A tile with more
+// rows than a pass takes more passes (its weights streamed again, mostly from L2). Every output
+// row sees the same MMA sequence in every configuration (rows are independent columns of the
+// MMAs), so the bits do not depend on it. FP8 keeps 4 rows, a 4-chunk ring and 2 blocks (its
+// A/B measured 1.00x: both of its configurations are this one). The rule as built (one token: the
+// deep ring; more: wide), same call against the old binary: Kimi EP8 2 tokens 49.9 -> 41.8 us, 4
+// tokens 82.2 -> 78.4, all 256 at 1 token 115.9 / 115.5. On SM120 (100 KB of shared memory an
+// SM) the wide blocks fit 3 an SM at K = 7,168 and the 64-register cap buys nothing: unmeasured.
+template <class Format, bool kWide>
+struct FewExpertGemmConfig {
+  static constexpr bool kChanged = kWide && Format::kChunkCodeBytes <= 512;
+  static constexpr int kPassRows = kChanged ? 2 : kFewExpertPassRows;
+  static constexpr int kDepth = kChanged ? 3 : kFewExpertDepth;
+  static constexpr int kMinBlocks = kChanged ? 4 : kFewExpertMinBlocks<Format>;
+};
+
+// The GEMM kernel's dynamic shared memory: a pass's activation rows over the whole K, the K
+// slices' sums ([8 warps][32 lanes][4] fp32), then the local experts' tile offsets.
+inline int FewExpertSmemBytes(int k, int num_local_experts, int pass_rows) {
+  return pass_rows * (k / 64 * kFewExpertChunkXBytes + kFewExpertRowPad) +
+         kFewExpertWarps * 32 * 16 + 4 * (num_local_experts + 1);
+}
+inline constexpr int kFewExpertMaxSmemBytes = 96 * 1024;  // SM120 allows 99 KB a block
 
 // m-tiles a block: the fewest that leave every warp at least 8 chunks of K (gate_up at Kimi's
 // hidden 7168: 1, 8 slices of 14 chunks; down at intermediate 2048: 2, 4 slices of 8).
@@ -76,20 +101,20 @@ inline int FewExpertTilesPerBlock(int k) {
 }
 
 // A warp's K slice of one 16-row m-tile: its nc chunks in order through the register ring (chunk
-// c in slot c % kFewExpertDepth, the first kFewExpertDepth already loaded; each slot reloaded
-// with chunk c + kFewExpertDepth of codes / scales once computed), against the activation rows
+// c in slot c % kDepth, the first kDepth already loaded; each slot reloaded with chunk c + kDepth
+// of codes / scales once computed), against the activation rows
 // whose ldmatrix address for chunk 0 is ld_addr. FewExpertMoeGemmKernel and the fused layer
 // (moe_few_expert_layer.cuh) share it: the same MMA sequence, so the same bits.
-template <class Format>
+template <class Format, int kDepth>
 __device__ __forceinline__ void FewExpertSliceMma(float (&acc)[4],
-                                                  typename Format::Codes (&cw)[kFewExpertDepth],
-                                                  typename Format::Scales (&sw)[kFewExpertDepth],
+                                                  typename Format::Codes (&cw)[kDepth],
+                                                  typename Format::Scales (&sw)[kDepth],
                                                   uint32_t ld_addr, int nc, const uint8_t* codes,
                                                   const uint8_t* scales, int lane, int g) {
   constexpr int kChunkCode = Format::kChunkCodeBytes, kChunkScale = Format::kChunkScaleBytes;
-  for (int base = 0; base < nc; base += kFewExpertDepth) {
+  for (int base = 0; base < nc; base += kDepth) {
 #pragma unroll
-    for (int d = 0; d < kFewExpertDepth; ++d) {
+    for (int d = 0; d < kDepth; ++d) {
       const int c = base + d;
       if (c < nc) {
 #pragma unroll
@@ -103,7 +128,7 @@ __device__ __forceinline__ void FewExpertSliceMma(float (&acc)[4],
             ptx::MmaBf16(acc, a, b[2 * jj], b[2 * jj + 1]);
           }
         }
-        const int next = c + kFewExpertDepth;
+        const int next = c + kDepth;
         if (next < nc) {
           cw[d] = Format::LoadCodes(codes + next * kChunkCode, lane);
           sw[d] = Format::LoadScales(scales + next * kChunkScale, g);
@@ -113,9 +138,11 @@ __device__ __forceinline__ void FewExpertSliceMma(float (&acc)[4],
   }
 }
 
-template <class Format, bool kGateUp, int kMT>
-__global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>)
+template <class Format, bool kGateUp, int kMT, bool kWide>
+__global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format, kWide>::kMinBlocks)
     FewExpertMoeGemmKernel(const typename Format::Params p) {
+  constexpr int kDepth = FewExpertGemmConfig<Format, kWide>::kDepth;
+  constexpr int kPassRows = FewExpertGemmConfig<Format, kWide>::kPassRows;
   constexpr int kSlices = kFewExpertWarps / kMT;
   constexpr int kChunkCode = Format::kChunkCodeBytes, kChunkScale = Format::kChunkScaleBytes;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -123,7 +150,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
   const int g = lane >> 2, t4 = lane & 3;
   const int k_chunks = p.k / 64;
   const int x_stride = k_chunks * kFewExpertChunkXBytes + kFewExpertRowPad;
-  float* s_sum = reinterpret_cast<float*>(smem + kFewExpertPassRows * x_stride);   // [8][32][4]
+  float* s_sum = reinterpret_cast<float*>(smem + kPassRows * x_stride);            // [8][32][4]
   int* s_tile_offsets = reinterpret_cast<int*>(s_sum + kFewExpertWarps * 32 * 4);  // [E + 1]
 
   if constexpr (kGateUp) {  // the dispatch offsets and x come from predecessors
@@ -174,11 +201,11 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
   };
 
   // The ring: chunk c of the slice lives in slot c % kDepth until computed.
-  typename Format::Codes cw[kFewExpertDepth];
-  typename Format::Scales sw[kFewExpertDepth];
+  typename Format::Codes cw[kDepth];
+  typename Format::Scales sw[kDepth];
   auto prefetch = [&](const Item& it) {
 #pragma unroll
-    for (int d = 0; d < kFewExpertDepth; ++d) {
+    for (int d = 0; d < kDepth; ++d) {
       if (d < nc) {
         cw[d] = Format::LoadCodes(it.codes + d * kChunkCode, lane);
         sw[d] = Format::LoadScales(it.scales + d * kChunkScale, g);
@@ -199,9 +226,9 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
   while (w < items) {
     const int next_w = w + gridDim.x;
     const int valid_rows = it.valid_rows;
-    for (int pass = 0; pass < valid_rows; pass += kFewExpertPassRows) {
-      const int rows = min(kFewExpertPassRows, valid_rows - pass);
-      if (pass > 0) prefetch(it);  // a tile of more than 4 rows streams its weights again
+    for (int pass = 0; pass < valid_rows; pass += kPassRows) {
+      const int rows = min(kPassRows, valid_rows - pass);
+      if (pass > 0) prefetch(it);  // a tile of more rows streams its weights again
       // Activation rows [pass, pass + rows) of the tile over the whole K into shared memory.
       const int vecs_per_row = k_chunks * (kFewExpertChunkXBytes / 16);
       for (int v = tid; v < rows * vecs_per_row; v += kFewExpertThreads) {
@@ -221,8 +248,8 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
       const uint32_t ld_addr = ptx::SmemAddr(smem + min(lane & 7, rows - 1) * x_stride +
                                              c0 * kFewExpertChunkXBytes + (lane >> 3) * 16);
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      FewExpertSliceMma<Format>(acc, cw, sw, ld_addr, nc, it.codes, it.scales, lane, g);
-      const bool last_pass = pass + kFewExpertPassRows >= valid_rows;
+      FewExpertSliceMma<Format, kDepth>(acc, cw, sw, ld_addr, nc, it.codes, it.scales, lane, g);
+      const bool last_pass = pass + kPassRows >= valid_rows;
       // The next item's first weight loads go out before this one's epilogue (its offsets are in
       // shared memory; only the two expert offsets are global reads).
       Item next_it{};

@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
                               dn_c0 * kFewExpertChunkXBytes + (lane >> 3) * 16);
     }
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    FewExpertSliceMma<Format>(acc, cw, sw, ld_addr, u.nc, u.codes, u.scales, lane, g);
+    FewExpertSliceMma<Format, kDepth>(acc, cw, sw, ld_addr, u.nc, u.codes, u.scales, lane, g);
     // The next unit's first weight loads (and, down after down, its h rows into the other
     // buffer) go out before this unit's epilogue.
     const Unit nu = next_of(u);

@@ -438,10 +438,11 @@ struct FourBitLanes {
 
 // The few-expert kernel (moe_few_expert_gemm.cuh) over a persistent grid: as many blocks as the
 // device holds at once, at most one a work item.
-template <class Format, bool kGateUp, int kMT>
+template <class Format, bool kGateUp, int kMT, bool kWide>
 cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
-  auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp, kMT>;
-  const int smem = FewExpertSmemBytes(p.k, p.num_local_experts);
+  auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp, kMT, kWide>;
+  const int smem =
+      FewExpertSmemBytes(p.k, p.num_local_experts, FewExpertGemmConfig<Format, kWide>::kPassRows);
   int dev = 0, sms = 0, per_sm = 0;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -470,11 +471,30 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
   if constexpr (kTileTokens <= 16 && !kDense) {
     // The few-expert kernel where asked for and its shared memory (a tile's 4 activation rows
     // over the whole K) fits; the tile kernel computes the same function otherwise.
-    if (p.few_expert && FewExpertSmemBytes(p.k, p.num_local_experts) <= kFewExpertMaxSmemBytes) {
+    // (FewExpertGemmConfig's 4-row pass needs the most shared memory of its configurations.)
+    if (p.few_expert && FewExpertSmemBytes(p.k, p.num_local_experts, kFewExpertPassRows) <=
+                            kFewExpertMaxSmemBytes) {
+      // One token (at most top_k rows; max_tiles = rows / 16 + min(E, rows)) keeps the deep ring,
+      // steps of more tokens take the wide configuration (FewExpertGemmConfig).
+      if constexpr (FewExpertGemmConfig<Format, true>::kChanged) {
+        if (p.max_tiles > p.top_k) {
+          switch (FewExpertTilesPerBlock(p.k)) {
+            case 1:
+              return LaunchFewExpertMoeGemm<Format, kGateUp, 1, true>(p, stream);
+            case 2:
+              return LaunchFewExpertMoeGemm<Format, kGateUp, 2, true>(p, stream);
+            default:
+              return LaunchFewExpertMoeGemm<Format, kGateUp, 4, true>(p, stream);
+          }
+        }
+      }
       switch (FewExpertTilesPerBlock(p.k)) {
-        case 1: return LaunchFewExpertMoeGemm<Format, kGateUp, 1>(p, stream);
-        case 2: return LaunchFewExpertMoeGemm<Format, kGateUp, 2>(p, stream);
-        default: return LaunchFewExpertMoeGemm<Format, kGateUp, 4>(p, stream);
+        case 1:
+          return LaunchFewExpertMoeGemm<Format, kGateUp, 1, false>(p, stream);
+        case 2:
+          return LaunchFewExpertMoeGemm<Format, kGateUp, 2, false>(p, stream);
+        default:
+          return LaunchFewExpertMoeGemm<Format, kGateUp, 4, false>(p, stream);
       }
     }
   }
