@@ -114,6 +114,11 @@ ABSL_FLAG(bool, int4, false, "Also the INT4 (compressed-tensors) expert format, 
 ABSL_FLAG(mlaserve::IntList, decode_tokens, mlaserve::IntList{},
           "Decode token counts instead of the mode's (e.g. one count to profile one launch).");
 ABSL_FLAG(bool, fp8, false, "Also the FP8 block-128 (DeepSeek) expert format, beside NVFP4 on the same routing draws.");
+ABSL_FLAG(int, decode_active, 0,
+          "Decode steps: redraw the routing until this rank's local experts hold exactly this many "
+          "active ones (0: the first draw, as before; -1: the expected number, round(tokens x "
+          "top_k x local / routed experts), at least 1), so that e.g. the one-token EP8 row has "
+          "the one active expert a batch-1 rank usually sees.");
 
 int main(int argc, char** argv) {
   ParseFlags(argc, argv,
@@ -121,6 +126,12 @@ int main(int argc, char** argv) {
   const bool quick = absl::GetFlag(FLAGS_quick), decode_only = absl::GetFlag(FLAGS_decode),
              prefill_only = absl::GetFlag(FLAGS_prefill),
              int4 = absl::GetFlag(FLAGS_int4), fp8 = absl::GetFlag(FLAGS_fp8);
+  const int decode_active = absl::GetFlag(FLAGS_decode_active);
+  if (decode_active < -1) {
+    std::fprintf(stderr, "moe_bench: --decode-active %d: must be -1, 0 or a count\n",
+                 decode_active);
+    return 2;
+  }
   const int H = 7168, I = 2048, K = 8;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -248,23 +259,46 @@ int main(int argc, char** argv) {
     all_tokens.insert(all_tokens.end(), prefill_tokens.begin(), prefill_tokens.end());
     for (int tokens : all_tokens) {
       const bool decode = tokens <= 256;
-      // Uniform routing over all global experts, 8 distinct per token.
+      // Uniform routing over all global experts, 8 distinct per token; decode steps redrawn until
+      // the active count is --decode-active's where asked.
+      int want_active = 0;
+      if (decode && decode_active != 0) {
+        const double expected = static_cast<double>(tokens) * K * E / c.num_experts;
+        want_active =
+            decode_active > 0 ? decode_active : std::max(1, static_cast<int>(expected + 0.5));
+        if (want_active > std::min(E, tokens * K)) {
+          std::fprintf(stderr, "moe_bench: %s, %d tokens: %d active experts cannot be drawn\n",
+                       c.name, tokens, want_active);
+          return 2;
+        }
+      }
       std::vector<int32_t> ids(static_cast<size_t>(tokens) * K);
       std::vector<int> perm(c.num_experts);
       std::vector<int> count(E, 0);
-      for (int t = 0; t < tokens; ++t) {
-        for (int e = 0; e < c.num_experts; ++e) perm[e] = e;
-        for (int j = 0; j < K; ++j) {
-          std::uniform_int_distribution<int> d(j, c.num_experts - 1);
-          std::swap(perm[j], perm[d(rng)]);
-          ids[static_cast<size_t>(t) * K + j] = perm[j];
-          if (perm[j] < E) ++count[perm[j]];
-        }
-      }
       int active = 0, rows = 0;
-      for (int n : count) {
-        active += n > 0;
-        rows += n;
+      for (int attempt = 0;; ++attempt) {
+        std::fill(count.begin(), count.end(), 0);
+        for (int t = 0; t < tokens; ++t) {
+          for (int e = 0; e < c.num_experts; ++e) perm[e] = e;
+          for (int j = 0; j < K; ++j) {
+            std::uniform_int_distribution<int> d(j, c.num_experts - 1);
+            std::swap(perm[j], perm[d(rng)]);
+            ids[static_cast<size_t>(t) * K + j] = perm[j];
+            if (perm[j] < E) ++count[perm[j]];
+          }
+        }
+        active = rows = 0;
+        for (int n : count) {
+          active += n > 0;
+          rows += n;
+        }
+        if (want_active == 0 || active == want_active) break;
+        if (attempt == 100000) {
+          std::fprintf(stderr,
+                       "moe_bench: %s, %d tokens: no draw with %d active experts in 100000\n",
+                       c.name, tokens, want_active);
+          return 2;
+        }
       }
       std::vector<float> w(ids.size(), 1.0f / K);
       int32_t* d_ids;
