@@ -458,6 +458,19 @@ cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, cudaStream_
                            p.programmatic, p);
 }
 
+// The m-tiles a block for K (FewExpertTilesPerBlock).
+template <class Format, bool kGateUp, bool kWide>
+cudaError_t LaunchFewExpertMoeGemmForK(const typename Format::Params& p, cudaStream_t stream) {
+  switch (FewExpertTilesPerBlock(p.k)) {
+    case 1:
+      return LaunchFewExpertMoeGemm<Format, kGateUp, 1, kWide>(p, stream);
+    case 2:
+      return LaunchFewExpertMoeGemm<Format, kGateUp, 2, kWide>(p, stream);
+    default:
+      return LaunchFewExpertMoeGemm<Format, kGateUp, 4, kWide>(p, stream);
+  }
+}
+
 template <class Format, bool kGateUp, int kTileTokens, bool kDense = false>
 cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
   using Cfg = typename Format::template Tile<kTileTokens>::Cfg;
@@ -478,24 +491,10 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
       // steps of more tokens take the wide configuration (FewExpertGemmConfig).
       if constexpr (FewExpertGemmConfig<Format, true>::kChanged) {
         if (p.max_tiles > p.top_k) {
-          switch (FewExpertTilesPerBlock(p.k)) {
-            case 1:
-              return LaunchFewExpertMoeGemm<Format, kGateUp, 1, true>(p, stream);
-            case 2:
-              return LaunchFewExpertMoeGemm<Format, kGateUp, 2, true>(p, stream);
-            default:
-              return LaunchFewExpertMoeGemm<Format, kGateUp, 4, true>(p, stream);
-          }
+          return LaunchFewExpertMoeGemmForK<Format, kGateUp, true>(p, stream);
         }
       }
-      switch (FewExpertTilesPerBlock(p.k)) {
-        case 1:
-          return LaunchFewExpertMoeGemm<Format, kGateUp, 1, false>(p, stream);
-        case 2:
-          return LaunchFewExpertMoeGemm<Format, kGateUp, 2, false>(p, stream);
-        default:
-          return LaunchFewExpertMoeGemm<Format, kGateUp, 4, false>(p, stream);
-      }
+      return LaunchFewExpertMoeGemmForK<Format, kGateUp, false>(p, stream);
     }
   }
   auto* kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;
