@@ -1,14 +1,16 @@
 // NVFP4, INT4 and FP8 MoE expert-path benchmark on full-size shapes (hidden 7168, intermediate
 // 2048, top-8): decode (1..256 tokens) against the device's measured copy bandwidth on the weight
-// bytes of the active experts (codes + scales), prefill (2k..32k tokens) in TFLOP/s. Weights are cold:
-// L2 is flushed (a 256 MB memset) before every timed run. The BF16 peer (cuBLAS through PyTorch)
-// is bf16_peer.py.
+// bytes of the active experts (codes + scales), prefill (2k..32k tokens) in TFLOP/s. Weights are
+// cold: L2 is flushed (a 256 MB memset) before every timed run. The BF16 peer (cuBLAS through
+// PyTorch) is bf16_peer.py.
 //
 // Times per configuration: the four stages one by one (events between them, plain launches; the
 // stage columns), the layer as one InvokeNvfp4Moe / InvokeInt4Moe / InvokeFp8Moe call with plain
-// launches
-// ("plain") and with its default launches ("layer": programmatic for small decode batches,
-// kMoeProgrammaticMaxRows), and for decode that call replayed as a CUDA graph ("graph").
+// launches ("plain") and with its default launches ("layer": programmatic for small decode
+// batches, kMoeProgrammaticMaxRows), and for decode that call replayed as a CUDA graph ("graph");
+// the same with the few-expert kernel for both GEMMs ("few", "few graph"; 16-token tiles).
+// Note: "layer" and "graph" run the tile kernel even where the decode step would take the
+// few-expert one ("(auto)" marks those rows).
 //
 // Usage: moe_bench [--quick | --decode | --prefill] [--int4 | --fp8]
 //   --int4: Kimi-K2.5 EP8 (48 of 384 experts local) in INT4 (compressed-tensors, group 32,
@@ -457,17 +459,29 @@ int main(int argc, char** argv) {
         us_mma = time_layer(
             [&] { CK(is_int4 ? InvokeInt4Moe(q_mma, s) : InvokeNvfp4Moe(p_mma, s)); });
       }
-      double us_graph = 0;
-      if (decode) {
+      // A call replayed from a CUDA graph, as the decode step runs it.
+      auto time_graph = [&](auto launch) {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        CK(layer(false));
+        launch();
         CK(cudaStreamEndCapture(s, &graph));
         CK(cudaGraphInstantiate(&exec, graph, 0));
-        us_graph = time_layer([&] { CK(cudaGraphLaunch(exec, s)); });
+        const double us = time_layer([&] { CK(cudaGraphLaunch(exec, s)); });
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
+        return us;
+      };
+      double us_graph = 0, us_few_graph = 0;
+      if (decode) {
+        us_graph = time_graph([&] { CK(layer(false)); });
+        if (few_ok) {
+          us_few_graph = time_graph([&] {
+            CK(is_fp8    ? InvokeFp8Moe(f_few, s)
+               : is_int4 ? InvokeInt4Moe(q_few, s)
+                         : InvokeNvfp4Moe(p_few, s));
+          });
+        }
       }
       const double us_total = Median(t_total), us_gemm = Median(t_gu) + Median(t_dn);
       const double bytes = bytes_per_expert * active;
@@ -477,8 +491,8 @@ int main(int argc, char** argv) {
       const double tflops = flop_per_row * rows / (us_gemm * 1e-6) / 1e12;
       std::printf(
           "%-16s %5s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
-          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s| fused %8.1f us "
-          "%5.1f%% | mma.sync %8.1f us %6.1f TF\n",
+          "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s| few graph %8.1f us "
+          "%5.1f%% | fused %8.1f us %5.1f%% | mma.sync %8.1f us %6.1f TF\n",
           c.name,
           is_fp8    ? "fp8"
           : is_int4 ? "int4"
@@ -487,8 +501,8 @@ int main(int argc, char** argv) {
           Median(t_comb), us_total, us_plain, us_layer, us_graph, bytes / (us_layer * 1e-6) / 1e9,
           pct(us_total), pct(us_layer), pct(us_graph), tflops,
           flop_per_row * rows / (us_layer * 1e-6) / 1e12, us_few, pct(us_few),
-          few_auto ? "(auto) " : "", us_fused, pct(us_fused), us_mma,
-          us_mma > 0 ? flop_per_row * rows / (us_mma * 1e-6) / 1e12 : 0.0);
+          few_auto ? "(auto) " : "", us_few_graph, pct(us_few_graph), us_fused, pct(us_fused),
+          us_mma, us_mma > 0 ? flop_per_row * rows / (us_mma * 1e-6) / 1e12 : 0.0);
       std::fflush(stdout);
       CK(cudaFree(ws));
       CK(cudaFree(d_ids));
@@ -510,7 +524,9 @@ int main(int argc, char** argv) {
       "launches (programmatic for tokens * top_k <= 256 in decode); graph = that call replayed as "
       "a CUDA graph (decode only); few: the layer call with the few-expert kernel "
       "(moe_few_expert_gemm.cuh) for both GEMMs (16-token tiles only), (auto) where "
-      "InvokeMoeExperts picks it; fused: the same as one launch (moe_few_expert_layer.h; 1-4 "
+      "InvokeMoeExperts picks it, and that call replayed as a graph (against the layer's graph "
+      "column, the comparison the decode step's choice rests on); fused: the same as one launch "
+      "(moe_few_expert_layer.h; 1-4 "
       "tokens); mma.sync: the layer (plain launches) with 128-token tiles on "
       "the mma.sync kernel instead of the default (SM90: wgmma, moe_weight_only_wgmma.cuh), and "
       "its TFLOP/s. GB/s: weight bytes of the active experts (codes + scales) / "
