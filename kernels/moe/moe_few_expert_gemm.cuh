@@ -45,6 +45,12 @@ inline constexpr int kFewExpertThreads = 32 * kFewExpertWarps;
 #define MLASERVE_FEW_EXPERT_MIN_BLOCKS 3
 #endif
 inline constexpr int kFewExpertDepth = MLASERVE_FEW_EXPERT_DEPTH;
+// L2 bulk prefetch of each block's items in the GEMM kernel (FewExpertMoeGemmKernel); off until
+// measured (worker/backend/NOTES.md: build_variants.sh FEWL2).
+#ifndef MLASERVE_FEW_EXPERT_L2_PREFETCH
+#define MLASERVE_FEW_EXPERT_L2_PREFETCH 0
+#endif
+inline constexpr bool kFewExpertL2Prefetch = MLASERVE_FEW_EXPERT_L2_PREFETCH != 0;
 // Activation rows held at once (a tile's rows are taken in passes of this many; at decode batches
 // of up to 4 tokens an expert has at most 4 rows, its top-k picks being distinct).
 inline constexpr int kFewExpertPassRows = 4;
@@ -213,6 +219,22 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
     }
   };
 
+  // kFewExpertL2Prefetch (tuning builds; not measured yet): lane 0 of each warp asks L2 for its
+  // K slice of every item the block will take, one bulk request each for codes and scales, so
+  // the memory system streams the whole working set at once instead of the register ring's few
+  // chunks a warp; the ring's loads then hit L2. The down GEMM does it before its programmatic
+  // wait (its items need only the dispatch offsets), i.e. while gate_up finishes.
+  if constexpr (kFewExpertL2Prefetch) {
+    if (lane == 0) {
+      for (int w2 = blockIdx.x; w2 < items; w2 += gridDim.x) {
+        const Item it2 = item_at(w2);
+        ptx::PrefetchL2Bulk(it2.codes, static_cast<uint32_t>(nc * kChunkCode));
+        if constexpr (kChunkScale % 16 == 0) {
+          ptx::PrefetchL2Bulk(it2.scales, static_cast<uint32_t>(nc * kChunkScale));
+        }
+      }
+    }
+  }
   int w = blockIdx.x;
   Item it{};
   if (w < items) {
