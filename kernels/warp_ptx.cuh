@@ -36,14 +36,6 @@ __device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem, bool v
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(valid ? 4 : 0));
 }
-// Asks L2 to fetch [gmem, gmem + bytes) from global memory (PTX ISA 8.0 cp.async.bulk.prefetch.L2,
-// SM 9.0+; a hint: nothing waits for it). gmem 16-byte aligned, bytes a multiple of 16. No-op below
-// SM 9.0.
-__device__ __forceinline__ void PrefetchL2Bulk(const void* gmem, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-#endif
-}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kN>
 __device__ __forceinline__ void CpAsyncWait() {

@@ -43,13 +43,12 @@ build W7 "$P" -DMLASERVE_MOE_WGMMA_STAGES=7
 F="fp8_moe_gemm_gate_up_bn16 fp8_moe_gemm_down_bn16"
 build FP8_BK128 "$F" -DMLASERVE_FP8_MOE_DECODE_BK=128 -DMLASERVE_FP8_MOE_DECODE_STAGES=3 -DMLASERVE_FP8_MOE_DECODE_MIN_BLOCKS=3
 build FP8_BITS "$F" -DMLASERVE_FP8_DECODE_BITS
-# The few-expert kernel (moe_few_expert_gemm.cuh; its column of moe_bench --decode): a ring of 8
-# chunks a warp with two blocks an SM instead of 4 with three (since session 24 these macros set
-# only the one-token configuration, FewExpertGemmConfig<Format, false>, and the fused layer).
-build FEW8 "$D" -DMLASERVE_FEW_EXPERT_DEPTH=8 -DMLASERVE_FEW_EXPERT_MIN_BLOCKS=2
-# Each block's items asked of L2 in bulk at the kernel's start (kFewExpertL2Prefetch).
-build FEWL2 "$D" -DMLASERVE_FEW_EXPERT_L2_PREFETCH=1
-build FEW8L2 "$D" -DMLASERVE_FEW_EXPERT_DEPTH=8 -DMLASERVE_FEW_EXPERT_MIN_BLOCKS=2 -DMLASERVE_FEW_EXPERT_L2_PREFETCH=1
+# The few-expert kernel (moe_few_expert_gemm.cuh; its columns of moe_bench --decode): one-token
+# steps on the register ring instead of the 4-chunk shared-memory ring (REGRING), or a 6-chunk
+# shared-memory ring (RING6). Session 25 (H100): the 8-chunk register ring at 2 blocks an SM
+# (FEW8) and an L2 bulk prefetch of each block's items (FEWL2) measured 1.00x and 0.92x; removed.
+build REGRING "$D" -DMLASERVE_FEW_EXPERT_SMEM_RING=0
+build RING6 "$D" -DMLASERVE_FEW_EXPERT_SMEM_RING=6
 # Diagnostic, wrong results (never for tests): NVFP4 codes and scales fed to the MMA undecoded,
 # so both decode kernels read the same bytes without the dequantization work: how far the memory
 # structure alone gets (H200, session 10: the tile kernel 74 -> 89% of copy bandwidth at

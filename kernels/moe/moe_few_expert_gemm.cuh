@@ -45,12 +45,6 @@ inline constexpr int kFewExpertThreads = 32 * kFewExpertWarps;
 #define MLASERVE_FEW_EXPERT_MIN_BLOCKS 3
 #endif
 inline constexpr int kFewExpertDepth = MLASERVE_FEW_EXPERT_DEPTH;
-// L2 bulk prefetch of each block's items in the GEMM kernel (FewExpertMoeGemmKernel); off until
-// measured (worker/backend/NOTES.md: build_variants.sh FEWL2).
-#ifndef MLASERVE_FEW_EXPERT_L2_PREFETCH
-#define MLASERVE_FEW_EXPERT_L2_PREFETCH 0
-#endif
-inline constexpr bool kFewExpertL2Prefetch = MLASERVE_FEW_EXPERT_L2_PREFETCH != 0;
 // Activation rows held at once (a tile's rows are taken in passes of this many; at decode batches
 // of up to 4 tokens an expert has at most 4 rows, its top-k picks being distinct).
 inline constexpr int kFewExpertPassRows = 4;
@@ -59,7 +53,8 @@ inline constexpr int kFewExpertChunkXBytes = 64 * 2;  // one row of one 64-colum
 inline constexpr int kFewExpertRowPad = 16;
 
 // Three blocks an SM for the 4-bit formats (80 registers), two for FP8 (whose ring holds twice the
-// code bytes). The fused layer's (moe_few_expert_layer.cuh); the GEMM kernel's are below.
+// code bytes). The fused layer's (moe_few_expert_layer.cuh) and FP8's in the GEMM kernel; the
+// 4-bit formats' GEMM configurations are below.
 template <class Format>
 inline constexpr int kFewExpertMinBlocks =
     Format::kChunkCodeBytes <= 512 ? MLASERVE_FEW_EXPERT_MIN_BLOCKS : 2;
@@ -83,19 +78,45 @@ inline constexpr int kFewExpertMinBlocks =
 // deep ring; more: wide), same call against the old binary: Kimi EP8 2 tokens 49.9 -> 41.8 us, 4
 // tokens 82.2 -> 78.4, all 256 at 1 token 115.9 / 115.5. On SM120 (100 KB of shared memory an
 // SM) the wide blocks fit 3 an SM at K = 7,168 and the 64-register cap buys nothing: unmeasured.
+//
+// One-token steps of the 4-bit formats (session 25) take the shared-memory ring instead
+// (FewExpertRingGemm: kFewExpertSmemRing chunks a warp copied by cp.async, 2 rows a pass, 3 blocks
+// an SM at 80 registers). H100, same call, 2 reps, few-expert layer from a graph: Kimi EP8 1
+// token (1 active expert) 29.0 -> 28.1 us, all 256 local at 1 token (8) 112.9 -> 102.0; ring
+// depth 4 beat 6 (29.2 us), 8 and 12 (30.0 / 32.6 in the call before: the deeper the ring, the
+// later each warp's first chunk arrives behind every other warp's burst). For steps of 2+ tokens
+// the same ring (at 3 blocks an SM) lost to the wide register ring at 4 (EP8 2 tokens 43.6 against
+// 40.9 us), so they keep it. Tuning builds: MLASERVE_FEW_EXPERT_SMEM_RING=0 is the register ring
+// (bench/moe/build_variants.sh).
+#ifndef MLASERVE_FEW_EXPERT_SMEM_RING
+#define MLASERVE_FEW_EXPERT_SMEM_RING 4
+#endif
+inline constexpr int kFewExpertSmemRing = MLASERVE_FEW_EXPERT_SMEM_RING;
+
 template <class Format, bool kWide>
 struct FewExpertGemmConfig {
-  static constexpr bool kChanged = kWide && Format::kChunkCodeBytes <= 512;
-  static constexpr int kPassRows = kChanged ? 2 : kFewExpertPassRows;
-  static constexpr int kDepth = kChanged ? 3 : kFewExpertDepth;
-  static constexpr int kMinBlocks = kChanged ? 4 : kFewExpertMinBlocks<Format>;
+  static constexpr bool kFourBit = Format::kChunkCodeBytes <= 512;
+  // Chunks a warp in the shared-memory ring (4-bit formats, one-token steps), 0 for the register
+  // ring.
+  static constexpr int kSmemRing = kFourBit && !kWide ? kFewExpertSmemRing : 0;
+  // The wide register-ring configuration (steps of 2+ tokens).
+  static constexpr bool kWideRegisterRing = kWide && kFourBit && kSmemRing == 0;
+  static constexpr int kPassRows = kSmemRing > 0 || kWideRegisterRing ? 2 : kFewExpertPassRows;
+  static constexpr int kDepth = kWideRegisterRing ? 3 : kFewExpertDepth;
+  static constexpr int kMinBlocks = kSmemRing > 0       ? 3
+                                    : kWideRegisterRing ? 4
+                                                        : kFewExpertMinBlocks<Format>;
 };
 
-// The GEMM kernel's dynamic shared memory: a pass's activation rows over the whole K, the K
-// slices' sums ([8 warps][32 lanes][4] fp32), then the local experts' tile offsets.
-inline int FewExpertSmemBytes(int k, int num_local_experts, int pass_rows) {
+// The GEMM kernel's dynamic shared memory: a pass's activation rows over the whole K, the
+// shared-memory ring (ring chunks of 512 code + 64 scale bytes a warp; 0 for the register ring),
+// the K slices' sums ([8 warps][32 lanes][4] fp32), then the local experts' tile offsets and (ring
+// only) row offsets.
+inline constexpr int kFewExpertRingSlotBytes = 512 + 64;
+inline int FewExpertSmemBytes(int k, int num_local_experts, int pass_rows, int ring = 0) {
   return pass_rows * (k / 64 * kFewExpertChunkXBytes + kFewExpertRowPad) +
-         kFewExpertWarps * 32 * 16 + 4 * (num_local_experts + 1);
+         ring * kFewExpertWarps * kFewExpertRingSlotBytes + kFewExpertWarps * 32 * 16 +
+         4 * (num_local_experts + 1) * (ring > 0 ? 2 : 1);
 }
 inline constexpr int kFewExpertMaxSmemBytes = 96 * 1024;  // SM120 allows 99 KB a block
 
@@ -104,6 +125,25 @@ inline constexpr int kFewExpertMaxSmemBytes = 96 * 1024;  // SM120 allows 99 KB 
 inline int FewExpertTilesPerBlock(int k) {
   const int chunks = k / 64;
   return chunks >= 64 ? 1 : chunks >= 32 ? 2 : 4;
+}
+
+// One 16 x 64 chunk of a warp's m-tile against the activation rows whose ldmatrix address for
+// this chunk is ld_addr: B fragments by ldmatrix x4, a pair of 16-column blocks at a time.
+template <class Format>
+__device__ __forceinline__ void FewExpertChunkMma(float (&acc)[4], const typename Format::Codes& cw,
+                                                  const typename Format::Scales& sw,
+                                                  uint32_t ld_addr) {
+#pragma unroll
+  for (int jp = 0; jp < 2; ++jp) {
+    uint32_t b[4];  // (b0, b1) of block 2jp, then of block 2jp + 1
+    ptx::LdMatrixX4(b, ld_addr + jp * 64);
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      uint32_t a[4];
+      Format::Fragment(cw, sw, 2 * jp + jj, a);
+      ptx::MmaBf16(acc, a, b[2 * jj], b[2 * jj + 1]);
+    }
+  }
 }
 
 // A warp's K slice of one 16-row m-tile: its nc chunks in order through the register ring (chunk
@@ -123,17 +163,7 @@ __device__ __forceinline__ void FewExpertSliceMma(float (&acc)[4],
     for (int d = 0; d < kDepth; ++d) {
       const int c = base + d;
       if (c < nc) {
-#pragma unroll
-        for (int jp = 0; jp < 2; ++jp) {
-          uint32_t b[4];  // (b0, b1) of block 2jp, then of block 2jp + 1
-          ptx::LdMatrixX4(b, ld_addr + c * kFewExpertChunkXBytes + jp * 64);
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            uint32_t a[4];
-            Format::Fragment(cw[d], sw[d], 2 * jp + jj, a);
-            ptx::MmaBf16(acc, a, b[2 * jj], b[2 * jj + 1]);
-          }
-        }
+        FewExpertChunkMma<Format>(acc, cw[d], sw[d], ld_addr + c * kFewExpertChunkXBytes);
         const int next = c + kDepth;
         if (next < nc) {
           cw[d] = Format::LoadCodes(codes + next * kChunkCode, lane);
@@ -144,9 +174,235 @@ __device__ __forceinline__ void FewExpertSliceMma(float (&acc)[4],
   }
 }
 
+// Activation rows [row0, row0 + rows) of a tile (rows <= kPassRows) over the whole K into shared
+// memory, x_stride bytes apart: each row's source row read once (gate_up's rows are the tokens of
+// sorted assignments), then the row's 16-byte vectors by cp.async (kAsync: one group, waited for
+// here; the caller's barrier publishes it) or plain loads. Session 25: the loop this replaces
+// divided by the row length and re-read the assignment for every vector, and its unrolled loads
+// waited on two dependent global reads each.
+template <bool kGateUp, int kPassRows, bool kAsync, class Params>
+__device__ __forceinline__ void FewExpertLoadRows(const Params& p, uint8_t* smem, int x_stride,
+                                                  int row0, int rows) {
+  const int vecs_per_row = p.k / 8;  // bf16: 8 a vector
+#pragma unroll
+  for (int r = 0; r < kPassRows; ++r) {
+    if (r < rows) {
+      const int src_row = kGateUp ? __ldg(p.sorted_assignment + row0 + r) / p.top_k : row0 + r;
+      const uint4* src = reinterpret_cast<const uint4*>(p.a + static_cast<size_t>(src_row) * p.k);
+      uint8_t* dst = smem + r * x_stride;
+      for (int v = threadIdx.x; v < vecs_per_row; v += kFewExpertThreads) {
+        if constexpr (kAsync) {
+          ptx::CpAsync16(dst + v * 16, src + v, true);
+        } else {
+          *reinterpret_cast<uint4*>(dst + v * 16) = __ldg(src + v);
+        }
+      }
+    }
+  }
+  if constexpr (kAsync) {
+    ptx::CpAsyncCommit();
+    ptx::CpAsyncWait<0>();
+  }
+}
+
+// The GEMM with the shared-memory ring (FewExpertGemmConfig::kSmemRing = R chunks a warp): the
+// same items, K slices, MMA sequence and epilogue as the register ring below (so the same bits),
+// but a warp's chunks are copied by cp.async into R slots of shared memory (one 16-byte copy a
+// lane for the codes, four for the scales) and the copies run R chunks ahead of the MMAs as one
+// stream over all the warp's items and passes, so the next item's weights are in flight while
+// this one finishes and R is not bounded by registers. Row offsets come from shared memory, so
+// the producer needs no global read to follow the items. Taken by one-token steps (the
+// measurements above FewExpertGemmConfig); the hope that more bytes in flight would lift 1-2
+// active experts from ~40% of copy bandwidth did not hold: deeper rings measured slower.
+template <class Format, bool kGateUp, int kMT, class Cfg>
+__device__ __forceinline__ void FewExpertRingGemm(const typename Format::Params& p) {
+  constexpr int kRing = Cfg::kSmemRing, kPassRows = Cfg::kPassRows;
+  constexpr int kSlices = kFewExpertWarps / kMT;
+  constexpr int kChunkCode = Format::kChunkCodeBytes, kChunkScale = Format::kChunkScaleBytes;
+  static_assert(
+      kChunkCode == 512 && kChunkScale == 64 && kFewExpertRingSlotBytes == kChunkCode + kChunkScale,
+      "the ring holds the 4-bit formats' chunks");
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int k_chunks = p.k / 64;
+  const int x_stride = k_chunks * kFewExpertChunkXBytes + kFewExpertRowPad;
+  uint8_t* ring = smem + kPassRows * x_stride + warp * kRing * kFewExpertRingSlotBytes;
+  float* s_sum = reinterpret_cast<float*>(smem + kPassRows * x_stride +
+                                          kFewExpertWarps * kRing * kFewExpertRingSlotBytes);
+  const int num_e = p.num_local_experts;
+  int* s_tile_offsets = reinterpret_cast<int*>(s_sum + kFewExpertWarps * 32 * 4);  // [E + 1]
+  int* s_row_offsets = s_tile_offsets + num_e + 1;                                 // [E + 1]
+
+  if constexpr (kGateUp) {  // the dispatch offsets and x come from predecessors
+    pdl::WaitForPrerequisiteGrid();
+    pdl::AllowDependentLaunch();
+  }
+  // Down reads the offsets before its wait: dispatch finished before gate_up let down start.
+  for (int i = tid; i <= num_e; i += kFewExpertThreads) {
+    s_tile_offsets[i] = __ldcg(p.tile_offsets + i);
+    s_row_offsets[i] = __ldcg(p.expert_offsets + i);
+  }
+  __syncthreads();
+  const int m_blocks = p.n / (16 * kMT);
+  const int items = s_tile_offsets[num_e] * m_blocks;  // (tile, m-block), tile-major
+  const int mt_in_block = warp % kMT, slice = warp / kMT;
+  const int c0 = k_chunks * slice / kSlices;
+  const int nc = k_chunks * (slice + 1) / kSlices - c0;
+  const size_t expert_code_bytes = static_cast<size_t>(p.n) * p.k / (1024 / kChunkCode);
+
+  struct Item {
+    int e, row_begin, valid_rows;
+    const uint8_t* codes;  // this warp's chunk c0 of its m-tile
+    const uint8_t* scales;
+  };
+  auto item_at = [&](int w) {  // shared memory only
+    Item it;
+    const int tile = w / m_blocks, m_block = w % m_blocks;
+    // The largest e with tile_offsets[e] <= tile (experts without rows are skipped by "largest").
+    int lo = 0, hi = num_e - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (s_tile_offsets[mid] <= tile) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    it.e = lo;
+    it.row_begin = s_row_offsets[lo] + (tile - s_tile_offsets[lo]) * 16;
+    it.valid_rows = min(it.row_begin + 16, s_row_offsets[lo + 1]) - it.row_begin;
+    const size_t chunk0 = static_cast<size_t>(m_block * kMT + mt_in_block) * k_chunks + c0;
+    it.codes = p.w_codes + lo * expert_code_bytes + chunk0 * kChunkCode;
+    it.scales =
+        p.w_scales + lo * (expert_code_bytes / (kChunkCode / kChunkScale)) + chunk0 * kChunkScale;
+    return it;
+  };
+
+  // The producer: chunk c of pass `pass` of the block's item w, copied into slot `slot`; it runs
+  // kRing chunks ahead of the consumer over the same sequence (items w = blockIdx.x + j gridDim.x,
+  // passes of kPassRows rows, chunks 0..nc-1). One cp.async group a chunk, empty past the end, so
+  // "chunk i landed" is always wait_group kRing - 1 before chunk i is read.
+  // The producer's state: its item, pass and chunk, this lane's source addresses for the chunk
+  // (codes; lanes 0-3 also a quarter of the scales) and its slot's shared address.
+  const uint32_t ring_addr = ptx::SmemAddr(ring) + lane * 16;
+  const uint32_t ring_end = ring_addr + kRing * kFewExpertRingSlotBytes;
+  const bool scale_lane = lane < kChunkScale / 16;
+  int pw = blockIdx.x, ppass = 0, pc = 0, pvalid = 0;
+  const uint8_t* pcodes = nullptr;
+  const uint8_t* pscales = nullptr;
+  uint32_t pslot = ring_addr;
+  auto start_item = [&]() {
+    if (pw < items) {
+      const Item it = item_at(pw);
+      pvalid = it.valid_rows;
+      pcodes = it.codes + lane * 16;
+      pscales = it.scales + lane * 16;
+    }
+  };
+  start_item();
+  auto produce = [&]() {
+    if (pw < items) {
+      ptx::CpAsync16(pslot, pcodes, true);
+      if (scale_lane) ptx::CpAsync16(pslot + kChunkCode, pscales, true);
+      pcodes += kChunkCode;
+      pscales += kChunkScale;
+      if (++pc == nc) {  // the item's pass is issued: the next pass re-reads it, or the next item
+        pc = 0;
+        pcodes -= nc * kChunkCode;
+        pscales -= nc * kChunkScale;
+        ppass += kPassRows;
+        if (ppass >= pvalid) {
+          ppass = 0;
+          pw += gridDim.x;
+          start_item();
+        }
+      }
+    }
+    pslot += kFewExpertRingSlotBytes;
+    if (pslot == ring_end) pslot = ring_addr;
+    ptx::CpAsyncCommit();
+  };
+#pragma unroll 1
+  for (int i = 0; i < kRing; ++i) produce();
+  if constexpr (!kGateUp) {  // h comes from gate_up
+    pdl::WaitForPrerequisiteGrid();
+    pdl::AllowDependentLaunch();
+  }
+
+  const uint8_t* cslot = ring;
+  for (int w = blockIdx.x; w < items; w += gridDim.x) {
+    const Item it = item_at(w);
+    for (int pass = 0; pass < it.valid_rows; pass += kPassRows) {
+      const int rows = min(kPassRows, it.valid_rows - pass);
+      // (Plain loads: a cp.async group here would disturb the ring's group count.)
+      FewExpertLoadRows<kGateUp, kPassRows, false>(p, smem, x_stride, it.row_begin + pass, rows);
+      __syncthreads();
+      const uint32_t ld_addr = ptx::SmemAddr(smem + min(lane & 7, rows - 1) * x_stride +
+                                             c0 * kFewExpertChunkXBytes + (lane >> 3) * 16);
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+      for (int c = 0; c < nc; ++c) {
+        ptx::CpAsyncWait<kRing - 1>();
+        __syncwarp();  // the slot's scales were copied by lanes 0-3
+        const typename Format::Codes cw = Format::LoadCodes(cslot, lane);
+        const typename Format::Scales sw = Format::LoadScales(cslot + kChunkCode, g);
+        __syncwarp();  // every lane has read the slot before it is copied over
+        produce();
+        cslot += kFewExpertRingSlotBytes;
+        if (cslot == ring + kRing * kFewExpertRingSlotBytes) cslot = ring;
+        FewExpertChunkMma<Format>(acc, cw, sw, ld_addr + c * kFewExpertChunkXBytes);
+      }
+
+      // The slices' sums, added in slice order (as the register ring's epilogue).
+      *reinterpret_cast<float4*>(s_sum + (warp * 32 + lane) * 4) =
+          make_float4(acc[0], acc[1], acc[2], acc[3]);
+      __syncthreads();
+      if (warp < kMT) {
+        float sum[4] = {acc[0], acc[1], acc[2], acc[3]};
+#pragma unroll
+        for (int s = 1; s < kSlices; ++s) {
+          const float4 v =
+              *reinterpret_cast<const float4*>(s_sum + ((s * kMT + warp) * 32 + lane) * 4);
+          sum[0] += v.x;
+          sum[1] += v.y;
+          sum[2] += v.z;
+          sum[3] += v.w;
+        }
+        const int mt = (w % m_blocks) * kMT + warp;  // global m-tile of this warp's rows
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = 2 * t4 + half;  // row within the pass
+          if (r < rows) {
+            const int row = it.row_begin + pass + r;
+            if constexpr (kGateUp) {
+              const float gate = sum[half] * Format::GateAlpha(p, it.e);
+              const float up = sum[2 + half] * Format::UpAlpha(p, it.e);
+              const float hval = gate / (1.0f + __expf(-gate)) * up;
+              p.h[static_cast<size_t>(row) * (p.n / 2) + mt * 8 + g] = __float2bfloat16_rn(hval);
+            } else {
+              const float wt = __ldg(p.topk_weights + __ldg(p.sorted_assignment + row)) *
+                               Format::DownAlpha(p, it.e);
+              float* yrow = p.y + static_cast<size_t>(row) * p.n + mt * 16;
+              yrow[g] = sum[half] * wt;
+              yrow[g + 8] = sum[2 + half] * wt;
+            }
+          }
+        }
+      }
+      __syncthreads();  // the next pass or item overwrites the rows and the sums
+    }
+  }
+  ptx::CpAsyncWait<0>();
+}
+
 template <class Format, bool kGateUp, int kMT, bool kWide>
 __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format, kWide>::kMinBlocks)
     FewExpertMoeGemmKernel(const typename Format::Params p) {
+  if constexpr (FewExpertGemmConfig<Format, kWide>::kSmemRing > 0) {
+    FewExpertRingGemm<Format, kGateUp, kMT, FewExpertGemmConfig<Format, kWide>>(p);
+    return;
+  }
   constexpr int kDepth = FewExpertGemmConfig<Format, kWide>::kDepth;
   constexpr int kPassRows = FewExpertGemmConfig<Format, kWide>::kPassRows;
   constexpr int kSlices = kFewExpertWarps / kMT;
@@ -219,22 +475,6 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
     }
   };
 
-  // kFewExpertL2Prefetch (tuning builds; not measured yet): lane 0 of each warp asks L2 for its
-  // K slice of every item the block will take, one bulk request each for codes and scales, so
-  // the memory system streams the whole working set at once instead of the register ring's few
-  // chunks a warp; the ring's loads then hit L2. The down GEMM does it before its programmatic
-  // wait (its items need only the dispatch offsets), i.e. while gate_up finishes.
-  if constexpr (kFewExpertL2Prefetch) {
-    if (lane == 0) {
-      for (int w2 = blockIdx.x; w2 < items; w2 += gridDim.x) {
-        const Item it2 = item_at(w2);
-        ptx::PrefetchL2Bulk(it2.codes, static_cast<uint32_t>(nc * kChunkCode));
-        if constexpr (kChunkScale % 16 == 0) {
-          ptx::PrefetchL2Bulk(it2.scales, static_cast<uint32_t>(nc * kChunkScale));
-        }
-      }
-    }
-  }
   int w = blockIdx.x;
   Item it{};
   if (w < items) {
@@ -251,16 +491,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
     for (int pass = 0; pass < valid_rows; pass += kPassRows) {
       const int rows = min(kPassRows, valid_rows - pass);
       if (pass > 0) prefetch(it);  // a tile of more rows streams its weights again
-      // Activation rows [pass, pass + rows) of the tile over the whole K into shared memory.
-      const int vecs_per_row = k_chunks * (kFewExpertChunkXBytes / 16);
-      for (int v = tid; v < rows * vecs_per_row; v += kFewExpertThreads) {
-        const int r = v / vecs_per_row, col_vec = v % vecs_per_row;
-        const int row = it.row_begin + pass + r;
-        const int src_row = kGateUp ? __ldg(p.sorted_assignment + row) / p.top_k : row;
-        const uint4 val = __ldg(
-            reinterpret_cast<const uint4*>(p.a + static_cast<size_t>(src_row) * p.k) + col_vec);
-        *reinterpret_cast<uint4*>(smem + r * x_stride + col_vec * 16) = val;
-      }
+      FewExpertLoadRows<kGateUp, kPassRows, true>(p, smem, x_stride, it.row_begin + pass, rows);
       __syncthreads();
 
       // B fragments by ldmatrix x4, a pair of 16-column blocks at a time: matrices (block 2jp,

@@ -441,8 +441,8 @@ struct FourBitLanes {
 template <class Format, bool kGateUp, int kMT, bool kWide>
 cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, cudaStream_t stream) {
   auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp, kMT, kWide>;
-  const int smem =
-      FewExpertSmemBytes(p.k, p.num_local_experts, FewExpertGemmConfig<Format, kWide>::kPassRows);
+  using Cfg = FewExpertGemmConfig<Format, kWide>;
+  const int smem = FewExpertSmemBytes(p.k, p.num_local_experts, Cfg::kPassRows, Cfg::kSmemRing);
   int dev = 0, sms = 0, per_sm = 0;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -482,14 +482,18 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
   }
   if (p.max_tiles == 0) return cudaSuccess;
   if constexpr (kTileTokens <= 16 && !kDense) {
-    // The few-expert kernel where asked for and its shared memory (a tile's 4 activation rows
-    // over the whole K) fits; the tile kernel computes the same function otherwise.
-    // (FewExpertGemmConfig's 4-row pass needs the most shared memory of its configurations.)
-    if (p.few_expert && FewExpertSmemBytes(p.k, p.num_local_experts, kFewExpertPassRows) <=
-                            kFewExpertMaxSmemBytes) {
+    // The few-expert kernel where asked for and its shared memory (a pass's activation rows over
+    // the whole K, the ring) fits; the tile kernel computes the same function otherwise.
+    using Narrow = FewExpertGemmConfig<Format, false>;
+    using Wide = FewExpertGemmConfig<Format, true>;
+    const auto smem_of = [&](auto cfg) {
+      using C = decltype(cfg);
+      return FewExpertSmemBytes(p.k, p.num_local_experts, C::kPassRows, C::kSmemRing);
+    };
+    if (p.few_expert && std::max(smem_of(Narrow{}), smem_of(Wide{})) <= kFewExpertMaxSmemBytes) {
       // One token (at most top_k rows; max_tiles = rows / 16 + min(E, rows)) keeps the deep ring,
       // steps of more tokens take the wide configuration (FewExpertGemmConfig).
-      if constexpr (FewExpertGemmConfig<Format, true>::kChanged) {
+      if constexpr (Wide::kWideRegisterRing) {
         if (p.max_tiles > p.top_k) {
           return LaunchFewExpertMoeGemmForK<Format, kGateUp, true>(p, stream);
         }
