@@ -155,6 +155,9 @@ ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, moe_few_expert_layer, mlaserve::OnOff{false},
           "Where the few-expert kernel runs a 1-4 token step: the routed experts' whole layer as "
           "one fused launch (CudaOps::SetMoeFewExpertLayer).");
+ABSL_FLAG(mlaserve::OnOff, moe_wave_tail, mlaserve::OnOff{true},
+          "Decode steps on the routed experts' tile kernel: the tiles of a last, mostly empty wave "
+          "on the few-expert kernel (CudaOps::SetMoeWaveTail).");
 ABSL_FLAG(mlaserve::OnOff, moe_prefill_wgmma, mlaserve::OnOff{true},
           "The NVFP4 / INT4 routed experts' prefill tiles on the SM90 wgmma kernel "
           "(CudaOps::SetMoePrefillWgmma).");
@@ -336,6 +339,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
     (*ops)->SetMoeFewExpert(absl::GetFlag(FLAGS_moe_few_expert).on);
     (*ops)->SetMoeFewExpertLayer(absl::GetFlag(FLAGS_moe_few_expert_layer).on);
+    (*ops)->SetMoeWaveTail(absl::GetFlag(FLAGS_moe_wave_tail).on);
     (*ops)->SetSkinnyTensorCoreRows(FlagInRange(FLAGS_skinny_mma_rows, 0, 16));
     (*ops)->SetMoePrefillWgmma(absl::GetFlag(FLAGS_moe_prefill_wgmma).on);
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);

@@ -472,9 +472,22 @@ int main(int argc, char** argv) {
         CK(cudaGraphDestroy(graph));
         return us;
       };
-      double us_graph = 0, us_few_graph = 0;
+      double us_graph = 0, us_few_graph = 0, us_tail_graph = 0;
       if (decode) {
         us_graph = time_graph([&] { CK(layer(false)); });
+        if (p.tile_tokens == kMoeTileTokensSmall) {  // the tile kernel with its wave tail
+          Nvfp4MoeParams p_tail = p;
+          Int4MoeParams q_tail = q;
+          Fp8MoeParams f_tail = f;
+          p_tail.wave_tail = q_tail.wave_tail = f_tail.wave_tail = -1;
+          p_tail.expected_tiles = q_tail.expected_tiles = f_tail.expected_tiles =
+              MoeExpectedDecodeTiles(E, c.num_experts, tokens, K);
+          us_tail_graph = time_graph([&] {
+            CK(is_fp8    ? InvokeFp8Moe(f_tail, s)
+               : is_int4 ? InvokeInt4Moe(q_tail, s)
+                         : InvokeNvfp4Moe(p_tail, s));
+          });
+        }
         if (few_ok) {
           us_few_graph = time_graph([&] {
             CK(is_fp8    ? InvokeFp8Moe(f_few, s)
@@ -492,7 +505,8 @@ int main(int argc, char** argv) {
       std::printf(
           "%-16s %5s %6d %4d %6d %7d | %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %7.0f "
           "%5.1f%% %5.1f%% %5.1f%% | %8.1f %8.1f | few %8.1f us %5.1f%% %s| few graph %8.1f us "
-          "%5.1f%% | fused %8.1f us %5.1f%% | mma.sync %8.1f us %6.1f TF\n",
+          "%5.1f%% | fused %8.1f us %5.1f%% | mma.sync %8.1f us %6.1f TF | tail graph %8.1f us "
+          "%5.1f%%\n",
           c.name,
           is_fp8    ? "fp8"
           : is_int4 ? "int4"
@@ -502,7 +516,8 @@ int main(int argc, char** argv) {
           pct(us_total), pct(us_layer), pct(us_graph), tflops,
           flop_per_row * rows / (us_layer * 1e-6) / 1e12, us_few, pct(us_few),
           few_auto ? "(auto) " : "", us_few_graph, pct(us_few_graph), us_fused, pct(us_fused),
-          us_mma, us_mma > 0 ? flop_per_row * rows / (us_mma * 1e-6) / 1e12 : 0.0);
+          us_mma, us_mma > 0 ? flop_per_row * rows / (us_mma * 1e-6) / 1e12 : 0.0, us_tail_graph,
+          pct(us_tail_graph));
       std::fflush(stdout);
       CK(cudaFree(ws));
       CK(cudaFree(d_ids));
@@ -529,7 +544,10 @@ int main(int argc, char** argv) {
       "(moe_few_expert_layer.h; 1-4 "
       "tokens); mma.sync: the layer (plain launches) with 128-token tiles on "
       "the mma.sync kernel instead of the default (SM90: wgmma, moe_weight_only_wgmma.cuh), and "
-      "its TFLOP/s. GB/s: weight bytes of the active experts (codes + scales) / "
+      "its TFLOP/s; tail graph: the graph column with the tile kernel's wave tail on the "
+      "few-expert "
+      "kernel (Nvfp4MoeParams::wave_tail, the decode step's default where it keeps the tile "
+      "kernel). GB/s: weight bytes of the active experts (codes + scales) / "
       "layer time; %%stage, %%layer, %%graph: of the copy bandwidth above. TFLOP/s: 2 * rows * 3 "
       "* H * I / (gate_up + down time); TF_layer: the same over the layer time.\n");
   return 0;

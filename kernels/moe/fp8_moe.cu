@@ -39,6 +39,8 @@ Fp8MoeGemmParams GemmParams(const Fp8MoeParams& p, const Nvfp4MoeWorkspace& ws, 
   g.topk_weights = p.topk_weights;
   g.y = ws.y;
   g.few_expert = p.few_expert;
+  g.wave_tail = p.wave_tail;
+  g.expected_tiles = p.expected_tiles;
   return g;
 }
 

@@ -56,6 +56,15 @@ struct Fp8MoeGemmParams {
   // 16-token tiles: run FewExpertMoeGemmKernel (moe_few_expert_gemm.cuh) instead of the tile
   // kernel (moe_few_expert.h says when each is faster).
   bool few_expert;
+  // 16-token tiles on the tile kernel: 0, or the wave tail (moe_few_expert_gemm.cuh's
+  // TileWaveSplit): the tiles of a last wave left less than half full run on the few-expert
+  // kernel, launched after the tile kernel. -1 takes the device's wave (its resident blocks / the
+  // blocks a tile) and launches the few-expert kernel only where expected_tiles is past one wave
+  // by less than half (an empty launch costs ~3 us); N > 0 is N tiles a wave, launched whenever
+  // max_tiles passes it (tests). Not in the batch-invariant mode (the few-expert kernel's
+  // summation order differs).
+  int wave_tail = 0;
+  int expected_tiles = 0;  // the tiles a step of this size is expected to have (wave_tail -1)
 };
 
 // Fused gate+up projection with SiLU(gate) * up in the epilogue.

@@ -38,6 +38,8 @@ Int4MoeGemmParams GemmParams(const Int4MoeParams& p, const Nvfp4MoeWorkspace& ws
   g.topk_weights = p.topk_weights;
   g.y = ws.y;
   g.few_expert = p.few_expert;
+  g.wave_tail = p.wave_tail;
+  g.expected_tiles = p.expected_tiles;
   g.prefill_wgmma = p.prefill_wgmma;
   return g;
 }

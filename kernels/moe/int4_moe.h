@@ -53,6 +53,10 @@ struct Int4MoeParams {
   size_t workspace_bytes;
   // 16-token tiles: both GEMMs on the few-expert kernel (moe_few_expert.h).
   bool few_expert;
+  // 16-token tiles on the tile kernel: its wave tail on the few-expert kernel
+  // (Nvfp4MoeGemmParams::wave_tail; 0 off, -1 the device's wave).
+  int wave_tail = 0;
+  int expected_tiles = 0;  // Nvfp4MoeGemmParams::expected_tiles
   // With few_expert, 1-4 tokens: the whole layer as one launch (moe_few_expert_layer.h) where it
   // applies, with these two device ints as its counters (0 between calls; one pair per stream);
   // nullptr keeps the four launches.

@@ -140,6 +140,12 @@ double ExpectedActiveExperts(int local_experts, int routed_experts, int tokens, 
 }
 }  // namespace
 
+int MoeExpectedDecodeTiles(int local_experts, int routed_experts, int tokens, int top_k) {
+  if (local_experts <= 0 || static_cast<long long>(tokens) * top_k > 4LL * routed_experts) return 0;
+  return static_cast<int>(
+      std::lround(ExpectedActiveExperts(local_experts, routed_experts, tokens, top_k)));
+}
+
 bool ChooseMoeFewExpert(int local_experts, int routed_experts, int tokens, int top_k) {
   const long long rows = static_cast<long long>(tokens) * top_k;
   if (rows > 64 || local_experts <= 0) return false;
@@ -507,6 +513,12 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
       (p.decode_kernel == MoeDecodeKernel::kFewExpert ||
        (p.decode_kernel == MoeDecodeKernel::kAuto &&
         ChooseMoeFewExpert(E, g.num_routed_experts(), p.tokens, p.top_k)));
+  const int wave_tail = tile != kMoeTileTokensSmall || few_expert                      ? 0
+                        : p.wave_tail > 0                                              ? p.wave_tail
+                        : p.wave_tail < 0 && p.decode_kernel == MoeDecodeKernel::kAuto ? -1
+                                                                                       : 0;
+  const int expected_tiles =
+      wave_tail < 0 ? MoeExpectedDecodeTiles(E, g.num_routed_experts(), p.tokens, p.top_k) : 0;
   // The layer as one launch (moe_few_expert_layer.h): it reads the routing ids itself.
   const bool layer_fused = few_expert && p.few_expert_layer && (g.nvfp4() || g.int4() || g.fp8()) &&
                            FewExpertLayerApplies(p.tokens, p.top_k, Hp, g.padded_intermediate());
@@ -588,6 +600,8 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     np.workspace = ws.core;
     np.workspace_bytes = ws.core_bytes;
     np.few_expert = few_expert;
+    np.wave_tail = wave_tail;
+    np.expected_tiles = expected_tiles;
     np.few_expert_layer_counters = layer_counters;
     np.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeNvfp4Moe(np, stream); e != cudaSuccess) {
@@ -619,6 +633,8 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     ip.workspace = ws.core;
     ip.workspace_bytes = ws.core_bytes;
     ip.few_expert = few_expert;
+    ip.wave_tail = wave_tail;
+    ip.expected_tiles = expected_tiles;
     ip.few_expert_layer_counters = layer_counters;
     ip.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeInt4Moe(ip, stream); e != cudaSuccess) {
@@ -650,6 +666,8 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     fp.workspace = ws.core;
     fp.workspace_bytes = ws.core_bytes;
     fp.few_expert = few_expert;
+    fp.wave_tail = wave_tail;
+    fp.expected_tiles = expected_tiles;
     fp.few_expert_layer_counters = layer_counters;
     if (cudaError_t e = InvokeFp8Moe(fp, stream); e != cudaSuccess) {
       return CudaStatus(e, "FP8 experts");

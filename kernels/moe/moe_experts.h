@@ -147,6 +147,11 @@ struct MoeExpertsRunParams {
   // the few-expert kernel where few experts are active; kTile keeps every batch on the tile
   // kernel, whose K order does not depend on the batch (the deterministic mode needs that).
   MoeDecodeKernel decode_kernel = MoeDecodeKernel::kAuto;
+  // Where kAuto leaves a decode step on the tile kernel: the tiles of its last wave, when that
+  // wave would be less than half full, on the few-expert kernel (Nvfp4MoeGemmParams::wave_tail).
+  // -1: with the device's wave, under kAuto only; 0: never; N > 0: with N tiles a wave under any
+  // decode_kernel but kFewExpert (tests).
+  int wave_tail = -1;
   // NVFP4 and INT4 prefill tiles (128 tokens) on the SM90 warpgroup-MMA kernel where the device has it;
   // false keeps them on the mma.sync kernel, bit-identical to the decode tiles (the deterministic
   // mode needs that).

@@ -27,4 +27,10 @@ bool ChooseMoeFewExpert(int local_experts, int routed_experts, int tokens, int t
 // against 83 us.
 inline constexpr double kMoeFewExpertMaxActive = 6.0;
 
+// The 16-token tiles a decode step of `tokens` tokens is expected to give this rank (uniform
+// routing): its expected active local experts while they mostly hold one tile each (tokens * top_k
+// <= 4 * routed_experts), else 0 (unknown). Sizes the tile kernel's wave tail
+// (Nvfp4MoeGemmParams::expected_tiles). Defined in moe_experts.cu.
+int MoeExpectedDecodeTiles(int local_experts, int routed_experts, int tokens, int top_k);
+
 }  // namespace mlaserve

@@ -52,6 +52,19 @@ inline constexpr int kFewExpertChunkXBytes = 64 * 2;  // one row of one 64-colum
 // Row padding that puts the rows of an ldmatrix on different banks.
 inline constexpr int kFewExpertRowPad = 16;
 
+// The 16-token tile kernel's wave tail (Params::wave_tail = W > 0 tiles a full wave of it, i.e.
+// its resident blocks / its blocks a tile): of `tiles` row tiles, the first this returns run on
+// the tile kernel and the rest on the few-expert kernel, launched right after it. The rest is a
+// second wave's tiles where that wave would be less than half full: a wave of one block on a few
+// SMs streams at a fraction of the bandwidth (H100, session 25: Kimi EP8 gate_up, 16 active
+// experts are one wave of 512 blocks on 528 slots at 81% of copy bandwidth, 18 experts two waves
+// at 70%). Past two waves the last one measured no better on the few-expert kernel, so only the
+// second wave is split. Both kernels compute it from the same device count.
+__host__ __device__ __forceinline__ int TileWaveSplit(int tiles, int wave_tiles) {
+  if (wave_tiles <= 0 || tiles <= wave_tiles || tiles >= 2 * wave_tiles) return tiles;
+  return 2 * (tiles - wave_tiles) < wave_tiles ? wave_tiles : tiles;
+}
+
 // Three blocks an SM for the 4-bit formats (80 registers), two for FP8 (whose ring holds twice the
 // code bytes). The fused layer's (moe_few_expert_layer.cuh) and FP8's in the GEMM kernel; the
 // 4-bit formats' GEMM configurations are below.
@@ -415,8 +428,13 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
   float* s_sum = reinterpret_cast<float*>(smem + kPassRows * x_stride);            // [8][32][4]
   int* s_tile_offsets = reinterpret_cast<int*>(s_sum + kFewExpertWarps * 32 * 4);  // [E + 1]
 
+  // As the tile kernel's wave tail (p.wave_tail > 0, TileWaveSplit): the tiles past the split.
+  // The tile kernel before it waited for its own prerequisite before letting this one start, so
+  // the offsets and activations are ready; this one waits for the tile kernel only at its end,
+  // so that its dependents, which wait for it, see both.
+  const bool tail = p.wave_tail > 0;
   if constexpr (kGateUp) {  // the dispatch offsets and x come from predecessors
-    pdl::WaitForPrerequisiteGrid();
+    if (!tail) pdl::WaitForPrerequisiteGrid();
     pdl::AllowDependentLaunch();
   }
   // Down reads the offsets before its wait: dispatch finished before gate_up let down start.
@@ -425,7 +443,8 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
     s_tile_offsets[i] = __ldcg(p.tile_offsets + i);
   __syncthreads();
   const int m_blocks = p.n / (16 * kMT);
-  const int items = s_tile_offsets[num_e] * m_blocks;  // (tile, m-block), tile-major
+  const int first_tile = tail ? TileWaveSplit(s_tile_offsets[num_e], p.wave_tail) : 0;
+  const int items = (s_tile_offsets[num_e] - first_tile) * m_blocks;  // (tile, m-block), tile-major
 
   // This warp's m-tile within the block and K slice [c0, c0 + nc) in 64-column chunks.
   const int mt_in_block = warp % kMT, slice = warp / kMT;
@@ -440,7 +459,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
   };
   auto item_at = [&](int w) {
     Item it;
-    const int tile = w / m_blocks;
+    const int tile = first_tile + w / m_blocks;
     it.m_block = w % m_blocks;
     // The largest e with tile_offsets[e] <= tile (experts without rows are skipped by "largest").
     int lo = 0, hi = num_e - 1;
@@ -482,7 +501,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
     prefetch(it);
   }
   if constexpr (!kGateUp) {  // h comes from gate_up
-    pdl::WaitForPrerequisiteGrid();
+    if (!tail) pdl::WaitForPrerequisiteGrid();
     pdl::AllowDependentLaunch();
   }
   while (w < items) {
@@ -555,6 +574,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
     }
     w = next_w;
   }
+  if (tail) pdl::WaitForPrerequisiteGrid();  // the tile kernel's tiles are done too
 }
 
 }  // namespace mlaserve::moe_gemm

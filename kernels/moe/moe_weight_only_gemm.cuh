@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // (Dense: e = 0 and row tile `tile`; the grid has exactly ceil(dense_rows / kBN) of them.)
   const int tile = blockIdx.y;
   const int num_e = p.num_local_experts;
-  if constexpr (!kDense) {
-    if (tile >= __ldcg(p.tile_offsets + num_e)) return;
+  if constexpr (!kDense) {  // (past a wave tail's split the few-expert kernel takes the tiles)
+    if (tile >= TileWaveSplit(__ldcg(p.tile_offsets + num_e), p.wave_tail)) return;
   }
   const int e = kDense ? 0 : ExpertOfTile(p.tile_offsets, num_e, tile);
   const int row_begin =
@@ -490,7 +490,8 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
       using C = decltype(cfg);
       return FewExpertSmemBytes(p.k, p.num_local_experts, C::kPassRows, C::kSmemRing);
     };
-    if (p.few_expert && std::max(smem_of(Narrow{}), smem_of(Wide{})) <= kFewExpertMaxSmemBytes) {
+    const bool few_fits = std::max(smem_of(Narrow{}), smem_of(Wide{})) <= kFewExpertMaxSmemBytes;
+    if (p.few_expert && few_fits) {
       // One token (at most top_k rows; max_tiles = rows / 16 + min(E, rows)) keeps the deep ring,
       // steps of more tokens take the wide configuration (FewExpertGemmConfig).
       if constexpr (Wide::kWideRegisterRing) {
@@ -500,13 +501,49 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
       }
       return LaunchFewExpertMoeGemmForK<Format, kGateUp, false>(p, stream);
     }
+    // The wave tail (TileWaveSplit): the tile kernel for the first wave, then the few-expert
+    // kernel for the tiles a second, mostly empty wave would hold. Launched where the step is
+    // expected to need it (the real count is on the device; where it has no tail, the few-expert
+    // launch finds no item).
+    if (p.wave_tail != 0 && few_fits) {
+      auto* kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             Cfg::kSmemBytes);
+      int wave_tiles = p.wave_tail;
+      if (err == cudaSuccess && wave_tiles < 0) {  // the device's wave
+        int dev = 0, sms = 0, per_sm = 0;
+        err = cudaGetDevice(&dev);
+        if (err == cudaSuccess) {
+          err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        }
+        if (err == cudaSuccess) {
+          err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads,
+                                                              Cfg::kSmemBytes);
+        }
+        wave_tiles = sms * per_sm / (p.n / Cfg::kBM);
+      }
+      if (err != cudaSuccess) return err;
+      const bool tail = p.wave_tail > 0 ? p.max_tiles > wave_tiles
+                                        : wave_tiles > 0 && p.expected_tiles > wave_tiles &&
+                                              2 * p.expected_tiles < 3 * wave_tiles;
+      if (tail) {
+        typename Format::Params q = p;
+        q.wave_tail = wave_tiles;
+        err = pdl::LaunchKernel(kernel, dim3(p.n / Cfg::kBM, p.max_tiles), dim3(Cfg::kThreads),
+                                Cfg::kSmemBytes, stream, p.programmatic, q);
+        if (err != cudaSuccess) return err;
+        return LaunchFewExpertMoeGemmForK<Format, kGateUp, true>(q, stream);
+      }
+    }
   }
+  typename Format::Params q = p;
+  q.wave_tail = 0;
   auto* kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   return pdl::LaunchKernel(kernel, dim3(p.n / Cfg::kBM, p.max_tiles), dim3(Cfg::kThreads),
-                           Cfg::kSmemBytes, stream, p.programmatic, p);
+                           Cfg::kSmemBytes, stream, p.programmatic, q);
 }
 
 }  // namespace mlaserve::moe_gemm

@@ -34,6 +34,8 @@ Nvfp4MoeGemmParams GemmParams(const Nvfp4MoeParams& p, const Nvfp4MoeWorkspace& 
   g.topk_weights = p.topk_weights;
   g.y = ws.y;
   g.few_expert = p.few_expert;
+  g.wave_tail = p.wave_tail;
+  g.expected_tiles = p.expected_tiles;
   g.prefill_wgmma = p.prefill_wgmma;
   return g;
 }

@@ -93,6 +93,7 @@ struct CudaOps::Impl {
   bool fused_mla_input = true;  // SetFusedMlaInput
   bool moe_few_expert = true;   // SetMoeFewExpert
   bool moe_few_expert_layer = false;  // SetMoeFewExpertLayer
+  bool moe_wave_tail = true;          // SetMoeWaveTail
   bool moe_prefill_wgmma = true;  // SetMoePrefillWgmma
   bool fused_prologues = false;  // SetFusedPrologues
   bool programmatic_small = true;  // SetProgrammaticSmallKernels
@@ -326,6 +327,7 @@ void CudaOps::SetSkinnyTensorCoreRows(int rows) { impl_->gemm->SetSkinnyTensorCo
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
 void CudaOps::SetMoeFewExpertLayer(bool on) { impl_->moe_few_expert_layer = on; }
+void CudaOps::SetMoeWaveTail(bool on) { impl_->moe_wave_tail = on; }
 void CudaOps::SetMoePrefillWgmma(bool on) { impl_->moe_prefill_wgmma = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
 void CudaOps::SetProgrammaticSmallKernels(bool on) { impl_->programmatic_small = on; }
@@ -1568,6 +1570,7 @@ void CudaOps::RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor& we
                                                                        : MoeDecodeKernel::kTile;
   p.prefill_wgmma = impl_->moe_prefill_wgmma && !impl_->batch_invariant;
   p.few_expert_layer = impl_->moe_few_expert_layer;
+  p.wave_tail = impl_->moe_wave_tail ? -1 : 0;  // -1: only under kAuto (never invariant)
   p.programmatic_dispatch = impl_->programmatic_dispatch;
   if (pass_join) p.shared_ready = impl_->join_event;
   p.route = route;

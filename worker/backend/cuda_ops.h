@@ -189,6 +189,10 @@ class CudaOps : public Ops {
   // down in one persistent kernel, the combine inside; the same bits). Off by default: written in
   // session 17 without a GPU, not yet measured.
   void SetMoeFewExpertLayer(bool on);
+  // Where a decode step's routed experts stay on the tile kernel: the tiles of its last wave, when
+  // that wave would be less than half full, on the few-expert kernel (MoeExpertsRunParams::
+  // wave_tail). On by default (session 25); never in the batch-invariant mode.
+  void SetMoeWaveTail(bool on);
   // The NVFP4 / INT4 routed experts' prefill tiles on the SM90 warpgroup-MMA kernel where the
   // device has it (kernels/moe/moe_weight_only_wgmma.cuh); off: the mma.sync kernel (as the
   // batch-invariant mode runs). On by default.

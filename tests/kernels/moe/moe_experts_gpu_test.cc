@@ -407,10 +407,13 @@ void RunCase(const Case& c, uint64_t seed) {
     // it; its output must be the four-launch few-expert sequence's bit for bit.
     constexpr MoeDecodeKernel kTile = MoeDecodeKernel::kTile, kFew = MoeDecodeKernel::kFewExpert,
                               kAuto = MoeDecodeKernel::kAuto;
+    // Last, the tile kernel with a forced wave tail (MoeExpertsRunParams::wave_tail) of one
+    // tile: a wave of T - 1 of the step's T 16-token tiles (TileWaveSplit then gives the last
+    // tile to the few-expert kernel where T >= 4).
     struct Run {
       bool with_shared;
       MoeDecodeKernel kernel;
-      bool layer = false, event = false;
+      bool layer = false, event = false, wave = false;
     };
     const Run runs[] = {{false, kTile},
                         {true, kTile},
@@ -422,15 +425,28 @@ void RunCase(const Case& c, uint64_t seed) {
                         {true, kFew, true},
                         {true, kFew, true, true},
                         {false, kFew, true, true},
-                        {true, kFew, true}};
+                        {true, kFew, true},
+                        {false, kTile, false, false, true},
+                        {true, kTile, false, false, true}};
+    int tiles16 = 0;  // the step's 16-token tiles on this rank
+    {
+      std::vector<int> rows(c.local, 0);
+      for (int32_t id : ids) {
+        if (id >= c.first_expert && id < c.first_expert + c.local) ++rows[id - c.first_expert];
+      }
+      for (int r : rows) tiles16 += (r + 15) / 16;
+    }
     std::vector<uint16_t> few_out[2];  // the four-launch few-expert output, without / with shared
     cudaStream_t side;
     cudaEvent_t shared_ready;
     CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     CUDA_OK(cudaEventCreateWithFlags(&shared_ready, cudaEventDisableTiming));
-    for (const auto& [with_shared, kernel, layer, event] : runs) {
-      // for the messages: 0 tile, 1 few-expert, 2 auto, 3 fused layer, 4 fused layer + event
-      const int kernel_id = layer             ? 3 + static_cast<int>(event)
+    for (const auto& [with_shared, kernel, layer, event, wave] : runs) {
+      if (wave && tiles16 < 4) continue;
+      // for the messages: 0 tile, 1 few-expert, 2 auto, 3 fused layer, 4 fused layer + event,
+      // 5 tile with a wave tail
+      const int kernel_id = wave              ? 5
+                            : layer           ? 3 + static_cast<int>(event)
                             : kernel == kFew  ? 1
                             : kernel == kAuto ? 2
                                               : 0;
@@ -448,6 +464,7 @@ void RunCase(const Case& c, uint64_t seed) {
       p.workspace_bytes = ws_bytes;
       p.decode_kernel = kernel;
       p.few_expert_layer = layer;
+      p.wave_tail = wave ? tiles16 - 1 : -1;
       if (event) {
         CUDA_OK(cudaEventRecord(shared_ready, side));
         p.shared_ready = shared_ready;
@@ -504,7 +521,7 @@ void RunCase(const Case& c, uint64_t seed) {
       const double rel_l2 = std::sqrt(d2 / std::max(r2, 1e-30));
       std::printf(
           "[moe_experts] %s tokens=%d shared=%d kernel=%d (0 tile, 1 few-expert, 2 auto, 3 fused "
-          "layer, 4 fused + event): max_abs_err=%.3g max_err/tol=%.3f "
+          "layer, 4 fused + event, 5 tile + wave tail): max_abs_err=%.3g max_err/tol=%.3f "
           "rel_l2=%.3g non_finite=%d bad=%d\n",
           Name(c).c_str(), tokens, with_shared, kernel_id, max_err, max_ratio, rel_l2, non_finite,
           bad);
