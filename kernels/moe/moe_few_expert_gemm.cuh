@@ -187,6 +187,56 @@ __device__ __forceinline__ void FewExpertSliceMma(float (&acc)[4],
   }
 }
 
+// A pass's epilogue, shared by both rings: each warp's partial sums (acc = (row g, pass row 2t4),
+// (g, 2t4 + 1), (g + 8, 2t4), (g + 8, 2t4 + 1)) through s_sum ([8 warps][32 lanes][4] fp32),
+// added in slice order by the warps of slice 0, then h (gate_up: m-tile mt holds gate rows of
+// features 8mt..8mt+7 in rows g and their up rows in g + 8, so a lane has both for feature
+// 8mt + g) or y (down, times the row's routing weight) for the pass's rows [row0, row0 + rows).
+// Ends with the block barrier after which the rows and the sums may be overwritten.
+template <class Format, bool kGateUp, int kMT>
+__device__ __forceinline__ void FewExpertEpilogue(const typename Format::Params& p,
+                                                  const float (&acc)[4], float* s_sum, int mt_begin,
+                                                  int e, int row0, int rows) {
+  constexpr int kSlices = kFewExpertWarps / kMT;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  *reinterpret_cast<float4*>(s_sum + (warp * 32 + lane) * 4) =
+      make_float4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  if (warp < kMT) {
+    float sum[4] = {acc[0], acc[1], acc[2], acc[3]};
+#pragma unroll
+    for (int s = 1; s < kSlices; ++s) {
+      const float4 v = *reinterpret_cast<const float4*>(s_sum + ((s * kMT + warp) * 32 + lane) * 4);
+      sum[0] += v.x;
+      sum[1] += v.y;
+      sum[2] += v.z;
+      sum[3] += v.w;
+    }
+    const int mt = mt_begin + warp;  // global m-tile of this warp's rows
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = 2 * t4 + half;  // row within the pass
+      if (r < rows) {
+        const int row = row0 + r;
+        if constexpr (kGateUp) {
+          const float gate = sum[half] * Format::GateAlpha(p, e);
+          const float up = sum[2 + half] * Format::UpAlpha(p, e);
+          const float hval = gate / (1.0f + __expf(-gate)) * up;
+          p.h[static_cast<size_t>(row) * (p.n / 2) + mt * 8 + g] = __float2bfloat16_rn(hval);
+        } else {
+          const float wt =
+              __ldg(p.topk_weights + __ldg(p.sorted_assignment + row)) * Format::DownAlpha(p, e);
+          float* yrow = p.y + static_cast<size_t>(row) * p.n + mt * 16;
+          yrow[g] = sum[half] * wt;
+          yrow[g + 8] = sum[2 + half] * wt;
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
 // Activation rows [row0, row0 + rows) of a tile (rows <= kPassRows) over the whole K into shared
 // memory, x_stride bytes apart: each row's source row read once (gate_up's rows are the tokens of
 // sorted assignments), then the row's 16-byte vectors by cp.async (kAsync: one group, waited for
@@ -237,7 +287,7 @@ __device__ __forceinline__ void FewExpertRingGemm(const typename Format::Params&
       "the ring holds the 4-bit formats' chunks");
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t4 = lane & 3;
+  const int g = lane >> 2;
   const int k_chunks = p.k / 64;
   const int x_stride = k_chunks * kFewExpertChunkXBytes + kFewExpertRowPad;
   uint8_t* ring = smem + kPassRows * x_stride + warp * kRing * kFewExpertRingSlotBytes;
@@ -367,43 +417,8 @@ __device__ __forceinline__ void FewExpertRingGemm(const typename Format::Params&
         FewExpertChunkMma<Format>(acc, cw, sw, ld_addr + c * kFewExpertChunkXBytes);
       }
 
-      // The slices' sums, added in slice order (as the register ring's epilogue).
-      *reinterpret_cast<float4*>(s_sum + (warp * 32 + lane) * 4) =
-          make_float4(acc[0], acc[1], acc[2], acc[3]);
-      __syncthreads();
-      if (warp < kMT) {
-        float sum[4] = {acc[0], acc[1], acc[2], acc[3]};
-#pragma unroll
-        for (int s = 1; s < kSlices; ++s) {
-          const float4 v =
-              *reinterpret_cast<const float4*>(s_sum + ((s * kMT + warp) * 32 + lane) * 4);
-          sum[0] += v.x;
-          sum[1] += v.y;
-          sum[2] += v.z;
-          sum[3] += v.w;
-        }
-        const int mt = (w % m_blocks) * kMT + warp;  // global m-tile of this warp's rows
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = 2 * t4 + half;  // row within the pass
-          if (r < rows) {
-            const int row = it.row_begin + pass + r;
-            if constexpr (kGateUp) {
-              const float gate = sum[half] * Format::GateAlpha(p, it.e);
-              const float up = sum[2 + half] * Format::UpAlpha(p, it.e);
-              const float hval = gate / (1.0f + __expf(-gate)) * up;
-              p.h[static_cast<size_t>(row) * (p.n / 2) + mt * 8 + g] = __float2bfloat16_rn(hval);
-            } else {
-              const float wt = __ldg(p.topk_weights + __ldg(p.sorted_assignment + row)) *
-                               Format::DownAlpha(p, it.e);
-              float* yrow = p.y + static_cast<size_t>(row) * p.n + mt * 16;
-              yrow[g] = sum[half] * wt;
-              yrow[g + 8] = sum[2 + half] * wt;
-            }
-          }
-        }
-      }
-      __syncthreads();  // the next pass or item overwrites the rows and the sums
+      FewExpertEpilogue<Format, kGateUp, kMT>(p, acc, s_sum, (w % m_blocks) * kMT, it.e,
+                                              it.row_begin + pass, rows);
     }
   }
   ptx::CpAsyncWait<0>();
@@ -422,7 +437,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
   constexpr int kChunkCode = Format::kChunkCodeBytes, kChunkScale = Format::kChunkScaleBytes;
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t4 = lane & 3;
+  const int g = lane >> 2;
   const int k_chunks = p.k / 64;
   const int x_stride = k_chunks * kFewExpertChunkXBytes + kFewExpertRowPad;
   float* s_sum = reinterpret_cast<float*>(smem + kPassRows * x_stride);            // [8][32][4]
@@ -530,46 +545,8 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
         prefetch(next_it);
       }
 
-      // The slices' sums, added in slice order: acc = (row g, pass row 2t4), (g, 2t4 + 1),
-      // (g + 8, 2t4), (g + 8, 2t4 + 1).
-      *reinterpret_cast<float4*>(s_sum + (warp * 32 + lane) * 4) =
-          make_float4(acc[0], acc[1], acc[2], acc[3]);
-      __syncthreads();
-      if (warp < kMT) {
-        float sum[4] = {acc[0], acc[1], acc[2], acc[3]};
-#pragma unroll
-        for (int s = 1; s < kSlices; ++s) {
-          const float4 v =
-              *reinterpret_cast<const float4*>(s_sum + ((s * kMT + warp) * 32 + lane) * 4);
-          sum[0] += v.x;
-          sum[1] += v.y;
-          sum[2] += v.z;
-          sum[3] += v.w;
-        }
-        const int mt = it.m_block * kMT + warp;  // global m-tile of this warp's rows
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = 2 * t4 + half;  // row within the pass
-          if (r < rows) {
-            const int row = it.row_begin + pass + r;
-            if constexpr (kGateUp) {
-              // m-tile mt holds gate rows of features 8mt..8mt+7 (rows g) and their up rows
-              // (g + 8): the lane has both for feature 8mt + g.
-              const float gate = sum[half] * Format::GateAlpha(p, it.e);
-              const float up = sum[2 + half] * Format::UpAlpha(p, it.e);
-              const float hval = gate / (1.0f + __expf(-gate)) * up;
-              p.h[static_cast<size_t>(row) * (p.n / 2) + mt * 8 + g] = __float2bfloat16_rn(hval);
-            } else {
-              const float wt = __ldg(p.topk_weights + __ldg(p.sorted_assignment + row)) *
-                               Format::DownAlpha(p, it.e);
-              float* yrow = p.y + static_cast<size_t>(row) * p.n + mt * 16;
-              yrow[g] = sum[half] * wt;
-              yrow[g + 8] = sum[2 + half] * wt;
-            }
-          }
-        }
-      }
-      __syncthreads();  // the next pass or item overwrites the rows and the sums
+      FewExpertEpilogue<Format, kGateUp, kMT>(p, acc, s_sum, it.m_block * kMT, it.e,
+                                              it.row_begin + pass, rows);
       if (last_pass) it = next_it;
     }
     w = next_w;
