@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "kernels/moe/moe_tile_expert.cuh"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 
@@ -322,16 +323,7 @@ __device__ __forceinline__ void FewExpertRingGemm(const typename Format::Params&
   auto item_at = [&](int w) {  // shared memory only
     Item it;
     const int tile = w / m_blocks, m_block = w % m_blocks;
-    // The largest e with tile_offsets[e] <= tile (experts without rows are skipped by "largest").
-    int lo = 0, hi = num_e - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (s_tile_offsets[mid] <= tile) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
+    const int lo = ExpertOfTileShared(s_tile_offsets, num_e, tile);
     it.e = lo;
     it.row_begin = s_row_offsets[lo] + (tile - s_tile_offsets[lo]) * 16;
     it.valid_rows = min(it.row_begin + 16, s_row_offsets[lo + 1]) - it.row_begin;
@@ -476,16 +468,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, FewExpertGemmConfig<Format,
     Item it;
     const int tile = first_tile + w / m_blocks;
     it.m_block = w % m_blocks;
-    // The largest e with tile_offsets[e] <= tile (experts without rows are skipped by "largest").
-    int lo = 0, hi = num_e - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (s_tile_offsets[mid] <= tile) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
+    const int lo = ExpertOfTileShared(s_tile_offsets, num_e, tile);
     it.e = lo;
     it.row_begin = __ldcg(p.expert_offsets + lo) + (tile - s_tile_offsets[lo]) * 16;
     it.valid_rows = min(it.row_begin + 16, __ldcg(p.expert_offsets + lo + 1)) - it.row_begin;

@@ -25,4 +25,20 @@ __device__ __forceinline__ int ExpertOfTile(const int32_t* tile_offsets, int num
   return lo;
 }
 
+// The same search over a block's shared-memory copy of the offsets (the few-expert kernel,
+// moe_few_expert_gemm.cuh, which reads them once a block).
+__device__ __forceinline__ int ExpertOfTileShared(const int* s_tile_offsets, int num_experts,
+                                                  int tile) {
+  int lo = 0, hi = num_experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (s_tile_offsets[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 }  // namespace mlaserve::moe_gemm
