@@ -149,6 +149,15 @@ ABSL_FLAG(int32_t, mla_min_share, 0,
 ABSL_FLAG(int32_t, skinny_mma_rows, 0,
           "Projections of 5..N rows (N <= 16) on the skinny kernels' tensor-core variant; 0: "
           "cuBLASLt (CudaOps::SetSkinnyTensorCoreRows).");
+ABSL_FLAG(int32_t, decode_gemm_rows, mlaserve::CudaOps::kDefaultDecodeGemmRows,
+          "Projections of 5..N rows (N <= 64) on the split-K tensor-core decode GEMM; 0: cuBLASLt "
+          "(CudaOps::SetDecodeGemmRows; the default is CudaOps').");
+ABSL_FLAG(int32_t, gemm_no_split_rows, 0,
+          "cuBLASLt projections of at least N rows take an algorithm without split-K where the "
+          "heuristic offers one; 0: the heuristic's first (CudaOps::SetGemmHeuristicChoice).");
+ABSL_FLAG(int32_t, gemm_heuristic_rank, 0,
+          "cuBLASLt projections take the heuristic's N-th usable algorithm, 0..15 "
+          "(CudaOps::SetGemmHeuristicChoice).");
 ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
           "The routed experts' decode GEMMs on the few-expert kernel where few experts are active "
           "(CudaOps::SetMoeFewExpert).");
@@ -341,6 +350,9 @@ int Run(int argc, char** argv) {
     (*ops)->SetMoeFewExpertLayer(absl::GetFlag(FLAGS_moe_few_expert_layer).on);
     (*ops)->SetMoeWaveTail(absl::GetFlag(FLAGS_moe_wave_tail).on);
     (*ops)->SetSkinnyTensorCoreRows(FlagInRange(FLAGS_skinny_mma_rows, 0, 16));
+    (*ops)->SetDecodeGemmRows(FlagInRange(FLAGS_decode_gemm_rows, 0, 64));
+    (*ops)->SetGemmHeuristicChoice(FlagInRange(FLAGS_gemm_heuristic_rank, 0, 15),
+                                   FlagInRange(FLAGS_gemm_no_split_rows, 0, 1 << 20));
     (*ops)->SetMoePrefillWgmma(absl::GetFlag(FLAGS_moe_prefill_wgmma).on);
     (*ops)->SetFusedPrologues(absl::GetFlag(FLAGS_fused_prologues).on);
     (*ops)->SetProgrammaticSmallKernels(absl::GetFlag(FLAGS_programmatic_small).on);

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/linear/decode_gemm.h"
 #include "kernels/linear/skinny_gemm.h"
 
 namespace mlaserve {
@@ -86,6 +87,9 @@ struct LinearGemm::Impl {
   bool invariant = false;
   bool programmatic = false;
   int mma_rows = 0;  // SetSkinnyTensorCoreRows
+  int decode_rows = 0;     // SetDecodeGemmRows
+  int heuristic_rank = 0;  // SetHeuristicChoice
+  int no_split_rows = 0;   // SetHeuristicChoice
   int sm_count = 132;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   // Batch-invariant algorithms by their key at m = kInvariantPlanRows.
@@ -230,11 +234,26 @@ absl::StatusOr<const Plan*> LinearGemm::Impl::GetPlan(const PlanKey& key) {
     plan->lt = true;
     plan->algo = it->second;
   } else {
-    cublasLtMatmulHeuristicResult_t result{};
-    const int returned = Heuristic(key, *plan, /*no_split=*/false, &result, 1);
-    plan->lt = returned > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
-               result.workspaceSize <= workspace_bytes;
-    if (plan->lt) plan->algo = result.algo;
+    // The heuristic's first usable algorithm, or its heuristic_rank-th (SetHeuristicChoice), among
+    // those without split-K from no_split_rows rows up where there are any.
+    constexpr int kWant = 16;
+    cublasLtMatmulHeuristicResult_t results[kWant] = {};
+    const auto pick = [&](bool no_split) {
+      const int returned = Heuristic(key, *plan, no_split, results, kWant);
+      int usable[kWant], count = 0;
+      for (int i = 0; i < returned; ++i) {
+        if (results[i].state == CUBLAS_STATUS_SUCCESS &&
+            results[i].workspaceSize <= workspace_bytes) {
+          usable[count++] = i;
+        }
+      }
+      if (count > 0) {
+        plan->lt = true;
+        plan->algo = results[usable[std::min(heuristic_rank, count - 1)]].algo;
+      }
+    };
+    if (no_split_rows > 0 && key.m >= no_split_rows) pick(/*no_split=*/true);
+    if (!plan->lt) pick(/*no_split=*/false);
   }
   if (!plan->lt &&
       (key.m > std::numeric_limits<int>::max() || key.n > std::numeric_limits<int>::max() ||
@@ -287,6 +306,17 @@ void LinearGemm::SetSkinnyTensorCoreRows(int rows) {
   impl_->mma_rows = std::clamp(rows, 0, kSkinnyMmaMaxRows);
 }
 bool LinearGemm::batch_invariant() const { return impl_->invariant; }
+void LinearGemm::SetDecodeGemmRows(int rows) {
+  impl_->decode_rows = std::clamp(rows, 0, kDecodeGemmMaxRows);
+}
+void LinearGemm::SetHeuristicChoice(int rank, int no_split_rows) {
+  impl_->heuristic_rank = std::max(rank, 0);
+  impl_->no_split_rows = std::max(no_split_rows, 0);
+  // Later calls plan again; the invariant mode's algorithms do not depend on the choice.
+  for (auto it = impl_->plans.begin(); it != impl_->plans.end();) {
+    it = it->first.invariant ? std::next(it) : impl_->plans.erase(it);
+  }
+}
 
 absl::Status LinearGemm::RunShared(const Args* list, int count, cudaStream_t stream) {
   const bool mma = count >= 1 && list[0].m > kSkinnyMaxRows && list[0].m <= impl_->mma_rows;
@@ -363,6 +393,66 @@ absl::StatusOr<bool> LinearGemm::RunWithPrologue(const Args& a, const SkinnyProl
   return true;
 }
 
+namespace {
+
+// The plan key of a product (Run's path past the skinny kernels).
+PlanKey KeyOf(const LinearGemm::Args& a, bool invariant) {
+  const int64_t out_bytes = a.out_dtype == DType::kF32 ? 4 : 2;
+  uint32_t align_x = RowAlignment(a.x, a.x_stride * 2);
+  uint32_t align_w = RowAlignment(a.w, (a.w_kn ? a.n : a.k) * 2);
+  uint32_t align_out = RowAlignment(a.out, a.out_stride * out_bytes);
+  if (a.batch > 1) {
+    align_x = std::min(align_x, RowAlignment(nullptr, a.x_batch_stride * 2));
+    align_w = std::min(align_w, RowAlignment(nullptr, a.w_batch_stride * 2));
+    align_out = std::min(align_out, RowAlignment(nullptr, a.out_batch_stride * out_bytes));
+  }
+  if (invariant) {
+    // The algorithm must not change with where a step's scratch happens to start: alignments
+    // above 16 B (what the kernels need at most) are not told to the heuristic.
+    align_x = std::min(align_x, 16u);
+    align_w = std::min(align_w, 16u);
+    align_out = std::min(align_out, 16u);
+  }
+  const PlanKey key{a.m,
+                    a.n,
+                    a.k,
+                    a.x_stride,
+                    a.out_stride,
+                    a.out_dtype,
+                    align_x,
+                    align_w,
+                    align_out,
+                    a.w_kn,
+                    a.batch,
+                    a.batch > 1 ? a.x_batch_stride : 0,
+                    a.batch > 1 ? a.w_batch_stride : 0,
+                    a.batch > 1 ? a.out_batch_stride : 0,
+                    invariant};
+  return key;
+}
+
+// An algorithm's configuration in words, for benchmarks.
+std::string AlgoSummary(const cublasLtMatmulAlgo_t& algo) {
+  const auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+    uint32_t v = 0;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+    return v;
+  };
+  return absl::StrCat("algo ", get(CUBLASLT_ALGO_CONFIG_ID), " tile ",
+                      get(CUBLASLT_ALGO_CONFIG_TILE_ID), " stages ",
+                      get(CUBLASLT_ALGO_CONFIG_STAGES_ID), " split-k ", SplitK(algo), " reduction ",
+                      get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LinearGemm::PlanSummary(const Args& a) {
+  absl::StatusOr<const Plan*> plan = impl_->GetPlan(KeyOf(a, impl_->invariant));
+  if (!plan.ok()) return plan.status();
+  return (*plan)->lt ? AlgoSummary((*plan)->algo) : std::string("cublasGemmEx");
+}
+
 absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
   if (a.m < 0 || a.n <= 0 || a.k <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -401,27 +491,34 @@ absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
       return absl::OkStatus();
     }
   }
-  const int64_t out_bytes = a.out_dtype == DType::kF32 ? 4 : 2;
-  uint32_t align_x = RowAlignment(a.x, a.x_stride * 2);
-  uint32_t align_w = RowAlignment(a.w, (a.w_kn ? a.n : a.k) * 2);
-  uint32_t align_out = RowAlignment(a.out, a.out_stride * out_bytes);
-  if (a.batch > 1) {
-    align_x = std::min(align_x, RowAlignment(nullptr, a.x_batch_stride * 2));
-    align_w = std::min(align_w, RowAlignment(nullptr, a.w_batch_stride * 2));
-    align_out = std::min(align_out, RowAlignment(nullptr, a.out_batch_stride * out_bytes));
+  // 5..decode_rows rows: the split-K tensor-core kernel (decode_gemm.h), outside the invariant
+  // mode, where it takes the product (W [n, k], batch 1, k a multiple of 64, aligned rows).
+  if (!impl_->invariant && a.m > kSkinnyMaxRows && a.m <= impl_->decode_rows && a.batch == 1 &&
+      !a.w_kn) {
+    DecodeGemmArgs d;
+    d.m = static_cast<int>(a.m);
+    d.n = a.n;
+    d.k = a.k;
+    d.x = a.x;
+    d.x_stride = a.x_stride;
+    d.w = a.w;
+    d.alpha = a.alpha;
+    d.out = a.out;
+    d.out_dtype = a.out_dtype;
+    d.out_stride = a.out_stride;
+    d.workspace = impl_->workspace;
+    d.workspace_bytes = impl_->workspace_bytes;
+    d.sm_count = impl_->sm_count;
+    d.programmatic = impl_->programmatic;
+    if (DecodeGemmSupports(d)) {
+      if (cudaError_t e = InvokeDecodeGemm(d, stream); e != cudaSuccess) {
+        return absl::InternalError(absl::StrCat("LinearGemm::Run: decode GEMM for m ", a.m, " n ",
+                                                a.n, " k ", a.k, ": ", cudaGetErrorString(e)));
+      }
+      return absl::OkStatus();
+    }
   }
-  if (impl_->invariant) {
-    // The algorithm must not change with where a step's scratch happens to start: alignments
-    // above 16 B (what the kernels need at most) are not told to the heuristic.
-    align_x = std::min(align_x, 16u);
-    align_w = std::min(align_w, 16u);
-    align_out = std::min(align_out, 16u);
-  }
-  const PlanKey key{a.m,     a.n,        a.k,     a.x_stride,       a.out_stride,
-                    a.out_dtype, align_x, align_w, align_out, a.w_kn,
-                    a.batch, a.batch > 1 ? a.x_batch_stride : 0,
-                    a.batch > 1 ? a.w_batch_stride : 0, a.batch > 1 ? a.out_batch_stride : 0,
-                    impl_->invariant};
+  const PlanKey key = KeyOf(a, impl_->invariant);
   absl::StatusOr<const Plan*> plan = impl_->GetPlan(key);
   if (!plan.ok()) return plan.status();
   const float beta = 0.0f;

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -87,6 +88,23 @@ class LinearGemm {
   // cuBLASLt there); correct on the H200 but no faster than cuBLASLt at 5-16 rows (session 11,
   // bench/RESULTS.md), so off.
   void SetSkinnyTensorCoreRows(int rows);
+
+  // Products of kSkinnyMaxRows < m <= rows (at most kDecodeGemmMaxRows) on the split-K
+  // tensor-core kernel (kernels/linear/decode_gemm.h) from now on, where it takes them (W [n, k],
+  // batch 1, k a multiple of 64, 16-byte aligned x and W rows), in Run and RunShared; 0 leaves
+  // them on cuBLASLt. Outside the invariant mode. Its K split's partials use this object's
+  // workspace, as cuBLASLt's split-K does (so the same one-stream-at-a-time rule holds).
+  void SetDecodeGemmRows(int rows);
+
+  // Outside the invariant mode, plans from now on take the heuristic's rank-th usable algorithm
+  // instead of its first (fewer usable: the last), and from no_split_rows rows up (0: never) only
+  // algorithms without split-K where the heuristic offers any. For tuning runs
+  // (bench/linear/linear_bench, mlaserve-model-bench --gemm-*); the defaults are (0, 0). Plans made
+  // before are dropped.
+  void SetHeuristicChoice(int rank, int no_split_rows);
+  // The algorithm Run would use for `a` past the skinny kernels (planned now if it is new), in
+  // words: cuBLASLt's algorithm, tile and stages ids, split-K factor and reduction scheme.
+  absl::StatusOr<std::string> PlanSummary(const Args& a);
 
   // Batch-invariant plans from now on (see the file comment); off by default.
   void SetBatchInvariant(bool on);

@@ -295,6 +295,7 @@ absl::StatusOr<std::unique_ptr<CudaOps>> CudaOps::Create() {
   if (!gemm.ok()) return gemm.status();
   impl->gemm = *std::move(gemm);
   impl->gemm->SetProgrammaticLaunch(true);  // SetProgrammaticLaunch's default
+  impl->gemm->SetDecodeGemmRows(kDefaultDecodeGemmRows);
   return std::unique_ptr<CudaOps>(new CudaOps(std::move(impl)));
 }
 
@@ -324,6 +325,10 @@ void CudaOps::SetPhaseTiming(bool on) {
 
 void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunch(on); }
 void CudaOps::SetSkinnyTensorCoreRows(int rows) { impl_->gemm->SetSkinnyTensorCoreRows(rows); }
+void CudaOps::SetDecodeGemmRows(int rows) { impl_->gemm->SetDecodeGemmRows(rows); }
+void CudaOps::SetGemmHeuristicChoice(int rank, int no_split_rows) {
+  impl_->gemm->SetHeuristicChoice(rank, no_split_rows);
+}
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
 void CudaOps::SetMoeFewExpertLayer(bool on) { impl_->moe_few_expert_layer = on; }

@@ -132,6 +132,17 @@ class CudaOps : public Ops {
   // variant instead of cuBLASLt (LinearGemm::SetSkinnyTensorCoreRows); 0, the default, is off
   // (measured no faster than cuBLASLt on the H200, session 11).
   void SetSkinnyTensorCoreRows(int rows);
+  // cuBLASLt's algorithm choice for the projections it runs (LinearGemm::SetHeuristicChoice): the
+  // heuristic's rank-th algorithm, and none with split-K from no_split_rows rows up (0: never).
+  // (0, 0), the default, is the heuristic's first.
+  void SetGemmHeuristicChoice(int rank, int no_split_rows);
+  // Projections of 5..rows activation rows (rows <= 64) on the split-K tensor-core kernel
+  // (LinearGemm::SetDecodeGemmRows, kernels/linear/decode_gemm.h); 0 leaves them on cuBLASLt.
+  // kDefaultDecodeGemmRows by default: on the H100's 16-layer Kimi cut (bench/RESULTS.md, session
+  // 26) it made batch 8 1.04x faster (its launches are programmatic, cuBLASLt's are not), batch 16
+  // even, batches 32 and 64 0.99x (each projection alone is slower than cuBLASLt's from 16 rows).
+  static constexpr int kDefaultDecodeGemmRows = 8;
+  void SetDecodeGemmRows(int rows);
   // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops.
   void SetFusedMlaInput(bool on);
   // q's RoPE inside the fused MLA input kernel (MlaInputPrep: one launch where there were the

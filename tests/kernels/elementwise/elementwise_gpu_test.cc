@@ -27,16 +27,17 @@
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
-#include "tests/kernels/device_buffer.h"
 #include "kernels/activation/silu_mul.h"
 #include "kernels/activation/silu_mul_ref.h"
 #include "kernels/embedding/embedding.h"
+#include "kernels/linear/decode_gemm.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_ref.h"
 #include "kernels/norm/rms_norm.h"
 #include "kernels/norm/rms_norm_ref.h"
 #include "kernels/rope/rope.h"
 #include "kernels/rope/rope_ref.h"
+#include "tests/kernels/device_buffer.h"
 
 namespace mlaserve {
 namespace {
@@ -549,37 +550,66 @@ TEST(ElementwiseGpuTest, LinearGemm) {
   absl::StatusOr<std::unique_ptr<LinearGemm>> gemm = LinearGemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   const GemmCase cases[] = {
-      {1, 24, 96, 0, 0, DType::kBF16, 1.0f},      {1, 96, 24, 0, 0, DType::kF32, 0.37f},
+      {1, 24, 96, 0, 0, DType::kBF16, 1.0f},
+      {1, 96, 24, 0, 0, DType::kF32, 0.37f},
       {7, 24, 24, 3, 1, DType::kBF16, 1.0f},     // odd strides: 2-byte aligned rows
       {7, 576, 7168, 0, 0, DType::kBF16, 1.0f},  // kv_a_proj_with_mqa shape
-      {64, 512, 576, 8, 8, DType::kF32, 1.0f},    {300, 96, 512, 0, 0, DType::kBF16, 0.0123f},
-      {257, 7168, 96, 0, 0, DType::kF32, 1.0f},   {300, 576, 96, 5, 3, DType::kBF16, 2.5f},
-      {1, 7168, 512, 0, 0, DType::kBF16, 1.0f},   {13, 512, 7168, 0, 2, DType::kF32, 0.5f},
-      {1, 7168, 7168, 0, 0, DType::kBF16, 0.37f}, {100, 24, 7168, 1, 0, DType::kBF16, 1.0f},
+      {64, 512, 576, 8, 8, DType::kF32, 1.0f},
+      {300, 96, 512, 0, 0, DType::kBF16, 0.0123f},
+      {257, 7168, 96, 0, 0, DType::kF32, 1.0f},
+      {300, 576, 96, 5, 3, DType::kBF16, 2.5f},
+      {1, 7168, 512, 0, 0, DType::kBF16, 1.0f},
+      {13, 512, 7168, 0, 2, DType::kF32, 0.5f},
+      {1, 7168, 7168, 0, 0, DType::kBF16, 0.37f},
+      {100, 24, 7168, 1, 0, DType::kBF16, 1.0f},
       {1, 163840, 512, 0, 0, DType::kBF16, 1.0f},  // lm_head-like n, one token
       {3, 163840, 96, 0, 8, DType::kF32, 1.0f},
       // The skinny kernels (m <= 4, 16-byte rows): Kimi-K2.5's rank-0-of-8 decode projections
       // (q_a + kv_a rows, q_b, o_proj, shared gate, router, shared down, lm_head slice), K split
       // 1, 2 and 4 ways; then rows that are not 16-byte aligned (cuBLASLt's path).
-      {2, 2112, 7168, 0, 0, DType::kBF16, 1.0f},  {3, 1536, 1536, 8, 0, DType::kF32, 0.37f},
-      {4, 7168, 1024, 0, 5, DType::kBF16, 1.0f},  {1, 256, 7168, 0, 0, DType::kBF16, 2.5f},
-      {4, 384, 7168, 16, 0, DType::kF32, 1.0f},   {2, 7168, 256, 0, 0, DType::kBF16, 1.0f},
-      {1, 20480, 7168, 0, 0, DType::kF32, 1.0f},  {3, 7, 40, 0, 0, DType::kBF16, 1.0f},
-      {4, 24, 24, 3, 1, DType::kBF16, 1.0f},      {2, 96, 100, 0, 0, DType::kF32, 1.0f},
+      {2, 2112, 7168, 0, 0, DType::kBF16, 1.0f},
+      {3, 1536, 1536, 8, 0, DType::kF32, 0.37f},
+      {4, 7168, 1024, 0, 5, DType::kBF16, 1.0f},
+      {1, 256, 7168, 0, 0, DType::kBF16, 2.5f},
+      {4, 384, 7168, 16, 0, DType::kF32, 1.0f},
+      {2, 7168, 256, 0, 0, DType::kBF16, 1.0f},
+      {1, 20480, 7168, 0, 0, DType::kF32, 1.0f},
+      {3, 7, 40, 0, 0, DType::kBF16, 1.0f},
+      {4, 24, 24, 3, 1, DType::kBF16, 1.0f},
+      {2, 96, 100, 0, 0, DType::kF32, 1.0f},
       // 5-16 rows: the skinny kernels' tensor-core variant in the second pass (one and two
       // n-tiles; n not a multiple of 16; K split 1, 2 and 4 ways), cuBLASLt in the first; k not
       // a multiple of 32 stays on cuBLASLt in both.
-      {5, 2112, 7168, 0, 0, DType::kBF16, 1.0f},  {6, 1536, 1536, 8, 0, DType::kF32, 0.37f},
-      {7, 7168, 1024, 0, 5, DType::kBF16, 1.0f},  {8, 256, 7168, 0, 0, DType::kBF16, 2.5f},
-      {8, 7168, 256, 0, 3, DType::kF32, 1.0f},    {12, 40, 7168, 8, 0, DType::kBF16, 1.0f},
-      {16, 1536, 1536, 0, 0, DType::kBF16, 1.0f}, {13, 7, 64, 0, 2, DType::kF32, 1.0f},
+      {5, 2112, 7168, 0, 0, DType::kBF16, 1.0f},
+      {6, 1536, 1536, 8, 0, DType::kF32, 0.37f},
+      {7, 7168, 1024, 0, 5, DType::kBF16, 1.0f},
+      {8, 256, 7168, 0, 0, DType::kBF16, 2.5f},
+      {8, 7168, 256, 0, 3, DType::kF32, 1.0f},
+      {12, 40, 7168, 8, 0, DType::kBF16, 1.0f},
+      {16, 1536, 1536, 0, 0, DType::kBF16, 1.0f},
+      {13, 7, 64, 0, 2, DType::kF32, 1.0f},
       {9, 96, 40, 0, 0, DType::kBF16, 1.0f},
+      // 5-64 rows: the split-K decode GEMM in the third pass (k a multiple of 64; one, two, four
+      // and eight n-tiles; n not a multiple of 64; x rows padded; K split many ways and not at
+      // all), cuBLASLt in the first two; x rows not 16-byte aligned stay on cuBLASLt.
+      {24, 2112, 7168, 0, 0, DType::kBF16, 1.0f},
+      {64, 1536, 7168, 8, 0, DType::kBF16, 0.37f},
+      {33, 576, 7168, 0, 3, DType::kF32, 1.0f},
+      {48, 7168, 1024, 16, 0, DType::kBF16, 1.0f},
+      {64, 7168, 256, 0, 0, DType::kF32, 2.5f},
+      {17, 40, 128, 0, 1, DType::kBF16, 1.0f},
+      {5, 384, 7168, 0, 0, DType::kF32, 1.0f},
+      {63, 20480, 7168, 0, 0, DType::kBF16, 1.0f},
+      {40, 1536, 1536, 3, 0, DType::kBF16, 1.0f},
   };
   FastRandom rng(10);
   const int threads = std::max(1u, std::thread::hardware_concurrency());
-  // Twice: as configured by default, then with 5-16 rows on the skinny tensor-core variant.
-  for (const int mma_rows : {0, kSkinnyMmaMaxRows}) {
+  // Three times: as configured by default, with 5-16 rows on the skinny tensor-core variant, and
+  // with 5-64 rows on the split-K decode GEMM.
+  for (const int pass : {0, 1, 2}) {
+    const int mma_rows = pass == 1 ? kSkinnyMmaMaxRows : 0;
     (*gemm)->SetSkinnyTensorCoreRows(mma_rows);
+    (*gemm)->SetDecodeGemmRows(pass == 2 ? kDecodeGemmMaxRows : 0);
     for (const GemmCase& c : cases) {
       const int64_t x_stride = c.k + c.x_pad, out_stride = c.n + c.out_pad;
       const std::vector<uint16_t> x = RandomBf16(rng, c.m * x_stride, 1.0f);
@@ -624,7 +654,7 @@ TEST(ElementwiseGpuTest, LinearGemm) {
           "LinearGemm m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
           std::to_string(c.k) + " x_stride " + std::to_string(x_stride) + " out_stride " +
           std::to_string(out_stride) + " " + std::string(DTypeName(c.out_dtype)) + " alpha " +
-          std::to_string(c.alpha) + " mma_rows " + std::to_string(mma_rows);
+          std::to_string(c.alpha) + " pass " + std::to_string(pass);
       // Twice: the second run must reuse the cached plan and give the same result.
       for (int run = 0; run < 2; ++run) {
         CUDA_OK(d_out.Poison());
@@ -667,6 +697,7 @@ TEST(ElementwiseGpuTest, LinearGemm) {
     }
   }
   (*gemm)->SetSkinnyTensorCoreRows(0);
+  (*gemm)->SetDecodeGemmRows(0);
   // m = 0: a no-op that leaves the output alone.
   DeviceBuffer<uint16_t> d_out(16);
   CUDA_OK(d_out.Poison());
