@@ -1,8 +1,8 @@
 // NVFP4, INT4 and FP8 MoE expert-path benchmark on full-size shapes (hidden 7168, intermediate
 // 2048, top-8): decode (1..256 tokens) against the device's measured copy bandwidth on the weight
 // bytes of the active experts (codes + scales), prefill (2k..32k tokens) in TFLOP/s. Weights are
-// cold: L2 is flushed (a 256 MB memset) before every timed run. The BF16 peer (cuBLAS through
-// PyTorch) is bf16_peer.py.
+// cold: L2 is emptied (a 256 MB read; --l2-flush memset for the method before session 26) before
+// every timed run. The BF16 peer (cuBLAS through PyTorch) is bf16_peer.py.
 //
 // Times per configuration: the four stages one by one (events between them, plain launches; the
 // stage columns), the layer as one InvokeNvfp4Moe / InvokeInt4Moe / InvokeFp8Moe call with plain
@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/command_line.h"
@@ -91,6 +92,21 @@ __global__ void FillBf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
   }
 }
 
+// Empties L2 for a timed run by reading n 16-byte vectors (--l2-flush read, the default): the lines
+// it leaves are clean. A memset (--l2-flush memset, the method before session 26) leaves up to an
+// L2 of dirty lines, whose write-back then takes DRAM bandwidth from the timed kernels' reads
+// (bench/linear/linear_bench on the H100, session 26: cuBLASLt's q_a at 64 rows 17.9 us after a
+// memset, 11.5 us after a read). The sink is written only for a value the XOR of the buffer's
+// words never takes, so the loads cannot be dropped.
+__global__ void ReadFlushKernel(const uint4* p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const uint4 v = __ldcg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 float Median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -116,6 +132,10 @@ ABSL_FLAG(bool, int4, false, "Also the INT4 (compressed-tensors) expert format, 
 ABSL_FLAG(mlaserve::IntList, decode_tokens, mlaserve::IntList{},
           "Decode token counts instead of the mode's (e.g. one count to profile one launch).");
 ABSL_FLAG(bool, fp8, false, "Also the FP8 block-128 (DeepSeek) expert format, beside NVFP4 on the same routing draws.");
+ABSL_FLAG(std::string, l2_flush, "read",
+          "How L2 is emptied before every timed run: read (a 256 MB read, clean lines left) or "
+          "memset (a 256 MB memset, the method before session 26: its dirty lines' write-back "
+          "slows the timed kernels).");
 ABSL_FLAG(int, decode_active, 0,
           "Decode steps: redraw the routing until this rank's local experts hold exactly this many "
           "active ones (0: the first draw, as before; -1: the expected number, round(tokens x "
@@ -146,6 +166,25 @@ int main(int argc, char** argv) {
   void* flush;
   const size_t flush_bytes = 256ull << 20;
   CK(cudaMalloc(&flush, flush_bytes));
+  CK(cudaMemset(flush, 1, flush_bytes));
+  unsigned* flush_sink;
+  CK(cudaMalloc(&flush_sink, sizeof(unsigned)));
+  const std::string l2_flush = absl::GetFlag(FLAGS_l2_flush);
+  if (l2_flush != "read" && l2_flush != "memset") {
+    std::fprintf(stderr, "moe_bench: --l2-flush %s: must be read or memset\n", l2_flush.c_str());
+    return 2;
+  }
+  const bool read_flush = l2_flush == "read";
+  std::printf("L2 emptied before every timed run by a 256 MB %s\n", read_flush ? "read" : "memset");
+  auto flush_l2 = [&](int it) {
+    if (read_flush) {
+      ReadFlushKernel<<<4 * prop.multiProcessorCount, 512, 0, s>>>(static_cast<const uint4*>(flush),
+                                                                   flush_bytes / 16, flush_sink);
+      CK(cudaGetLastError());
+    } else {
+      CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
+    }
+  };
   // The fused few-expert layer's counters (moe_few_expert_layer.h), 0 between calls.
   int* layer_counters;
   CK(cudaMalloc(&layer_counters, 2 * sizeof(int)));
@@ -399,7 +438,7 @@ int main(int argc, char** argv) {
       const int reps = decode ? 30 : (tokens >= 32768 ? 3 : 6);
       std::vector<float> t_disp, t_gu, t_dn, t_comb, t_total;
       for (int it = 0; it < reps + 2; ++it) {
-        CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
+        flush_l2(it);
         CK(cudaEventRecord(ev[0], s));
         for (int i = 0; i < 4; ++i) {
           CK(stage(i));
@@ -420,7 +459,7 @@ int main(int argc, char** argv) {
       auto time_layer = [&](auto launch) {
         std::vector<float> t;
         for (int it = 0; it < reps + 2; ++it) {
-          CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
+          flush_l2(it);
           CK(cudaEventRecord(ev[0], s));
           launch();
           CK(cudaEventRecord(ev[1], s));
