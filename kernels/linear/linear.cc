@@ -377,6 +377,27 @@ SkinnyGemmArgs SkinnyArgs(const LinearGemm::Args& a, int sm_count, bool programm
   return s;
 }
 
+// The decode GEMM's arguments for one product; its K split's partials in `workspace`.
+DecodeGemmArgs DecodeArgs(const LinearGemm::Args& a, void* workspace, size_t workspace_bytes,
+                          int sm_count, bool programmatic) {
+  DecodeGemmArgs d;
+  d.m = static_cast<int>(a.m);
+  d.n = a.n;
+  d.k = a.k;
+  d.x = a.x;
+  d.x_stride = a.x_stride;
+  d.w = a.w;
+  d.alpha = a.alpha;
+  d.out = a.out;
+  d.out_dtype = a.out_dtype;
+  d.out_stride = a.out_stride;
+  d.workspace = workspace;
+  d.workspace_bytes = workspace_bytes;
+  d.sm_count = sm_count;
+  d.programmatic = programmatic;
+  return d;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> LinearGemm::RunWithPrologue(const Args& a, const SkinnyPrologueArgs& prologue,
@@ -495,21 +516,8 @@ absl::Status LinearGemm::Run(const Args& a, cudaStream_t stream) {
   // mode, where it takes the product (W [n, k], batch 1, k a multiple of 64, aligned rows).
   if (!impl_->invariant && a.m > kSkinnyMaxRows && a.m <= impl_->decode_rows && a.batch == 1 &&
       !a.w_kn) {
-    DecodeGemmArgs d;
-    d.m = static_cast<int>(a.m);
-    d.n = a.n;
-    d.k = a.k;
-    d.x = a.x;
-    d.x_stride = a.x_stride;
-    d.w = a.w;
-    d.alpha = a.alpha;
-    d.out = a.out;
-    d.out_dtype = a.out_dtype;
-    d.out_stride = a.out_stride;
-    d.workspace = impl_->workspace;
-    d.workspace_bytes = impl_->workspace_bytes;
-    d.sm_count = impl_->sm_count;
-    d.programmatic = impl_->programmatic;
+    const DecodeGemmArgs d = DecodeArgs(a, impl_->workspace, impl_->workspace_bytes,
+                                        impl_->sm_count, impl_->programmatic);
     if (DecodeGemmSupports(d)) {
       if (cudaError_t e = InvokeDecodeGemm(d, stream); e != cudaSuccess) {
         return absl::InternalError(absl::StrCat("LinearGemm::Run: decode GEMM for m ", a.m, " n ",
