@@ -152,6 +152,9 @@ ABSL_FLAG(int32_t, skinny_mma_rows, 0,
 ABSL_FLAG(int32_t, decode_gemm_rows, mlaserve::CudaOps::kDefaultDecodeGemmRows,
           "Projections of 5..N rows (N <= 64) on the split-K tensor-core decode GEMM; 0: cuBLASLt "
           "(CudaOps::SetDecodeGemmRows; the default is CudaOps').");
+ABSL_FLAG(int32_t, merged_projection_rows, mlaserve::CudaOps::kDefaultMergedProjectionRows,
+          "q_a with kv_a and the shared expert's gate with up as one product (and a split) at "
+          "5..N rows (N <= 256); 0: one product each (CudaOps::SetMergedProjectionRows).");
 ABSL_FLAG(int32_t, gemm_no_split_rows, 0,
           "cuBLASLt projections of at least N rows take an algorithm without split-K where the "
           "heuristic offers one; 0: the heuristic's first (CudaOps::SetGemmHeuristicChoice).");
@@ -351,6 +354,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetMoeWaveTail(absl::GetFlag(FLAGS_moe_wave_tail).on);
     (*ops)->SetSkinnyTensorCoreRows(FlagInRange(FLAGS_skinny_mma_rows, 0, 16));
     (*ops)->SetDecodeGemmRows(FlagInRange(FLAGS_decode_gemm_rows, 0, 64));
+    (*ops)->SetMergedProjectionRows(FlagInRange(FLAGS_merged_projection_rows, 0, 256));
     (*ops)->SetGemmHeuristicChoice(FlagInRange(FLAGS_gemm_heuristic_rank, 0, 15),
                                    FlagInRange(FLAGS_gemm_no_split_rows, 0, 1 << 20));
     (*ops)->SetMoePrefillWgmma(absl::GetFlag(FLAGS_moe_prefill_wgmma).on);

@@ -292,6 +292,107 @@ TEST_F(CudaOpsTest, LinearBf16AndNvfp4) {
   }
 }
 
+// AdjoinLinears and the merged products (SetMergedProjectionRows): the weights keep their values
+// and shapes once side by side; Linears over them at 5-64 rows gives what the separate products
+// give (the same bf16 products, an fp32 sum in another order: within the Linear test's bounds of
+// the CPU reference), and does run merged (merged_projections counts it) only where every weight
+// is adjoined, dense, and the rows are in range. The NVFP4 weight (held in bf16 with its global
+// scale as alpha) checks that each weight's alpha reaches its own columns.
+TEST_F(CudaOpsTest, LinearsOverAdjoinedWeights) {
+  std::mt19937 rng(4);
+  const int k = 1024;
+  auto make = [&](int n, bool nvfp4) {
+    const auto w = RandomBf16(size_t(n) * k, rng, 0.05f);
+    LinearWeight host;
+    host.out_features = n;
+    host.in_features = k;
+    if (nvfp4) {
+      host.weight = Tensor::Host(DType::kU8, {n, k / 2});
+      host.block_scale = Tensor::Host(DType::kF8E4M3, {n, k / 16});
+      QuantizeNvfp4(w.data(), n, k, host.weight.data<uint8_t>(), host.block_scale.data<uint8_t>(),
+                    &host.global_scale);
+    } else {
+      host.weight = HostBf16(w, {n, k});
+    }
+    return host;
+  };
+  const std::vector<LinearWeight> host = {make(192, false), make(72, true), make(37, false)};
+  std::vector<LinearWeight> cw, gw;
+  for (const LinearWeight& h : host) {
+    auto c = cpu_.UploadLinear(h);
+    auto g = gpu_->UploadLinear(h);
+    ASSERT_TRUE(c.ok() && g.ok());
+    cw.push_back(*c);
+    gw.push_back(*g);
+  }
+  std::vector<std::vector<float>> before;
+  for (const LinearWeight& w : gw) before.push_back(Download(w.weight));
+  ASSERT_TRUE(gpu_->AdjoinLinears({&gw[0], &gw[1], &gw[2]}).ok());
+  for (size_t i = 0; i < gw.size(); ++i) {
+    EXPECT_EQ(gw[i].weight.dim(0), host[i].out_features);
+    EXPECT_EQ(gw[i].weight.dim(1), k);
+    EXPECT_EQ(Download(gw[i].weight), before[i]) << "weight " << i << " changed";
+  }
+  EXPECT_EQ(gw[1].weight.data<char>(), gw[0].weight.data<char>() + gw[0].weight.nbytes());
+  EXPECT_EQ(gw[2].weight.data<char>(), gw[1].weight.data<char>() + gw[1].weight.nbytes());
+  // A weight of another input width is not placed, nor are the ones beside it.
+  LinearWeight other = *gpu_->UploadLinear(make(16, false));
+  LinearWeight narrow = host[0];
+  narrow.out_features = 16;
+  narrow.in_features = k / 2;
+  narrow.weight = HostBf16(RandomBf16(size_t(16) * (k / 2), rng, 0.05f), {16, k / 2});
+  LinearWeight gn = *gpu_->UploadLinear(narrow);
+  const void* other_at = other.weight.data<void>();
+  ASSERT_TRUE(gpu_->AdjoinLinears({&other, &gn}).ok());
+  EXPECT_EQ(other.weight.data<void>(), other_at);
+
+  gpu_->SetMergedProjectionRows(64);
+  for (const int m : {1, 4, 5, 8, 16, 33, 64, 65}) {
+    const auto x = RandomBf16(size_t(m) * k, rng);
+    StepLayout L;
+    StepTensors st;
+    ASSERT_TRUE(gpu_->BeginStep(L, &st).ok());
+    Tensor cx = cpu_.Activation({m, k});
+    std::copy(x.begin(), x.end(), cx.data<float>());
+    Tensor gx = GpuAct(x, {m, k});
+    std::vector<Tensor> co, go;
+    for (size_t i = 0; i < gw.size(); ++i) {
+      co.push_back(cpu_.Activation({m, gw[i].out_features}));
+      cpu_.Linear(cx, cw[i], co.back());
+      go.push_back(gpu_->Activation({m, gw[i].out_features}, i == 1 ? DType::kF32 : DType::kBF16));
+    }
+    const uint64_t merged_before = gpu_->merged_projections();
+    gpu_->Linears(gx, {{&gw[0], &go[0]}, {&gw[1], &go[1]}, {&gw[2], &go[2]}});
+    const bool merged = gpu_->merged_projections() == merged_before + 1;
+    EXPECT_EQ(merged, m > 4 && m <= 64) << m << " rows";
+    for (size_t i = 0; i < gw.size(); ++i) {
+      ExpectClose(go[i], co[i], i == 1 ? 1e-6 : 5e-5,
+                  "Linears " + std::to_string(m) + " rows, adjoined weight " + std::to_string(i) +
+                      (merged ? " (merged)" : ""));
+    }
+    // Not side by side in this order: separate products.
+    Tensor o0 = gpu_->Activation({m, gw[0].out_features}),
+           o2 = gpu_->Activation({m, gw[2].out_features});
+    const uint64_t before_swapped = gpu_->merged_projections();
+    gpu_->Linears(gx, {{&gw[2], &o2}, {&gw[0], &o0}});
+    EXPECT_EQ(gpu_->merged_projections(), before_swapped) << m << " rows";
+    ExpectClose(o0, co[0], 5e-5, "Linears " + std::to_string(m) + " rows, out of order");
+  }
+  // The batch-invariant mode never merges.
+  ASSERT_TRUE(gpu_->SetBatchInvariant(true).ok());
+  {
+    StepLayout L;
+    StepTensors st;
+    ASSERT_TRUE(gpu_->BeginStep(L, &st).ok());
+    Tensor gx = GpuAct(RandomBf16(size_t(8) * k, rng), {8, k});
+    Tensor a = gpu_->Activation({8, gw[0].out_features}), b = gpu_->Activation({8, 72});
+    const uint64_t n0 = gpu_->merged_projections();
+    gpu_->Linears(gx, {{&gw[0], &a}, {&gw[1], &b}});
+    EXPECT_EQ(gpu_->merged_projections(), n0);
+  }
+  ASSERT_TRUE(gpu_->SetBatchInvariant(false).ok());
+}
+
 TEST_F(CudaOpsTest, Rope) {
   std::mt19937 rng(3);
   std::vector<float> inv(32);

@@ -17,6 +17,7 @@
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_ref.h"
 #include "kernels/linear/skinny_gemm.h"
+#include "kernels/linear/split_columns.h"
 #include "kernels/mla/mla_dcp.h"
 #include "kernels/mla/mla_decode.h"
 #include "kernels/mla/mla_kv_prep.h"
@@ -106,6 +107,8 @@ struct CudaOps::Impl {
   bool shared_overlap = true;  // SetSharedExpertOverlap
   bool programmatic_mla_combine = true;  // SetProgrammaticMlaCombine
   int mla_min_share = 0;  // SetMlaMinShare
+  int merged_rows = kDefaultMergedProjectionRows;  // SetMergedProjectionRows
+  uint64_t merged_count = 0;                       // merged_projections()
   // Side branches: side_stream forks from `stream` at fork_event and joins it at join_event;
   // while a branch is open, `stream` is the side stream and main_stream the main one.
   cudaStream_t side_stream = nullptr, main_stream = nullptr;
@@ -326,6 +329,8 @@ void CudaOps::SetPhaseTiming(bool on) {
 void CudaOps::SetProgrammaticLaunch(bool on) { impl_->gemm->SetProgrammaticLaunch(on); }
 void CudaOps::SetSkinnyTensorCoreRows(int rows) { impl_->gemm->SetSkinnyTensorCoreRows(rows); }
 void CudaOps::SetDecodeGemmRows(int rows) { impl_->gemm->SetDecodeGemmRows(rows); }
+void CudaOps::SetMergedProjectionRows(int rows) { impl_->merged_rows = rows; }
+uint64_t CudaOps::merged_projections() const { return impl_->merged_count; }
 void CudaOps::SetGemmHeuristicChoice(int rank, int no_split_rows) {
   impl_->gemm->SetHeuristicChoice(rank, no_split_rows);
 }
@@ -855,9 +860,96 @@ void CudaOps::Linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   });
 }
 
+namespace {
+
+// A dense bf16 weight [out_features, in_features] as UploadLinear leaves it.
+bool DenseBf16(const LinearWeight& w) {
+  return !w.nvfp4() && !w.int4() && !w.fp8() && !w.weight.empty() &&
+         w.weight.device() == Device::kCuda && w.weight.dtype() == DType::kBF16 &&
+         w.weight.numel() == int64_t{w.out_features} * w.in_features;
+}
+
+}  // namespace
+
+absl::Status CudaOps::AdjoinLinears(std::initializer_list<LinearWeight*> weights) {
+  if (weights.size() < 2) return absl::OkStatus();
+  const LinearWeight& first = **weights.begin();
+  int64_t rows = 0;
+  for (const LinearWeight* w : weights) {
+    if (!DenseBf16(*w) || w->in_features != first.in_features) return absl::OkStatus();
+    rows += w->out_features;
+  }
+  auto joined = Allocate(DType::kBF16, {rows, first.in_features});
+  if (!joined.ok()) return joined.status();
+  int64_t row = 0;
+  for (LinearWeight* w : weights) {
+    Tensor part = joined->Rows(row, w->out_features);
+    if (auto s = CudaStatus(cudaMemcpy(part.data<void>(), w->weight.data<void>(),
+                                       w->weight.nbytes(), cudaMemcpyDeviceToDevice),
+                            "AdjoinLinears copy");
+        !s.ok()) {
+      return s;
+    }
+    row += w->out_features;
+  }
+  row = 0;
+  for (LinearWeight* w : weights) {
+    impl_->persistent -= w->weight.nbytes();  // freed with the last reference below
+    w->weight = joined->Rows(row, w->out_features);
+    row += w->out_features;
+  }
+  return absl::OkStatus();
+}
+
+bool CudaOps::MergedLinears(const Tensor& x, std::initializer_list<LinearOut> outs) {
+  const int64_t T = x.dim(0);
+  if (impl_->merged_rows <= kSkinnyMaxRows || impl_->batch_invariant || outs.size() < 2 ||
+      outs.size() > static_cast<size_t>(kSplitColumnsMaxSegments) || T <= kSkinnyMaxRows ||
+      T > impl_->merged_rows || x.dtype() != DType::kBF16) {
+    return false;
+  }
+  const LinearWeight& first = *outs.begin()->w;
+  const char* next = first.weight.data<char>();
+  SplitColumnsParams sp;
+  int64_t n = 0;
+  for (const LinearOut& o : outs) {
+    const LinearWeight& w = *o.w;
+    const Tensor& out = *o.out;
+    if (!DenseBf16(w) || w.in_features != first.in_features || w.weight.data<char>() != next ||
+        x.numel() != T * w.in_features || out.numel() != T * w.out_features ||
+        (out.dtype() != DType::kBF16 && out.dtype() != DType::kF32)) {
+      return false;
+    }
+    next += w.weight.nbytes();
+    SplitColumnsParams::Segment& g = sp.seg[sp.num_segments++];
+    g.cols = w.out_features;
+    g.out = o.out->data<void>();
+    g.dtype = out.dtype();
+    g.out_stride = w.out_features;
+    g.alpha = w.alpha;
+    n += w.out_features;
+  }
+  LinearWeight merged;
+  merged.out_features = static_cast<int>(n);
+  merged.in_features = first.in_features;
+  merged.weight = Tensor(DType::kBF16, {n, first.in_features}, nullptr,
+                         const_cast<void*>(first.weight.data<void>()), Device::kCuda);
+  Tensor sums = Activation({T, n}, DType::kF32);
+  Linear(x, merged, sums);
+  sp.rows = T;
+  sp.src = sums.data<float>();
+  sp.src_stride = n;
+  sp.programmatic = impl_->programmatic_small;
+  impl_->Check(InvokeSplitColumns(sp, impl_->stream), [&] {
+    return absl::StrCat("SplitColumns of the merged projection ", Shape(x), " x ", n);
+  });
+  ++impl_->merged_count;
+  return true;
+}
 
 void CudaOps::Linears(const Tensor& x, std::initializer_list<LinearOut> outs) {
   MLASERVE_SKIP_IF_FAILED();
+  if (MergedLinears(x, outs)) return;
   LinearGemm::Args list[kSkinnyMaxSegments];
   if (outs.size() > kSkinnyMaxSegments) {
     for (const LinearOut& o : outs) Linear(x, *o.w, *o.out);

@@ -57,6 +57,7 @@ class CudaOps : public Ops {
                   Tensor& out) override;
   void Linear(const Tensor& x, const LinearWeight& w, Tensor& out) override;
   void Linears(const Tensor& x, std::initializer_list<LinearOut> outs) override;
+  absl::Status AdjoinLinears(std::initializer_list<LinearWeight*> weights) override;
   void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void RmsNormLinear(Tensor& x, const Tensor& norm_weight, float eps, const LinearWeight& w,
                      Tensor& out) override;
@@ -143,6 +144,16 @@ class CudaOps : public Ops {
   // even, batches 32 and 64 0.99x (each projection alone is slower than cuBLASLt's from 16 rows).
   static constexpr int kDefaultDecodeGemmRows = 8;
   void SetDecodeGemmRows(int rows);
+  // Linears over adjoined weights (AdjoinLinears: q_a and kv_a, a layer's gate and up) at 5..rows
+  // activation rows as one product into fp32 scratch, whose columns a second kernel hands to each
+  // weight's output with its alpha (kernels/linear/split_columns.h): one GEMM (and one split-K
+  // reduction) where there were two, for an extra small launch. Up to 4 rows the skinny kernels
+  // already run them as one launch; the batch-invariant mode never merges (the bits would depend
+  // on the batch size). 0 is off.
+  static constexpr int kDefaultMergedProjectionRows = 0;
+  void SetMergedProjectionRows(int rows);
+  // Merged products enqueued so far (for tests and benchmarks).
+  uint64_t merged_projections() const;
   // MlaKvPrep as one kernel (kernels/mla/mla_kv_prep.h) instead of the five ops.
   void SetFusedMlaInput(bool on);
   // q's RoPE inside the fused MLA input kernel (MlaInputPrep: one launch where there were the
@@ -226,6 +237,9 @@ class CudaOps : public Ops {
   void RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                      const RoutedExperts& experts, const Tensor& shared, Tensor& out,
                      const MoeRouteParams* route);
+  // Linears over adjoined weights as one product and a split (SetMergedProjectionRows) where the
+  // step's rows and the weights allow; false, with nothing enqueued, where they do not.
+  bool MergedLinears(const Tensor& x, std::initializer_list<LinearOut> outs);
   // The fused MLA input kernel (with q's RoPE when q is set, and q's absorption into q_abs
   // when w_kb is set as well) where it takes these tensors; false, with nothing enqueued, where
   // it does not.

@@ -191,6 +191,15 @@ class Ops {
   virtual void Linears(const Tensor& x, std::initializer_list<LinearOut> outs) {
     for (const LinearOut& o : outs) Linear(x, *o.w, *o.out);
   }
+  // Places dense weights that always project the same x in one Linears call, in this order (q_a
+  // and kv_a; a layer's gate and up), side by side in the backend's memory, so that Linears may run
+  // them as one product. Shapes, values and results stay as they were; a weight the backend cannot
+  // place (another format, another input width) leaves all of them where they are. The default
+  // does nothing.
+  virtual absl::Status AdjoinLinears(std::initializer_list<LinearWeight*> weights) {
+    (void)weights;
+    return absl::OkStatus();
+  }
   // out = silu(gate) * up, elementwise.
   virtual void SiluMul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // An op and the projection that reads its output, as one call (the defaults are the two ops;

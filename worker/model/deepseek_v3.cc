@@ -577,6 +577,11 @@ absl::Status DeepseekV3Model::LoadWeights(const TensorSource& ckpt) {
       layer->experts = *std::move(experts);
       weight_bytes_ += layer->experts.bytes;
     }
+    // The projections of one x, side by side where the backend merges them (Ops::AdjoinLinears),
+    // in the order Attention and Mlp pass them to Linears.
+    MLASERVE_TRY(
+        ops_.AdjoinLinears({c.q_lora_rank > 0 ? &layer->q_a : &layer->q_proj, &layer->kv_a}));
+    if (layer->has_mlp) MLASERVE_TRY(ops_.AdjoinLinears({&layer->gate, &layer->up}));
 #undef MLASERVE_TRY
     // The paged latent cache of this layer (held whole on every rank).
     layer->kv.format = options_.kv_format;

@@ -33,6 +33,7 @@
 #include "kernels/linear/decode_gemm.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_ref.h"
+#include "kernels/linear/split_columns.h"
 #include "kernels/norm/rms_norm.h"
 #include "kernels/norm/rms_norm_ref.h"
 #include "kernels/rope/rope.h"
@@ -528,6 +529,113 @@ TEST(ElementwiseGpuTest, SiluMul) {
       ExpectPaddingUntouched(out, rows, cols, out_stride, bad.what);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SplitColumns (the merged projection's epilogue): exact. out = alpha * src in fp32, then one
+// round to nearest even for bf16 outputs (FloatToBf16); the host does the same fp32 multiply.
+// Cases take the 16-byte path (every width and stride a multiple of 4) and the one-element path
+// (Kimi's 1536 + 576 columns, then widths of 37 and 5), fp32 and bf16 outputs with padded
+// strides (whose padding must stay untouched), 1-4 segments.
+TEST(ElementwiseGpuTest, SplitColumns) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  struct Seg {
+    int64_t cols;
+    DType dtype;
+    int pad;
+    float alpha;
+  };
+  struct Case {
+    int64_t rows;
+    int src_pad;
+    std::vector<Seg> segs;
+  };
+  const std::vector<Case> cases = {
+      {64, 0, {{1536, DType::kBF16, 0, 1.0f}, {576, DType::kBF16, 0, 1.0f}}},
+      {7, 4, {{256, DType::kBF16, 4, 0.37f}, {256, DType::kF32, 8, 1.0f}}},
+      {5,
+       1,
+       {{37, DType::kBF16, 3, 1.5f}, {64, DType::kF32, 0, -2.0f}, {5, DType::kBF16, 1, 1.0f}}},
+      {33,
+       0,
+       {{8, DType::kF32, 0, 1.0f},
+        {12, DType::kBF16, 0, 0.5f},
+        {4, DType::kBF16, 0, 3.0f},
+        {16, DType::kF32, 4, 0.25f}}},
+      {70000, 0, {{4, DType::kBF16, 0, 1.0f}, {4, DType::kF32, 0, 2.0f}}},  // rows past gridDim.y
+  };
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  for (const Case& c : cases) {
+    int64_t total = 0;
+    for (const Seg& g : c.segs) total += g.cols;
+    const int64_t src_stride = total + c.src_pad;
+    std::vector<float> src(c.rows * src_stride);
+    for (float& v : src) v = d(rng);
+    DeviceBuffer<float> d_src(src.size());
+    CUDA_OK(cudaMemcpy(d_src.ptr, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> b16;
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> f32;
+    SplitColumnsParams p;
+    p.rows = c.rows;
+    p.src = d_src.ptr;
+    p.src_stride = src_stride;
+    for (const Seg& g : c.segs) {
+      SplitColumnsParams::Segment& s = p.seg[p.num_segments++];
+      s.cols = g.cols;
+      s.dtype = g.dtype;
+      s.out_stride = g.cols + g.pad;
+      s.alpha = g.alpha;
+      if (g.dtype == DType::kBF16) {
+        b16.push_back(std::make_unique<DeviceBuffer<uint16_t>>(c.rows * s.out_stride));
+        CUDA_OK(b16.back()->Poison());
+        s.out = b16.back()->ptr;
+      } else {
+        f32.push_back(std::make_unique<DeviceBuffer<float>>(c.rows * s.out_stride));
+        CUDA_OK(f32.back()->Poison());
+        s.out = f32.back()->ptr;
+      }
+    }
+    STATUS_OK(InvokeSplitColumns(p, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    size_t i16 = 0, i32 = 0;
+    int64_t col0 = 0;
+    for (size_t si = 0; si < c.segs.size(); ++si) {
+      const Seg& g = c.segs[si];
+      const int64_t stride = g.cols + g.pad;
+      Mismatches bad("SplitColumns rows " + std::to_string(c.rows) + " segment " +
+                     std::to_string(si));
+      if (g.dtype == DType::kBF16) {
+        const std::vector<uint16_t> out = b16[i16++]->Download();
+        for (int64_t r = 0; r < c.rows; ++r) {
+          for (int64_t j = 0; j < g.cols; ++j) {
+            const uint16_t want = FloatToBf16(g.alpha * src[r * src_stride + col0 + j]);
+            if (out[r * stride + j] != want) {
+              bad.Add(r, j, Bf16ToFloat(out[r * stride + j]), Bf16ToFloat(want), 0);
+            }
+          }
+        }
+        ExpectPaddingUntouched(out, c.rows, g.cols, stride, bad.what);
+      } else {
+        const std::vector<float> out = f32[i32++]->Download();
+        for (int64_t r = 0; r < c.rows; ++r) {
+          for (int64_t j = 0; j < g.cols; ++j) {
+            const float want = g.alpha * src[r * src_stride + col0 + j];
+            if (std::memcmp(&out[r * stride + j], &want, 4) != 0) {
+              bad.Add(r, j, out[r * stride + j], want, 0);
+            }
+          }
+        }
+        ExpectPaddingUntouched(out, c.rows, g.cols, stride, bad.what);
+      }
+      bad.Expect();
+      col0 += g.cols;
+    }
+  }
+  // Bad arguments: an error, nothing launched.
+  SplitColumnsParams bad;
+  bad.rows = 1;
+  EXPECT_FALSE(InvokeSplitColumns(bad, nullptr).ok());
 }
 
 // ---------------------------------------------------------------------------------------------
