@@ -15,6 +15,7 @@
 #include "kernels/moe/bf16_moe_gemm.h"
 #include "kernels/moe/moe_tile_expert.cuh"
 #include "kernels/programmatic_launch.cuh"
+#include "kernels/resident_blocks.h"
 #include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::bf16_moe_gemm {
@@ -270,9 +271,7 @@ cudaError_t Launch(const Bf16MoeGemmParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.max_tiles == 0) return cudaSuccess;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
+  if (cudaError_t err = OptInDynamicSmem(kernel, Cfg::kSmemBytes); err != cudaSuccess) return err;
   const dim3 grid(p.n / Cfg::kBM, p.max_tiles);
   return pdl::LaunchKernel(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
                                      p.programmatic, p);

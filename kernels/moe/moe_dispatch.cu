@@ -2,6 +2,7 @@
 
 #include "kernels/moe/moe_dispatch.h"
 #include "kernels/programmatic_launch.cuh"
+#include "kernels/resident_blocks.h"
 
 namespace mlaserve {
 namespace {
@@ -166,9 +167,7 @@ cudaError_t InvokeMoeDispatch(const MoeDispatchParams& p, cudaStream_t stream) {
                              p.programmatic, p);
   }
   const size_t smem = ParallelSmemBytes(p.num_local_experts);
-  if (cudaError_t e = cudaFuncSetAttribute(MoeDispatchKernel<true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
+  if (cudaError_t e = OptInDynamicSmem(MoeDispatchKernel<true>, static_cast<int>(smem));
       e != cudaSuccess) {
     return e;
   }

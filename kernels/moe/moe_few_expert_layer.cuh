@@ -32,6 +32,7 @@
 #include "kernels/moe/moe_few_expert_gemm.cuh"
 #include "kernels/moe/moe_few_expert_layer.h"
 #include "kernels/programmatic_launch.cuh"
+#include "kernels/resident_blocks.h"
 #include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::moe_gemm {
@@ -380,20 +381,17 @@ cudaError_t LaunchFewExpertLayer(const typename Format::Params& gate_up,
   P.mt_down = FewExpertTilesPerBlock(a.intermediate);
   auto* kernel = FewExpertLayerKernel<Format>;
   const int smem = P.smem.total;
-  int dev = 0, sms = 0, per_sm = 0;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err == cudaSuccess) err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFewExpertThreads, smem);
+  ResidentBlocks rb;
+  if (cudaError_t err = QueryResidentBlocks(kernel, kFewExpertThreads, smem, &rb);
+      err != cudaSuccess) {
+    return err;
   }
-  if (err != cudaSuccess) return err;
-  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  if (rb.per_sm < 1) return cudaErrorInvalidConfiguration;
   const long long max_active = std::min(a.num_local_experts, a.tokens * a.top_k);
   const long long items =
       max_active * (2 * a.intermediate / (16 * P.mt_gate_up)) + a.hidden / (16 * P.mt_down);
   const int grid =
-      static_cast<int>(std::min<long long>(items, static_cast<long long>(sms) * per_sm));
+      static_cast<int>(std::min<long long>(items, static_cast<long long>(rb.sms) * rb.per_sm));
   return pdl::LaunchKernel(kernel, dim3(grid), dim3(kFewExpertThreads), smem, stream,
                            a.programmatic, P);
 }

@@ -26,6 +26,7 @@
 #include "kernels/moe/moe_few_expert_gemm.cuh"
 #include "kernels/moe/moe_tile_expert.cuh"
 #include "kernels/programmatic_launch.cuh"
+#include "kernels/resident_blocks.h"
 #include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::moe_gemm {
@@ -443,17 +444,13 @@ cudaError_t LaunchFewExpertMoeGemm(const typename Format::Params& p, cudaStream_
   auto* kernel = FewExpertMoeGemmKernel<Format, kGateUp, kMT, kWide>;
   using Cfg = FewExpertGemmConfig<Format, kWide>;
   const int smem = FewExpertSmemBytes(p.k, p.num_local_experts, Cfg::kPassRows, Cfg::kSmemRing);
-  int dev = 0, sms = 0, per_sm = 0;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err == cudaSuccess) err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFewExpertThreads, smem);
+  ResidentBlocks rb;
+  if (cudaError_t err = QueryResidentBlocks(kernel, kFewExpertThreads, smem, &rb);
+      err != cudaSuccess) {
+    return err;
   }
-  if (err != cudaSuccess) return err;
   const long long items = static_cast<long long>(p.max_tiles) * (p.n / (16 * kMT));
-  const int grid = static_cast<int>(std::min<long long>(items, std::max(1, sms * per_sm)));
+  const int grid = static_cast<int>(std::min<long long>(items, std::max(1, rb.sms * rb.per_sm)));
   return pdl::LaunchKernel(kernel, dim3(grid), dim3(kFewExpertThreads), smem, stream,
                            p.programmatic, p);
 }
@@ -507,22 +504,11 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
     // launch finds no item).
     if (p.wave_tail != 0 && few_fits) {
       auto* kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             Cfg::kSmemBytes);
-      int wave_tiles = p.wave_tail;
-      if (err == cudaSuccess && wave_tiles < 0) {  // the device's wave
-        int dev = 0, sms = 0, per_sm = 0;
-        err = cudaGetDevice(&dev);
-        if (err == cudaSuccess) {
-          err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        }
-        if (err == cudaSuccess) {
-          err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads,
-                                                              Cfg::kSmemBytes);
-        }
-        wave_tiles = sms * per_sm / (p.n / Cfg::kBM);
-      }
+      ResidentBlocks rb;
+      cudaError_t err = QueryResidentBlocks(kernel, Cfg::kThreads, Cfg::kSmemBytes, &rb);
       if (err != cudaSuccess) return err;
+      // The device's wave where the caller did not fix one.
+      const int wave_tiles = p.wave_tail > 0 ? p.wave_tail : rb.sms * rb.per_sm / (p.n / Cfg::kBM);
       const bool tail = p.wave_tail > 0 ? p.max_tiles > wave_tiles
                                         : wave_tiles > 0 && p.expected_tiles > wave_tiles &&
                                               2 * p.expected_tiles < 3 * wave_tiles;
@@ -539,9 +525,7 @@ cudaError_t LaunchWeightOnlyMoeGemm(const typename Format::Params& p, cudaStream
   typename Format::Params q = p;
   q.wave_tail = 0;
   auto* kernel = WeightOnlyMoeGemmKernel<Cfg, kGateUp, Format, kDense>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
+  if (cudaError_t err = OptInDynamicSmem(kernel, Cfg::kSmemBytes); err != cudaSuccess) return err;
   return pdl::LaunchKernel(kernel, dim3(p.n / Cfg::kBM, p.max_tiles), dim3(Cfg::kThreads),
                            Cfg::kSmemBytes, stream, p.programmatic, q);
 }

@@ -149,8 +149,11 @@ class CudaOps : public Ops {
   // weight's output with its alpha (kernels/linear/split_columns.h): one GEMM (and one split-K
   // reduction) where there were two, for an extra small launch. Up to 4 rows the skinny kernels
   // already run them as one launch; the batch-invariant mode never merges (the bits would depend
-  // on the batch size). 0 is off.
-  static constexpr int kDefaultMergedProjectionRows = 0;
+  // on the batch size). 0 is off. 64 by default: on the H100's 16-layer Kimi cut (bench/RESULTS.md,
+  // session 27; two rounds each way in one process) batch 8 2.88 / 2.96 ms against 2.91 / 3.06,
+  // batch 16 3.79 / 3.78 against 3.93 / 3.98, batch 32 5.43 / 5.44 against 5.48 / 5.50, batch 64
+  // 7.19 / 7.25 against 7.26 / 7.39 (1.01-1.05x).
+  static constexpr int kDefaultMergedProjectionRows = 64;
   void SetMergedProjectionRows(int rows);
   // Merged products enqueued so far (for tests and benchmarks).
   uint64_t merged_projections() const;
