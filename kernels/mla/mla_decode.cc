@@ -33,18 +33,19 @@ struct VariantEntry {
   // pieces: measured on the H100 (bench/RESULTS.md, session 20; 3 reps, minimum), fp8_tiled 8-16
   // heads at batch 1-4 ran 1.03-1.13x faster with 2 an SM from 32k tokens (16 heads batch 1 x 32k
   // 30.6 -> 27.0 us) and within 2% at 1k (one case of 24, 8 heads batch 1 x 4k, 0.94x); fp8 and
-  // bf16 fit 2 anyway. The shallow ring likewise (session 27, H100, one run each way,
-  // mla_decode_bench --workers 264 against the plan's 396): fp8_tiled at 8-16 heads x batch 16-64
-  // x 1k-32k ran 1.00-1.15x faster at 2 workers an SM than at the 3 that fit, in all 48 cases
-  // (8 heads batch 64 x 1k 37.3 -> 34.8 us, 16 heads batch 16 x 4k 41.7 -> 36.8; 330 workers,
-  // 2-3 an SM, lost to both), so the 3rd block's warps cost more than they hide.
-  int max_blocks_per_sm = 0;
+  // bf16 fit 2 anyway. The shallow ring's fp8_tiled likewise (session 27, H100, one run each way,
+  // mla_decode_bench --workers 264 against the plan's 396): at 8-16 heads x batch 16-64 x 1k-32k it
+  // ran 1.00-1.15x faster at 2 workers an SM than at the 3 that fit, in all 48 cases (8 heads
+  // batch 64 x 1k 37.3 -> 34.8 us, 16 heads batch 16 x 4k 41.7 -> 36.8; 330 workers, 2-3 an SM,
+  // lost to both). The shallow ring's fp8 (3 an SM as well) was not measured at 2 and keeps 3.
+  // Indexed by KvCacheFormat; 0: no cap.
+  int max_blocks_per_sm[3] = {0, 0, 0};
 };
 
 // Warp-sliced kernel (mla_decode_sliced.cuh), 16 rows per block: tile tokens and stages per
 // format (bf16, fp8, fp8_tiled).
 constexpr int kSched = mla::kInlineScheduleMaxBatch;
-#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST, CAP)                                       \
+#define MLASERVE_MLA_SLICED(NAME, T, SB, S8, ST, CAP_B, CAP_8, CAP_T)                       \
   VariantEntry {                                                                            \
     NAME, 16, kSched,                                                                       \
         {&mla::MlaDecodeSlicedBlocksPerSm<KvCacheFormat::kBf16, T, SB, kSched, false>,      \
@@ -53,7 +54,9 @@ constexpr int kSched = mla::kInlineScheduleMaxBatch;
         {&mla::LaunchMlaDecodeSliced<KvCacheFormat::kBf16, T, SB, kSched, false>,           \
          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8, T, S8, kSched, false>,            \
          &mla::LaunchMlaDecodeSliced<KvCacheFormat::kFp8Tiled, T, ST, kSched, false>},      \
-        CAP                                                                                 \
+    {                                                                                       \
+      CAP_B, CAP_8, CAP_T                                                                   \
+    }                                                                                       \
   }
 
 // A format a variant has no kernel for.
@@ -122,8 +125,8 @@ const VariantEntry kWgmmaAhead{"wgmma_rows64_tile32_ahead",
                                 &mla::LaunchMlaDecodeWgmma<kFp8Tiled, 32, 3, true>}};
 
 const VariantEntry kVariants[] = {
-    MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 2),
-    MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2),
+    MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0, 0, 2),
+    MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2, 2, 2),
     MLASERVE_MLA_WGMMA("wgmma_rows64_tile32", 32, 3, 3, 3),
     kSm120TwoBlocks,
     kSm120E4m3,
@@ -260,8 +263,8 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
   }
   const int rows_per_cta = kVariants[variant].rows_per_cta;
   int per_sm = kVariants[variant].blocks_per_sm[static_cast<int>(format)]();
-  if (kVariants[variant].max_blocks_per_sm > 0) {
-    per_sm = std::min(per_sm, kVariants[variant].max_blocks_per_sm);
+  if (const int cap = kVariants[variant].max_blocks_per_sm[static_cast<int>(format)]; cap > 0) {
+    per_sm = std::min(per_sm, cap);
   }
   const int row_tiles = (rows + rows_per_cta - 1) / rows_per_cta;
   MlaDecodePlan plan;
