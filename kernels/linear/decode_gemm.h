@@ -45,8 +45,9 @@ struct DecodeGemmArgs {
   void* out = nullptr;             // out_dtype [m, n], row stride out_stride elements
   DType out_dtype = DType::kBF16;  // kBF16 or kF32
   int64_t out_stride = 0;          // >= n
-  // The K split's fp32 partials (device memory, 16-byte aligned): DecodeGemmWorkspaceBytes(S)
-  // for the split chosen; with fewer bytes the split is reduced to what fits (S = 1 needs none).
+  // The K split's fp32 partials (device memory, 16-byte aligned): S x m x (n rounded up to 64) x
+  // 4 bytes for a split of S; with fewer bytes the split is reduced to what fits (S = 1 needs
+  // none).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int sm_count = 132;         // the device's multiprocessors: sizes the K split

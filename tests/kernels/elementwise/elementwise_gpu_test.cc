@@ -639,6 +639,118 @@ TEST(ElementwiseGpuTest, SplitColumns) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The split-K decode GEMM called directly (no cuBLASLt in the test, so that compute-sanitizer's
+// racecheck, under which cuBLASLt's kernels fail to launch, can run it): every n-tile count, K
+// split by the workspace given (none, one slice's worth, plenty), fp32 and bf16 outputs, padded x
+// and output rows, programmatic launches. Bound: LinearGemm's below (fp32 sums of exact products in
+// another order, one bf16 rounding).
+TEST(ElementwiseGpuTest, DecodeGemmDirect) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    int m, n, k, x_pad, out_pad;
+    DType out;
+    float alpha;
+    size_t workspace;  // bytes
+  };
+  constexpr size_t kPlenty = 32u << 20;
+  const Case cases[] = {
+      {5, 576, 7168, 0, 0, DType::kBF16, 1.0f, kPlenty},
+      {8, 1536, 7168, 8, 3, DType::kF32, 0.37f, kPlenty},
+      {16, 40, 128, 0, 0, DType::kBF16, 1.0f, kPlenty},
+      {33, 2112, 1024, 16, 0, DType::kBF16, 2.5f, 0},              // no split
+      {64, 576, 7168, 0, 0, DType::kF32, 1.0f, 2 * 64 * 576 * 4},  // a split of 2 at most
+      {64, 7168, 256, 0, 5, DType::kBF16, 1.0f, kPlenty},
+  };
+  FastRandom rng(12);
+  DeviceBuffer<uint8_t> d_ws(kPlenty);
+  ASSERT_NE(d_ws.ptr, nullptr);
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const Case& c : cases) {
+    const int64_t x_stride = c.k + c.x_pad, out_stride = c.n + c.out_pad;
+    const std::vector<uint16_t> x = RandomBf16(rng, c.m * x_stride, 1.0f);
+    const std::vector<uint16_t> w = RandomBf16(rng, int64_t{c.n} * c.k, 1.0f / std::sqrt(c.k));
+    std::vector<float> xin(c.m * c.k), xabs(c.m * c.k);
+    for (int64_t r = 0; r < c.m; ++r) {
+      for (int64_t i = 0; i < c.k; ++i) {
+        xin[r * c.k + i] = Bf16ToFloat(x[r * x_stride + i]);
+        xabs[r * c.k + i] = std::fabs(xin[r * c.k + i]);
+      }
+    }
+    std::vector<uint16_t> wabs(w);
+    for (auto& b : wabs) b &= 0x7fff;
+    LinearRefWeight ref_w;
+    ref_w.out_features = c.n;
+    ref_w.in_features = c.k;
+    ref_w.bf16 = w.data();
+    std::vector<float> want(int64_t{c.m} * c.n), sabs(int64_t{c.m} * c.n);
+    LinearRef(xin.data(), c.m, ref_w, want.data(), 2);
+    ref_w.bf16 = wabs.data();
+    LinearRef(xabs.data(), c.m, ref_w, sabs.data(), 2);
+    const size_t osize = c.out == DType::kF32 ? 4 : 2;
+    DeviceBuffer<uint16_t> d_x(x.size()), d_w(w.size());
+    DeviceBuffer<uint8_t> d_out(c.m * out_stride * osize);
+    CUDA_OK(d_x.Upload(x));
+    CUDA_OK(d_w.Upload(w));
+    CUDA_OK(d_out.Poison());
+    DecodeGemmArgs a;
+    a.m = c.m;
+    a.n = c.n;
+    a.k = c.k;
+    a.x = d_x.ptr;
+    a.x_stride = x_stride;
+    a.w = d_w.ptr;
+    a.alpha = c.alpha;
+    a.out = d_out.ptr;
+    a.out_dtype = c.out;
+    a.out_stride = out_stride;
+    a.workspace = c.workspace > 0 ? d_ws.ptr : nullptr;
+    a.workspace_bytes = c.workspace;
+    a.sm_count = sms;
+    a.programmatic = true;
+    ASSERT_TRUE(DecodeGemmSupports(a));
+    CUDA_OK(InvokeDecodeGemm(a, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const std::vector<uint8_t> raw = d_out.Download();
+    const std::string what = "DecodeGemm m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
+                             " k " + std::to_string(c.k) + " workspace " +
+                             std::to_string(c.workspace);
+    Mismatches bad(what);
+    for (int64_t r = 0; r < c.m; ++r) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        const double y = static_cast<double>(c.alpha) * want[r * c.n + j];
+        const double e = 2.0 * c.k * std::ldexp(1.0, -24) * c.alpha * sabs[r * c.n + j] +
+                         std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
+        const size_t o = static_cast<size_t>(r * out_stride + j);
+        double got, tol = e;
+        if (c.out == DType::kF32) {
+          float f;
+          std::memcpy(&f, &raw[o * 4], 4);
+          got = f;
+        } else {
+          uint16_t b;
+          std::memcpy(&b, &raw[o * 2], 2);
+          got = Bf16ToFloat(b);
+          tol = kBf16HalfUlp * (std::fabs(y) + e) + e;
+        }
+        bad.Check(r, j, got, y, tol);
+      }
+    }
+    bad.Expect();
+    int64_t touched = 0;
+    for (int64_t r = 0; r < c.m; ++r) {
+      for (size_t b = (r * out_stride + c.n) * osize; b < (r + 1) * out_stride * osize; ++b) {
+        if (raw[b] != 0xff) ++touched;
+      }
+    }
+    EXPECT_EQ(touched, 0) << what << ": padding bytes written";
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// ---------------------------------------------------------------------------------------------
 // LinearGemm. Both sides multiply the same bf16 values exactly (a bf16 product is exact in fp32)
 // and sum k products in fp32 in different orders; any fp32 summation order of k terms is within
 // k * 2^-24 * S of the exact sum, where S = sum_i |x_i w_i| (recursive-summation bound), so
