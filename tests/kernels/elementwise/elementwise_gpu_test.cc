@@ -639,6 +639,79 @@ TEST(ElementwiseGpuTest, SplitColumns) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Dense GEMMs (LinearGemm, the decode GEMM). Both sides multiply the same bf16 values exactly (a
+// bf16 product is exact in fp32) and sum k products in fp32 in different orders; any fp32 summation
+// order of k terms is within k * 2^-24 * S of the exact sum, where S = sum_i |x_i w_i|
+// (recursive-summation bound), so reference and GPU differ by at most e = 2 k 2^-24 alpha S (+
+// alpha's one rounding, 2^-24 |y|). A bf16 output adds its rounding: |got - y_ref| <= 2^-8 (|y_ref|
+// + e) + e. A wrong element (bad index, stride, transpose, missing alpha) is off by O(|y|) ~ S /
+// sqrt(k), far above e for k <= 7168 (e / S <= 8.6e-4, 1 / sqrt(7168) = 1.2e-2). GemmReference
+// computes y_ref (want) and S (sabs) from x [m, x_stride] and w [n, k] on the host;
+// ExpectGemmOutput checks the device's output rows (out_stride elements of out_dtype) against them
+// and that the padding past n is untouched (0xff poison).
+struct GemmReference {
+  std::vector<float> want, sabs;
+};
+GemmReference ComputeGemmReference(const std::vector<uint16_t>& x, const std::vector<uint16_t>& w,
+                                   int64_t m, int64_t n, int64_t k, int64_t x_stride, int threads) {
+  std::vector<float> xin(m * k), xabs(m * k);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) {
+      xin[r * k + i] = Bf16ToFloat(x[r * x_stride + i]);
+      xabs[r * k + i] = std::fabs(xin[r * k + i]);
+    }
+  }
+  std::vector<uint16_t> wabs(w);
+  for (auto& b : wabs) b &= 0x7fff;
+  LinearRefWeight ref_w;
+  ref_w.out_features = static_cast<int>(n);
+  ref_w.in_features = static_cast<int>(k);
+  ref_w.bf16 = w.data();
+  GemmReference ref;
+  ref.want.resize(m * n);
+  ref.sabs.resize(m * n);
+  LinearRef(xin.data(), m, ref_w, ref.want.data(), threads);
+  ref_w.bf16 = wabs.data();
+  LinearRef(xabs.data(), m, ref_w, ref.sabs.data(), threads);
+  return ref;
+}
+void ExpectGemmOutput(const std::vector<uint8_t>& raw, const GemmReference& ref, int64_t m,
+                      int64_t n, int64_t k, float alpha, DType out_dtype, int64_t out_stride,
+                      const std::string& what) {
+  const size_t osize = out_dtype == DType::kF32 ? 4 : 2;
+  Mismatches bad(what);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      const double y = static_cast<double>(alpha) * ref.want[r * n + j];
+      const double e = 2.0 * k * std::ldexp(1.0, -24) * alpha * ref.sabs[r * n + j] +
+                       std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
+      const size_t o = static_cast<size_t>(r * out_stride + j);
+      double got;
+      double tol = e;
+      if (out_dtype == DType::kF32) {
+        float f;
+        std::memcpy(&f, &raw[o * 4], 4);
+        got = f;
+      } else {
+        uint16_t b;
+        std::memcpy(&b, &raw[o * 2], 2);
+        got = Bf16ToFloat(b);
+        tol = kBf16HalfUlp * (std::fabs(y) + e) + e;
+      }
+      bad.Check(r, j, got, y, tol);
+    }
+  }
+  bad.Expect();
+  int64_t touched = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    for (size_t b = (r * out_stride + n) * osize; b < (r + 1) * out_stride * osize; ++b) {
+      if (raw[b] != 0xff) ++touched;
+    }
+  }
+  EXPECT_EQ(touched, 0) << what << ": padding bytes written";
+}
+
+// ---------------------------------------------------------------------------------------------
 // The split-K decode GEMM called directly (no cuBLASLt in the test, so that compute-sanitizer's
 // racecheck, under which cuBLASLt's kernels fail to launch, can run it): every n-tile count, K
 // split by the workspace given (none, one slice's worth, plenty), fp32 and bf16 outputs, padded x
@@ -672,23 +745,7 @@ TEST(ElementwiseGpuTest, DecodeGemmDirect) {
     const int64_t x_stride = c.k + c.x_pad, out_stride = c.n + c.out_pad;
     const std::vector<uint16_t> x = RandomBf16(rng, c.m * x_stride, 1.0f);
     const std::vector<uint16_t> w = RandomBf16(rng, int64_t{c.n} * c.k, 1.0f / std::sqrt(c.k));
-    std::vector<float> xin(c.m * c.k), xabs(c.m * c.k);
-    for (int64_t r = 0; r < c.m; ++r) {
-      for (int64_t i = 0; i < c.k; ++i) {
-        xin[r * c.k + i] = Bf16ToFloat(x[r * x_stride + i]);
-        xabs[r * c.k + i] = std::fabs(xin[r * c.k + i]);
-      }
-    }
-    std::vector<uint16_t> wabs(w);
-    for (auto& b : wabs) b &= 0x7fff;
-    LinearRefWeight ref_w;
-    ref_w.out_features = c.n;
-    ref_w.in_features = c.k;
-    ref_w.bf16 = w.data();
-    std::vector<float> want(int64_t{c.m} * c.n), sabs(int64_t{c.m} * c.n);
-    LinearRef(xin.data(), c.m, ref_w, want.data(), 2);
-    ref_w.bf16 = wabs.data();
-    LinearRef(xabs.data(), c.m, ref_w, sabs.data(), 2);
+    const GemmReference ref = ComputeGemmReference(x, w, c.m, c.n, c.k, x_stride, 2);
     const size_t osize = c.out == DType::kF32 ? 4 : 2;
     DeviceBuffer<uint16_t> d_x(x.size()), d_w(w.size());
     DeviceBuffer<uint8_t> d_out(c.m * out_stride * osize);
@@ -717,47 +774,13 @@ TEST(ElementwiseGpuTest, DecodeGemmDirect) {
     const std::string what = "DecodeGemm m " + std::to_string(c.m) + " n " + std::to_string(c.n) +
                              " k " + std::to_string(c.k) + " workspace " +
                              std::to_string(c.workspace);
-    Mismatches bad(what);
-    for (int64_t r = 0; r < c.m; ++r) {
-      for (int64_t j = 0; j < c.n; ++j) {
-        const double y = static_cast<double>(c.alpha) * want[r * c.n + j];
-        const double e = 2.0 * c.k * std::ldexp(1.0, -24) * c.alpha * sabs[r * c.n + j] +
-                         std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
-        const size_t o = static_cast<size_t>(r * out_stride + j);
-        double got, tol = e;
-        if (c.out == DType::kF32) {
-          float f;
-          std::memcpy(&f, &raw[o * 4], 4);
-          got = f;
-        } else {
-          uint16_t b;
-          std::memcpy(&b, &raw[o * 2], 2);
-          got = Bf16ToFloat(b);
-          tol = kBf16HalfUlp * (std::fabs(y) + e) + e;
-        }
-        bad.Check(r, j, got, y, tol);
-      }
-    }
-    bad.Expect();
-    int64_t touched = 0;
-    for (int64_t r = 0; r < c.m; ++r) {
-      for (size_t b = (r * out_stride + c.n) * osize; b < (r + 1) * out_stride * osize; ++b) {
-        if (raw[b] != 0xff) ++touched;
-      }
-    }
-    EXPECT_EQ(touched, 0) << what << ": padding bytes written";
+    ExpectGemmOutput(raw, ref, c.m, c.n, c.k, c.alpha, c.out, out_stride, what);
   }
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // ---------------------------------------------------------------------------------------------
-// LinearGemm. Both sides multiply the same bf16 values exactly (a bf16 product is exact in fp32)
-// and sum k products in fp32 in different orders; any fp32 summation order of k terms is within
-// k * 2^-24 * S of the exact sum, where S = sum_i |x_i w_i| (recursive-summation bound), so
-// reference and GPU differ by at most e = 2 k 2^-24 alpha S (+ alpha's one rounding, 2^-24 |y|).
-// A bf16 output adds its rounding: |got - y_ref| <= 2^-8 (|y_ref| + e) + e. A wrong element (bad
-// index, stride, transpose, missing alpha) is off by O(|y|) ~ S / sqrt(k), far above e for
-// k <= 7168 (e / S <= 8.6e-4, 1 / sqrt(7168) = 1.2e-2).
+// LinearGemm: the bound of GemmReference / ExpectGemmOutput above.
 struct GemmCase {
   int64_t m, n, k;
   int x_pad, out_pad;
@@ -834,25 +857,7 @@ TEST(ElementwiseGpuTest, LinearGemm) {
       const int64_t x_stride = c.k + c.x_pad, out_stride = c.n + c.out_pad;
       const std::vector<uint16_t> x = RandomBf16(rng, c.m * x_stride, 1.0f);
       const std::vector<uint16_t> w = RandomBf16(rng, c.n * c.k, 1.0f / std::sqrt(c.k));
-      // Reference on contiguous fp32 x, and S from |x| |w|.
-      std::vector<float> xin(c.m * c.k), xabs(c.m * c.k);
-      for (int64_t r = 0; r < c.m; ++r) {
-        for (int64_t i = 0; i < c.k; ++i) {
-          xin[r * c.k + i] = Bf16ToFloat(x[r * x_stride + i]);
-          xabs[r * c.k + i] = std::fabs(xin[r * c.k + i]);
-        }
-      }
-      std::vector<uint16_t> wabs(w);
-      for (auto& b : wabs) b &= 0x7fff;
-      LinearRefWeight ref_w;
-      ref_w.out_features = static_cast<int>(c.n);
-      ref_w.in_features = static_cast<int>(c.k);
-      ref_w.bf16 = w.data();
-      std::vector<float> want(c.m * c.n), sabs(c.m * c.n);
-      LinearRef(xin.data(), c.m, ref_w, want.data(), threads);
-      ref_w.bf16 = wabs.data();
-      LinearRef(xabs.data(), c.m, ref_w, sabs.data(), threads);
-
+      const GemmReference ref = ComputeGemmReference(x, w, c.m, c.n, c.k, x_stride, threads);
       const size_t osize = c.out_dtype == DType::kF32 ? 4 : 2;
       DeviceBuffer<uint16_t> d_x(x.size()), d_w(w.size());
       DeviceBuffer<uint8_t> d_out(c.m * out_stride * osize);
@@ -883,36 +888,8 @@ TEST(ElementwiseGpuTest, LinearGemm) {
         CUDA_OK(cudaDeviceSynchronize());
         if (run == 1) EXPECT_EQ((*gemm)->CachedPlans(), plans_before) << what;
         const std::vector<uint8_t> raw = d_out.Download();
-        Mismatches bad(what + " run " + std::to_string(run));
-        for (int64_t r = 0; r < c.m; ++r) {
-          for (int64_t j = 0; j < c.n; ++j) {
-            const double y = static_cast<double>(c.alpha) * want[r * c.n + j];
-            const double e = 2.0 * c.k * std::ldexp(1.0, -24) * c.alpha * sabs[r * c.n + j] +
-                             std::ldexp(1.0, -24) * std::fabs(y) + 1e-30;
-            const size_t o = static_cast<size_t>(r * out_stride + j);
-            double got;
-            double tol = e;
-            if (c.out_dtype == DType::kF32) {
-              float f;
-              std::memcpy(&f, &raw[o * 4], 4);
-              got = f;
-            } else {
-              uint16_t b;
-              std::memcpy(&b, &raw[o * 2], 2);
-              got = Bf16ToFloat(b);
-              tol = kBf16HalfUlp * (std::fabs(y) + e) + e;
-            }
-            bad.Check(r, j, got, y, tol);
-          }
-        }
-        bad.Expect();
-        int64_t touched = 0;
-        for (int64_t r = 0; r < c.m; ++r) {
-          for (size_t b = (r * out_stride + c.n) * osize; b < (r + 1) * out_stride * osize; ++b) {
-            if (raw[b] != 0xff) ++touched;
-          }
-        }
-        EXPECT_EQ(touched, 0) << what << ": padding bytes written";
+        ExpectGemmOutput(raw, ref, c.m, c.n, c.k, c.alpha, c.out_dtype, out_stride,
+                         what + " run " + std::to_string(run));
       }
     }
   }
