@@ -903,7 +903,7 @@ absl::Status CudaOps::AdjoinLinears(std::initializer_list<LinearWeight*> weights
 
 bool CudaOps::MergedLinears(const Tensor& x, std::initializer_list<LinearOut> outs) {
   const int64_t T = x.dim(0);
-  if (impl_->merged_rows <= kSkinnyMaxRows || impl_->batch_invariant || outs.size() < 2 ||
+  if (impl_->batch_invariant || outs.size() < 2 ||
       outs.size() > static_cast<size_t>(kSplitColumnsMaxSegments) || T <= kSkinnyMaxRows ||
       T > impl_->merged_rows || x.dtype() != DType::kBF16) {
     return false;
