@@ -49,6 +49,10 @@ build FP8_BITS "$F" -DMLASERVE_FP8_DECODE_BITS
 # (FEW8) and an L2 bulk prefetch of each block's items (FEWL2) measured 1.00x and 0.92x; removed.
 build REGRING "$D" -DMLASERVE_FEW_EXPERT_SMEM_RING=0
 build RING6 "$D" -DMLASERVE_FEW_EXPERT_SMEM_RING=6
+# 16 warps a block at 2 blocks an SM (64 registers): each warp's K slice halved (gate_up at K =
+# 7,168: 7 chunks instead of 14), for the one-expert layer whose warps issue every ~15 cycles
+# through a serial chain (session 25's ncu) while only ~2 of 3 blocks an SM hold an item.
+build FEW16 "$D" -DMLASERVE_FEW_EXPERT_WARPS=16 -DMLASERVE_FEW_EXPERT_RING_MIN_BLOCKS=2 -DMLASERVE_FEW_EXPERT_WIDE_MIN_BLOCKS=2
 # Diagnostic, wrong results (never for tests): NVFP4 codes and scales fed to the MMA undecoded,
 # so both decode kernels read the same bytes without the dequantization work: how far the memory
 # structure alone gets (H200, session 10: the tile kernel 74 -> 89% of copy bandwidth at

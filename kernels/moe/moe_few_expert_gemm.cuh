@@ -35,7 +35,12 @@
 
 namespace mlaserve::moe_gemm {
 
-inline constexpr int kFewExpertWarps = 8;
+// Warps a block (tuning builds may set MLASERVE_FEW_EXPERT_WARPS: 16 halves each warp's K slice,
+// bench/moe/build_variants.sh FEW16).
+#ifndef MLASERVE_FEW_EXPERT_WARPS
+#define MLASERVE_FEW_EXPERT_WARPS 8
+#endif
+inline constexpr int kFewExpertWarps = MLASERVE_FEW_EXPERT_WARPS;
 inline constexpr int kFewExpertThreads = 32 * kFewExpertWarps;
 // Chunks in flight per warp, and blocks an SM for the 4-bit formats (the register budget); both
 // overridable for tuning builds (bench/moe/build_variants.sh).
@@ -105,6 +110,13 @@ inline constexpr int kFewExpertMinBlocks =
 #ifndef MLASERVE_FEW_EXPERT_SMEM_RING
 #define MLASERVE_FEW_EXPERT_SMEM_RING 4
 #endif
+// Blocks an SM of the shared-memory ring and of the wide register ring (tuning builds).
+#ifndef MLASERVE_FEW_EXPERT_RING_MIN_BLOCKS
+#define MLASERVE_FEW_EXPERT_RING_MIN_BLOCKS 3
+#endif
+#ifndef MLASERVE_FEW_EXPERT_WIDE_MIN_BLOCKS
+#define MLASERVE_FEW_EXPERT_WIDE_MIN_BLOCKS 4
+#endif
 inline constexpr int kFewExpertSmemRing = MLASERVE_FEW_EXPERT_SMEM_RING;
 
 template <class Format, bool kWide>
@@ -117,8 +129,8 @@ struct FewExpertGemmConfig {
   static constexpr bool kWideRegisterRing = kWide && kFourBit && kSmemRing == 0;
   static constexpr int kPassRows = kSmemRing > 0 || kWideRegisterRing ? 2 : kFewExpertPassRows;
   static constexpr int kDepth = kWideRegisterRing ? 3 : kFewExpertDepth;
-  static constexpr int kMinBlocks = kSmemRing > 0       ? 3
-                                    : kWideRegisterRing ? 4
+  static constexpr int kMinBlocks = kSmemRing > 0       ? MLASERVE_FEW_EXPERT_RING_MIN_BLOCKS
+                                    : kWideRegisterRing ? MLASERVE_FEW_EXPERT_WIDE_MIN_BLOCKS
                                                         : kFewExpertMinBlocks<Format>;
 };
 
