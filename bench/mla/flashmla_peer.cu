@@ -3,11 +3,12 @@
 // csrc/api/dense_decode.h) timed exactly as bench/mla/mla_decode_bench.cu times ours: cache copies
 // of >= 256 MB together replayed in one CUDA graph (cold L2), shuffled page tables, every sequence
 // of one length, the median replay over the copies, the same byte count (cache rows + q + out) and
-// the same copy-bandwidth measurement. FlashMLA and CUTLASS are not in this repository; build with
-// bench/mla/flashmla_peer.sh from checkouts of both. Prints mla_decode_bench's CSV columns with
-// impl "flashmla", and a sanity line a configuration on stderr (lse and outputs finite).
-// FlashMLA's layout for one KV head: q [b, s_q * h_q, 1, 576] (s_q = 1 here: q as ours), the cache
-// [blocks, 64, 1, 576] bf16 (ours: [blocks, 64, 576]), out [b, 1, h_q, 512]; page size 64.
+// the same copy-bandwidth measurement (bench/mla/decode_timing.h, shared with it). FlashMLA and
+// CUTLASS are not in this repository; build with bench/mla/flashmla_peer.sh from checkouts of both.
+// Prints mla_decode_bench's CSV columns with impl "flashmla", and a sanity line a configuration on
+// stderr (lse and outputs finite). FlashMLA's layout for one KV head: q [b, s_q * h_q, 1, 576] (s_q
+// = 1 here: q as ours), the cache [blocks, 64, 1, 576] bf16 (ours: [blocks, 64, 576]), out [b, 1,
+// h_q, 512]; page size 64.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/mla/decode_timing.h"
 #include "params.h"
 #include "sm90/decode/dense/splitkv_mla.h"
 #include "smxx/decode/combine/combine.h"
@@ -68,31 +70,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   // Copy bandwidth as our bench measures it: a 1 GiB device-to-device copy (read + write bytes).
-  double copy_bw;
-  {
-    size_t n = size_t(4) << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemset(a, 1, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> v;
-    for (int i = 0; i < 12; ++i) {
-      CK(cudaEventRecord(e0));
-      CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float t;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      if (i >= 2) v.push_back(t);
-    }
-    std::sort(v.begin(), v.end());
-    copy_bw = 2.0 * n / (v[v.size() / 2] * 1e-3);
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-  }
+  const double copy_bw = mlaserve::bench::MeasureCopyBandwidth();
   printf("# device %s, %d SMs; d2d copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount,
          copy_bw / 1e9);
   printf("impl,format,heads,batch,context,variant,us,bytes,gbps,frac_copy,copy_gbps\n");
@@ -102,7 +80,7 @@ int main(int argc, char** argv) {
         const int blocks_per_seq = (context + 63) / 64;
         const size_t num_blocks = size_t(batch) * blocks_per_seq;
         const size_t pool_bytes = num_blocks * 64 * 576 * 2;
-        const int copies = int(std::clamp<size_t>((size_t{256} << 20) / pool_bytes + 1, 1, 512));
+        const int copies = mlaserve::bench::ColdL2Copies(pool_bytes);
         std::vector<uint16_t*> pools(copies);
         for (int c = 0; c < copies; ++c) {
           CK(cudaMalloc(&pools[c], pool_bytes));
@@ -234,25 +212,7 @@ int main(int argc, char** argv) {
         CK(cudaStreamEndCapture(stream, &graph));
         cudaGraphExec_t exec;
         CK(cudaGraphInstantiate(&exec, graph, 0));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        for (int i = 0; i < 2; ++i) CK(cudaGraphLaunch(exec, stream));
-        CK(cudaStreamSynchronize(stream));
-        std::vector<float> ms;
-        float total = 0;
-        for (int i = 0; i < 200 && (i < 5 || total < 100.0f); ++i) {
-          CK(cudaEventRecord(e0, stream));
-          CK(cudaGraphLaunch(exec, stream));
-          CK(cudaEventRecord(e1, stream));
-          CK(cudaEventSynchronize(e1));
-          float t;
-          CK(cudaEventElapsedTime(&t, e0, e1));
-          ms.push_back(t);
-          total += t;
-        }
-        std::sort(ms.begin(), ms.end());
-        const double us = ms[ms.size() / 2] * 1e3 / copies;
+        const double us = mlaserve::bench::MedianReplayUs(exec, stream, copies);
         const double bytes =
             double(batch) * context * 576 * 2 + double(q_elems) * 2 + double(out_elems) * 2;
         const double gbps = bytes / (us * 1e-6) / 1e9;

@@ -18,7 +18,7 @@ trap 'rm -rf "$tmp"' EXIT
 nv=(/usr/local/cuda/bin/nvcc -O3 -std=c++20 -DNDEBUG -D_USE_MATH_DEFINES -DFLASH_MLA_DISABLE_FP16
   --expt-relaxed-constexpr --expt-extended-lambda --use_fast_math
   -gencode arch=compute_90a,code=sm_90a -I"$fm/csrc" -I"$cu/include"
-  -I"$fm/csrc/kerutils/include" -w)
+  -I"$fm/csrc/kerutils/include" -I"$here/../.." -w)
 "${nv[@]}" -c "$here/flashmla_peer.cu" -o "$tmp/peer.o" &
 "${nv[@]}" -c "$fm/csrc/smxx/decode/combine/combine.cu" -o "$tmp/combine.o" &
 "${nv[@]}" -c "$fm/csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu" \

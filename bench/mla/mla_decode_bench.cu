@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/mla/decode_timing.h"
 #include "common/command_line.h"
 #include "kernels/mla/kv_cache_format.h"
 #include "kernels/mla/mla_decode.h"
@@ -102,31 +103,6 @@ __global__ void FillBf16(uint16_t* x, size_t n, uint64_t seed) {
   }
 }
 
-double MeasureCopyBandwidth() {
-  const size_t bytes = size_t{4} << 30;
-  void *a, *b;
-  CHECK_CUDA(cudaMalloc(&a, bytes));
-  CHECK_CUDA(cudaMalloc(&b, bytes));
-  CHECK_CUDA(cudaMemset(a, 1, bytes));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 12; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0));
-    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CHECK_CUDA(cudaEventRecord(e1));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float t;
-    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-    if (i >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(b));
-  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);  // read + write
-}
-
 struct Result {
   double us, bytes;
 };
@@ -137,8 +113,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
   const size_t num_blocks = size_t(batch) * blocks_per_seq;
   const size_t pool_bytes = num_blocks * kKvBlockTokens * row_bytes;
-  const int copies =
-      static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / pool_bytes + 1, 1, 512));
+  const int copies = bench::ColdL2Copies(pool_bytes);
   std::vector<uint8_t*> pools(copies);
   for (int c = 0; c < copies; ++c) {
     CHECK_CUDA(cudaMalloc(&pools[c], pool_bytes));
@@ -211,31 +186,11 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  for (int i = 0; i < 2; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::vector<float> ms;
-  float total = 0.0f;
-  for (int i = 0; i < 200 && (i < 5 || total < 100.0f); ++i) {
-    CHECK_CUDA(cudaEventRecord(e0, stream));
-    CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    CHECK_CUDA(cudaEventRecord(e1, stream));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float t;
-    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-    total += t;
-  }
-  std::sort(ms.begin(), ms.end());
-  const double us = ms[ms.size() / 2] * 1e3 / copies;
+  const double us = bench::MedianReplayUs(exec, stream, copies);
   const double bytes =
       double(batch) * context * row_bytes + double(q_elems) * 2 + double(out_elems) * 2;
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   CHECK_CUDA(cudaGraphDestroy(graph));
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
   CHECK_CUDA(cudaStreamDestroy(stream));
   for (uint8_t* pool : pools) CHECK_CUDA(cudaFree(pool));
   CHECK_CUDA(cudaFree(d_table));
@@ -263,7 +218,7 @@ int Main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const double copy_bw = MeasureCopyBandwidth();
+  const double copy_bw = bench::MeasureCopyBandwidth();
   std::fprintf(stderr, "device %s, %d SMs, L2 %d MB; d2d copy bandwidth %.0f GB/s\n", prop.name,
                prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw / 1e9);
   std::printf("impl,format,heads,batch,context,variant,us,bytes,gbps,frac_copy,copy_gbps\n");
