@@ -255,4 +255,50 @@ __device__ __forceinline__ void WgmmaM64N64K16RS(float (&d)[32], const uint32_t 
 #endif
 }
 
+// D[64 x 64] (+)= A[64 x 16] * B[16 x 64], A and B from shared memory, both K-major (the MLA
+// seesaw kernel's q.k: Q rows against 64 cache tokens).
+#define MLASERVE_WGMMA_M64N64K16_SS(T)                                              \
+  asm volatile(                                                                     \
+      "{\n .reg .pred p;\n .reg .b64 da, db;\n setp.ne.b32 p, %36, 0;\n"            \
+      " mov.b64 da, {%32, %33};\n mov.b64 db, {%34, %35};\n"                        \
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " MLASERVE_WGMMA_D32 \
+      ", da, db, p, 1, 1, 0, 0;\n}\n"                                               \
+      : MLASERVE_WGMMA_D32_OUT                                                      \
+      : "r"(a_lo), "r"(a_hi), "r"(b_lo), "r"(b_hi), "r"(accumulate))
+template <bool kF16>
+__device__ __forceinline__ void WgmmaM64N64K16SS(float (&d)[32], uint32_t a_lo, uint32_t a_hi,
+                                                 uint32_t b_lo, uint32_t b_hi, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kF16) {
+    MLASERVE_WGMMA_M64N64K16_SS("f16");
+  } else {
+    MLASERVE_WGMMA_M64N64K16_SS("bf16");
+  }
+#endif
+}
+
+// D[64 x 256] (+)= A[64 x 16] * B[16 x 256], A from shared memory (K-major), B from shared
+// memory, MN-major (imm-trans-b = 1; 16-bit types only): the MLA seesaw kernel's P.V with the
+// other warpgroup's P.
+#define MLASERVE_WGMMA_M64N256K16_SS_TRANS_B(T)                                       \
+  asm volatile(                                                                       \
+      "{\n .reg .pred p;\n .reg .b64 da, db;\n setp.ne.b32 p, %132, 0;\n"             \
+      " mov.b64 da, {%128, %129};\n mov.b64 db, {%130, %131};\n"                      \
+      " wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " " MLASERVE_WGMMA_D128 \
+      ", da, db, p, 1, 1, 0, 1;\n}\n"                                                 \
+      : MLASERVE_WGMMA_D128_OUT                                                       \
+      : "r"(a_lo), "r"(a_hi), "r"(b_lo), "r"(b_hi), "r"(accumulate))
+template <bool kF16>
+__device__ __forceinline__ void WgmmaM64N256K16SSTransB(float (&d)[128], uint32_t a_lo,
+                                                        uint32_t a_hi, uint32_t b_lo, uint32_t b_hi,
+                                                        int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kF16) {
+    MLASERVE_WGMMA_M64N256K16_SS_TRANS_B("f16");
+  } else {
+    MLASERVE_WGMMA_M64N256K16_SS_TRANS_B("bf16");
+  }
+#endif
+}
+
 }  // namespace mlaserve::wgmma

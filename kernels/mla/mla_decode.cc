@@ -124,6 +124,15 @@ const VariantEntry kWgmmaAhead{"wgmma_rows64_tile32_ahead",
                                {&NotBuiltLaunch, &mla::LaunchMlaDecodeWgmma<kFp8, 32, 3, true>,
                                 &mla::LaunchMlaDecodeWgmma<kFp8Tiled, 32, 3, true>}};
 
+// The seesaw kernel (mla_decode_seesaw.cuh; kernels/mla/NOTES.md, sessions 28-29), bf16 only:
+// 64-token blocks, one a warpgroup, O split by columns, full blocks copied by TMA.
+const VariantEntry kSeesawTma{
+    "wgmma_rows64_seesaw_tma",
+    64,
+    kSched,
+    {&mla::MlaDecodeSeesawBlocksPerSm<true>, &NotBuilt, &NotBuilt},
+    {&mla::LaunchMlaDecodeSeesaw<true>, &NotBuiltLaunch, &NotBuiltLaunch}};
+
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0, 0, 2),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2, 2, 2),
@@ -131,6 +140,7 @@ const VariantEntry kVariants[] = {
     kSm120TwoBlocks,
     kSm120E4m3,
     kWgmmaAhead,
+    kSeesawTma,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -138,6 +148,7 @@ constexpr int kWgmmaVariant = 2;
 constexpr int kTwoBlocksFp8Variant = 3;
 constexpr int kSm120E4m3Variant = 4;
 constexpr int kWgmmaAheadVariant = 5;
+constexpr int kSeesawVariant = 6;
 
 // Measured on the H200 (bench/RESULTS.md):
 // * sliced kernels (2026-11-29 session 2): the deep ring (fp8: 4 stages, 2 blocks/SM) wins at
@@ -166,7 +177,13 @@ constexpr int kWgmmaAheadVariant = 5;
 //   clock against the integer form's 42.0 (bench/mla/e4m3_convert_bench.cu), and the integer form
 //   lost in every kernel it went into: shallow ring 0.83-0.97x, two blocks 0.81-0.94x, 64-row
 //   ahead 0.95-1.00x. Removed; the kernels convert with cvt.
+// * the seesaw kernel with TMA copies (2026-12-06 session 29, H100, one run; raw:
+//   bench/mla/results/h100_2026-12-06_s29_seesaw_tma.csv), bf16 against the chained 64-row kernel:
+//   128 heads 1.27-1.29x at batch 64 x 32k-128k (1,613.7 -> 1,272.7 us at 32k), 1.23x at batch 1 x
+//   128k, 0.98x at batch 1 x 32k; 64 heads 0.99-1.02x at batch 64 and 0.83-0.92x at batch 1. So
+//   bf16 with more than 64 rows (two row tiles) takes it; 64 rows keep the chained kernel.
 int DefaultVariant(int batch, int rows, KvCacheFormat format, int cc_major) {
+  if (rows > 64 && MlaDecodeVariantAvailable(kSeesawVariant, format)) return kSeesawVariant;
   if (rows >= 64 && MlaDecodeVariantAvailable(kWgmmaAheadVariant, format)) {
     return kWgmmaAheadVariant;
   }

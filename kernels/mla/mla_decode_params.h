@@ -108,6 +108,14 @@ cudaError_t LaunchMlaDecodeWgmma(const MlaDecodeKernelParams& p, int grid, cudaS
 template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false>
 int MlaDecodeWgmmaBlocksPerSm();
 
+// SM90a seesaw split decode kernel (mla_decode_seesaw.cuh): bf16 cache, 64 query rows per block,
+// 64-token blocks, one a warpgroup; kTma: full blocks copied by TMA (the instantiated form).
+// BlocksPerSm is 0 off SM 9.0.
+template <bool kTma>
+cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
+template <bool kTma>
+int MlaDecodeSeesawBlocksPerSm();
+
 // Cache write: one warp per token (kv_cache_write.cu).
 cudaError_t LaunchKvCacheWrite(KvCacheFormat format, float fp8_scale, const uint16_t* latent,
                                int64_t latent_stride, const uint16_t* rope, int64_t rope_stride,
