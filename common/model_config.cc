@@ -5,6 +5,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -497,13 +498,37 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const json& root, const json* hf_qu
     if (v <= 0) return absl::InvalidArgumentError(absl::StrCat("config.json: ", name, " must be positive, found ", v));
     return absl::OkStatus();
   };
-  for (auto [v, name] : std::initializer_list<std::pair<int, const char*>>{
-           {c.vocab_size, "vocab_size"}, {c.hidden_size, "hidden_size"},
-           {c.intermediate_size, "intermediate_size"}, {c.num_hidden_layers, "num_hidden_layers"},
-           {c.num_attention_heads, "num_attention_heads"}, {c.kv_lora_rank, "kv_lora_rank"},
-           {c.qk_nope_head_dim, "qk_nope_head_dim"}, {c.qk_rope_head_dim, "qk_rope_head_dim"},
-           {c.v_head_dim, "v_head_dim"}}) {
+  // And bounded: every size below is allocated from (RoPE tables, norms, the CPU model), so a
+  // corrupt value must be an error, not a multi-gigabyte allocation (fuzz/model_config_fuzzer
+  // found qk_rope_head_dim 481119564 taking 1.9 GB in RopeInvFreq). The bounds sit far above
+  // every DeepSeek-V3-architecture model (vocab 163,840; hidden 7,168; 61 layers; 128 heads).
+  constexpr int kMaxVocab = 1 << 24, kMaxDim = 1 << 20, kMaxLayers = 1 << 12;
+  for (auto [v, name, most] : std::initializer_list<std::tuple<int, const char*, int>>{
+           {c.vocab_size, "vocab_size", kMaxVocab},
+           {c.hidden_size, "hidden_size", kMaxDim},
+           {c.intermediate_size, "intermediate_size", kMaxDim},
+           {c.num_hidden_layers, "num_hidden_layers", kMaxLayers},
+           {c.num_attention_heads, "num_attention_heads", kMaxLayers},
+           {c.kv_lora_rank, "kv_lora_rank", kMaxDim},
+           {c.qk_nope_head_dim, "qk_nope_head_dim", kMaxDim},
+           {c.qk_rope_head_dim, "qk_rope_head_dim", kMaxDim},
+           {c.v_head_dim, "v_head_dim", kMaxDim}}) {
     if (auto s = positive(v, name); !s.ok()) return s;
+    if (v > most) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: ", name, " ", v, " exceeds ", most, " (a corrupt config?)"));
+    }
+  }
+  // The optional sizes (0 where absent): not negative, and bounded as above.
+  for (auto [v, name, most] : std::initializer_list<std::tuple<int, const char*, int>>{
+           {c.q_lora_rank, "q_lora_rank", kMaxDim},
+           {c.n_routed_experts, "n_routed_experts", kMaxDim},
+           {c.moe_intermediate_size, "moe_intermediate_size", kMaxDim},
+           {c.n_shared_experts, "n_shared_experts", kMaxLayers}}) {
+    if (v < 0 || v > most) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: ", name, " ", v, " is outside 0..", most));
+    }
   }
   if (c.qk_rope_head_dim % 2 != 0) return absl::InvalidArgumentError("config.json: qk_rope_head_dim must be even");
   if (c.n_routed_experts > 0) {

@@ -205,6 +205,29 @@ TEST_P(FixtureConfigTest, MatchesTransformers) {
   }
 }
 
+// Found by fuzz/model_config_fuzzer: a qk_rope_head_dim of 481119564 passed validation and
+// RopeInvFreq allocated 1.9 GB for it; shape fields are bounded now.
+TEST(ModelConfigTest, AbsurdSizesAreErrors) {
+  for (const char* field : {"qk_rope_head_dim", "hidden_size", "kv_lora_rank", "vocab_size",
+                            "num_hidden_layers", "num_attention_heads"}) {
+    json big = json::parse(kDeepSeekV3);
+    big[field] = 481119564;
+    auto c = ParseModelConfig(big);
+    ASSERT_FALSE(c.ok()) << field;
+    EXPECT_NE(c.status().message().find(std::string(field) + " 481119564 exceeds"),
+              std::string::npos)
+        << c.status();
+  }
+  for (const char* field : {"q_lora_rank", "n_routed_experts", "moe_intermediate_size"}) {
+    json bad = json::parse(kDeepSeekV3);
+    bad[field] = -3;
+    auto c = ParseModelConfig(bad);
+    ASSERT_FALSE(c.ok()) << field;
+    EXPECT_NE(c.status().message().find(std::string(field) + " -3 is outside"), std::string::npos)
+        << c.status();
+  }
+}
+
 // Found by fuzz/model_config_fuzzer: a model_type of another type threw json::type_error out of
 // ParseModelConfig (a crash at load) instead of returning an error.
 TEST(ModelConfigTest, NonStringModelTypeIsAnError) {
