@@ -130,8 +130,17 @@ const VariantEntry kSeesawTma{
     "wgmma_rows64_seesaw_tma",
     64,
     kSched,
-    {&mla::MlaDecodeSeesawBlocksPerSm<true>, &NotBuilt, &NotBuilt},
-    {&mla::LaunchMlaDecodeSeesaw<true>, &NotBuiltLaunch, &NotBuiltLaunch}};
+    {&mla::MlaDecodeSeesawBlocksPerSm<true, 0>, &NotBuilt, &NotBuilt},
+    {&mla::LaunchMlaDecodeSeesaw<true, 0>, &NotBuiltLaunch, &NotBuiltLaunch}};
+// The same in FlashMLA's order of operations (kOrder 1: P1 in a buffer of its own, buffer 1
+// refilled mid-pair, the next q.k issued behind the last P.V, pages read a pair ahead); the P1
+// buffer leaves room for the in-kernel schedule of 64 sequences only.
+const VariantEntry kSeesawEarly{
+    "wgmma_rows64_seesaw_tma_early",
+    64,
+    mla::kSeesawEarlyInlineScheduleMaxBatch,
+    {&mla::MlaDecodeSeesawBlocksPerSm<true, 1>, &NotBuilt, &NotBuilt},
+    {&mla::LaunchMlaDecodeSeesaw<true, 1>, &NotBuiltLaunch, &NotBuiltLaunch}};
 
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0, 0, 2),
@@ -141,6 +150,7 @@ const VariantEntry kVariants[] = {
     kSm120E4m3,
     kWgmmaAhead,
     kSeesawTma,
+    kSeesawEarly,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 

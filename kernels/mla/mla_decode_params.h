@@ -51,6 +51,7 @@ constexpr int MlaScheduledCost(int len, int fixed_share) {
 // less (kSm120InlineScheduleMaxBatch: the SM120 two-blocks variant, mla_decode.cc).
 constexpr int kInlineScheduleMaxBatch = 512;
 constexpr int kSm120InlineScheduleMaxBatch = 256;
+constexpr int kSeesawEarlyInlineScheduleMaxBatch = 64;  // seesaw::Layout<1>::kSchedMax
 
 struct MlaDecodeKernelParams {
   const uint16_t* __restrict__ q;           // bf16 [batch, s_q, heads, 576]
@@ -109,11 +110,12 @@ template <KvCacheFormat kFormat, int kTile, int kStages, bool kAhead = false>
 int MlaDecodeWgmmaBlocksPerSm();
 
 // SM90a seesaw split decode kernel (mla_decode_seesaw.cuh): bf16 cache, 64 query rows per block,
-// 64-token blocks, one a warpgroup; kTma: full blocks copied by TMA (the instantiated form).
-// BlocksPerSm is 0 off SM 9.0.
-template <bool kTma>
+// 64-token blocks, one a warpgroup; kTma: full blocks copied by TMA (the instantiated form);
+// kOrder: the order of the warpgroups' work (0: session 28's; 1: FlashMLA's, which schedules
+// batches up to kSeesawEarlyInlineScheduleMaxBatch in the kernel). BlocksPerSm is 0 off SM 9.0.
+template <bool kTma, int kOrder>
 cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <bool kTma>
+template <bool kTma, int kOrder>
 int MlaDecodeSeesawBlocksPerSm();
 
 // Cache write: one warp per token (kv_cache_write.cu).

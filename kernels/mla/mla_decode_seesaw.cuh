@@ -71,20 +71,30 @@ constexpr int kQBytes = kDimBlocks * kRows * 128;    // 73,728
 constexpr int kRowBytes = kMlaQkDim * 2;             // bf16 cache row: 1,152
 constexpr int kQOff = 0;
 constexpr int kBufOff = kQOff + kQBytes;
-// Row statistics handed between the warpgroups, each written by one warpgroup only: m0, scale0
-// (W0), m1, scale1 (W1), l0, l1 (64 floats each).
-constexpr int kStatOff = kBufOff + 2 * kBufBytes;
-constexpr int kBarOff = kStatOff + 6 * kRows * 4;
-constexpr int kSchedOff = kBarOff + 2 * kDimBlocks * 8;  // mbarriers: [buffer][64-dim block]
-constexpr int kSchedBytes = 4 * (kInlineScheduleMaxBatch + 2);
-constexpr int kSmemBytes = kSchedOff + kSchedBytes + 1024;  // + alignment slack
-static_assert(kSmemBytes <= 227 * 1024, "H100 / H200: 227 KB per block");
+// The rest of the layout depends on the kernel's order (kOrder, below): order 1 keeps W1's P in
+// a buffer of its own (8 KB) and so schedules at most 64 sequences in the kernel (larger batches
+// take the separate schedule launch, as every variant does above its own bound).
+template <int kOrder>
+struct Layout {
+  static constexpr int kP1Off = kBufOff + 2 * kBufBytes;  // order 1: P1 (64 rows x 64 tokens)
+  // Row statistics handed between the warpgroups, each written by one warpgroup only: m0,
+  // scale0 (W0), m1, scale1 (W1), l0, l1 (64 floats each).
+  static constexpr int kStatOff = kP1Off + (kOrder == 1 ? kChunkBytes : 0);
+  static constexpr int kBarOff = kStatOff + 6 * kRows * 4;
+  static constexpr int kSchedOff = kBarOff + 2 * kDimBlocks * 8;  // mbarriers: [buffer][dim blk]
+  static constexpr int kSchedMax =
+      kOrder == 1 ? kSeesawEarlyInlineScheduleMaxBatch : kInlineScheduleMaxBatch;
+  static constexpr int kSchedBytes = 4 * (kSchedMax + 2);
+  static constexpr int kSmemBytes = kSchedOff + kSchedBytes + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "H100 / H200: 227 KB per block");
+};
 static_assert(kBlockTokens == 64, "a buffer is one 64-token cache page");
 
 // Named barriers (0 is __syncthreads').
 constexpr int kBarScale0 = 1;   // W0 published m0, scale0
-constexpr int kBarP1 = 2;       // W1 published m1, scale1 and P1
+constexpr int kBarP1 = 2;       // W1 published m1, scale1 (order 0: and P1)
 constexpr int kBarP0 = 3;       // W0 published P0 (times scale1)
+constexpr int kBarIssued = 4;   // order 1: W1 stored P1 and issued P0 V0_R
 constexpr int kBarLoaders = 5;  // + warpgroup: its 128 threads' cp.async tracked (kTma only)
 
 __device__ __forceinline__ void MbarInit(uint32_t addr, int count) {
@@ -163,7 +173,24 @@ __device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v &
 // (rows past the end must be zeros: TMA would copy whatever the page holds there, and 0 x NaN in
 // P.V is NaN). Without kTma every block is copied by cp.async and `map` is unused. (Session 28's
 // third variant, W1's q.k issued after W0's, lost 8-10% and was removed.)
-template <bool kTma>
+//
+// kOrder 0 (variant wgmma_rows64_seesaw_tma): the order above; P1 lies in buffer 1's block 8, so
+// W1 may refill buffer 1 only after W0's P1 V1_L. kOrder 1 (wgmma_rows64_seesaw_tma_early): the
+// order FlashMLA's sm90 dense decode uses (its source was read for the order of operations only,
+// nothing copied; deepseek-ai/FlashMLA 9241ae3, csrc/sm90/decode/dense/splitkv_mla.cuh):
+// * P1 in a buffer of its own, so W1 refills buffer 1's dims 256-575 right after its own P.V
+//   (mid-pair) and its next q.k starts on those five blocks;
+// * W1 publishes m1 and scale1 before storing P1; W0 waits for "W1 issued P0 V0_R" (kBarIssued,
+//   which also covers P1) before its P1 V1_L, so the tensor cores free buffer 0's right half
+//   first;
+// * W0 issues its next q.k on the four blocks it refilled mid-pair right behind P1 V1_L, without
+//   waiting for it, refills buffer 1's left half as soon as the P.V retires, then issues the other
+//   five blocks; W1 issues its next q.k once both its P.V have retired and it has refilled;
+// * both end the pair waiting for the q.k (the wait outside any branch: a wgmma in flight across
+//   the loop's back edge makes ptxas serialize them);
+// * the cache pages of the next pair are read at the top of the pair, so no refill waits on a
+//   block-table load.
+template <bool kTma, int kOrder>
 __global__ void __launch_bounds__(seesaw::kThreads, 1)
     MlaDecodeSeesawKernel(const MlaDecodeKernelParams p, const __grid_constant__ CUtensorMap map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -171,18 +198,19 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
   // this grid.
   pdl::AllowDependentLaunch();
   using namespace seesaw;
+  using L = Layout<kOrder>;
   extern __shared__ uint8_t smem_raw[];
   // 1024-B aligned base: the swizzle atoms of the wgmma operands must be.
   const uint32_t smem_raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (smem_raw_addr + 1023u) & ~1023u;
   uint8_t* smem = smem_raw + (base - smem_raw_addr);
   const uint32_t q_smem = base + kQOff;
-  float* s_m0 = reinterpret_cast<float*>(smem + kStatOff);
+  float* s_m0 = reinterpret_cast<float*>(smem + L::kStatOff);
   float* s_scale0 = s_m0 + kRows;
   float* s_m1 = s_scale0 + kRows;
   float* s_scale1 = s_m1 + kRows;
   float* s_l = s_scale1 + kRows;  // [2][64]
-  const uint32_t bar_base = base + kBarOff;
+  const uint32_t bar_base = base + L::kBarOff;
   auto full_bar = [&](int buf, int kb) { return bar_base + 8 * (buf * kDimBlocks + kb); };
 
   const int tid = threadIdx.x, lane = tid & 31;
@@ -198,7 +226,7 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
   __syncthreads();
   const int32_t* prefix = p.schedule;
   if (p.inline_schedule) {
-    prefix = InlineSchedule<kThreads>(p, reinterpret_cast<int32_t*>(smem + kSchedOff));
+    prefix = InlineSchedule<kThreads>(p, reinterpret_cast<int32_t*>(smem + L::kSchedOff));
   }
   const int total = prefix[p.batch], share = prefix[p.batch + 1];
   const int cost_begin = worker * share;
@@ -219,7 +247,13 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
   const wgmma::Desc dv_own = wgmma::Desc128B(own_buf + 4 * wgi * kChunkBytes, kChunkBytes, 1024);
   const wgmma::Desc dv_other =
       wgmma::Desc128B(other_buf + 4 * wgi * kChunkBytes, kChunkBytes, 1024);
-  const wgmma::Desc dp_other = wgmma::Desc128B(other_buf + 8 * kChunkBytes, 16, 1024);
+  // P of the other warpgroup: W1's P0 in buffer 0's block 8; W0's P1 in buffer 1's block 8
+  // (order 0) or in its own buffer (order 1).
+  const uint32_t p1_smem =
+      kOrder == 1 ? base + L::kP1Off : base + kBufOff + kBufBytes + 8 * kChunkBytes;
+  const uint32_t own_p = wgi == 0 ? own_buf + 8 * kChunkBytes : p1_smem;
+  const wgmma::Desc dp_other =
+      wgmma::Desc128B(wgi == 0 ? p1_smem : other_buf + 8 * kChunkBytes, 16, 1024);
   // Fills of this warpgroup's buffer so far (the parity of the mbarrier phase to wait for).
   uint32_t fills = 0;
 
@@ -241,17 +275,19 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
     // buffer 0's dims 0-255 (V0_L) by W0 after its own P.V, dims 256-511 and the P0 block by W1
     // after its P0 V0_R; buffer 1's dims 256-511 (V1_R) by W1 after its own P.V, dims 0-255 and
     // the P1 block by W0 after its P1 V1_L. Each q.k takes the early half first.
-    auto load_block = [&](int j, int buf, uint32_t mask) {
+    // `page`: the block's cache page (page_of(j), read ahead by order 1).
+    auto page_of = [&](int j) { return j < n_blk ? blocks[blk_begin + j] : 0; };
+    auto load_block = [&](int j, int page, int buf, uint32_t mask) {
       const int ct = tw >> 1, half = tw & 1;
       const bool real = j < n_blk;
       const int t = blk_begin + j;
       const uint8_t* row =
-          real ? p.kv_pool + (static_cast<size_t>(blocks[t]) * kBlockTokens + ct) * kRowBytes
+          real ? p.kv_pool + (static_cast<size_t>(page) * kBlockTokens + ct) * kRowBytes
                : p.kv_pool;
       const bool valid = real && t * kBlockTokens + ct < len;
       if (kTma && real && t * kBlockTokens + kBlockTokens <= len) {
         if (tw == 0) {
-          const int y = blocks[t] * kBlockTokens;
+          const int y = page * kBlockTokens;
 #pragma unroll
           for (int kb = 0; kb < kDimBlocks; ++kb) {
             if (((mask >> kb) & 1u) == 0) continue;
@@ -288,12 +324,14 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
         }
       }
     };
-    // Prologue: each warpgroup its dim blocks of both buffers, as in the loop.
+    // Prologue: each warpgroup its dim blocks of both buffers, as in the loop. Order 1: buffer
+    // 1's block 8 (no P there) goes with its right half.
     constexpr uint32_t kMaskB0W0 = 0x00Fu, kMaskB0W1 = 0x1F0u;  // buffer 0: W0, W1's dim blocks
-    constexpr uint32_t kMaskB1W1 = 0x0F0u, kMaskB1W0 = 0x10Fu;  // buffer 1: W1, W0's
+    constexpr uint32_t kMaskB1W1 = kOrder == 1 ? 0x1F0u : 0x0F0u;  // buffer 1: W1, W0's
+    constexpr uint32_t kMaskB1W0 = kOrder == 1 ? 0x00Fu : 0x10Fu;
     if (n_pairs > 0) {
-      load_block(0, 0, wgi == 0 ? kMaskB0W0 : kMaskB0W1);
-      load_block(1, 1, wgi == 0 ? kMaskB1W0 : kMaskB1W1);
+      load_block(0, page_of(0), 0, wgi == 0 ? kMaskB0W0 : kMaskB0W1);
+      load_block(1, page_of(1), 1, wgi == 0 ? kMaskB1W0 : kMaskB1W1);
     }
 
     // Q rows of this block into shared memory (swizzled, K-major), as mla_decode_wgmma.cuh.
@@ -334,12 +372,16 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
     // S = q K^T over this warpgroup's buffer, each 64-dim block as soon as it has landed; scaled
     // to the log2 domain and masked; returns the rows' maxima.
     // The dim blocks in the order they are refilled (W0: 0..8; W1: 4..8, then 0..3), the order
-    // a compile-time constant (kW) so that the descriptors' offsets are too.
-    auto qk_issue = [&](float(&s)[32], auto kW, bool proxy_fence) {
+    // a compile-time constant (kW) so that the descriptors' offsets are too; the blocks [kFrom,
+    // kTo) of that order (the first with the accumulator's scale 0).
+    auto qk_issue = [&](float(&s)[32], auto kW, auto kFrom, auto kTo, bool proxy_fence) {
 #pragma unroll
-      for (int i = 0; i < kDimBlocks; ++i) {
+      for (int i = decltype(kFrom)::value; i < decltype(kTo)::value; ++i) {
         const int kb = decltype(kW)::value == 0 ? i : (i + 4) % kDimBlocks;
         MbarWait(full_bar(decltype(kW)::value, kb), fills & 1);
+        // Order 1 may issue with a P.V in flight: the fence after the wait loop keeps ptxas from
+        // placing its own warpgroup.arrive inside the loop and serializing every wgmma (C7520).
+        if constexpr (kOrder == 1) wgmma::Fence();
         // The consumer's proxy fence after each dim block's mbarrier: MEMBAR.ALL.CTA +
         // FENCE.VIEW.ASYNC.S in the SASS, nine a q.k. Tuning builds may drop it
         // (-DMLASERVE_SEESAW_CHUNK_FENCE=0) to time what it costs; TMA copies (async proxy writes)
@@ -355,23 +397,41 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
         }
       }
     };
-    auto qk = [&](float(&s)[32], int t, float& mx_lo, float& mx_hi) {
+    using I0 = std::integral_constant<int, 0>;
+    using I1 = std::integral_constant<int, 1>;
+    using I4 = std::integral_constant<int, 4>;
+    using I9 = std::integral_constant<int, kDimBlocks>;
+    // cp.async-filled blocks (every block without kTma) need the proxy fence.
+    auto needs_proxy_fence = [&](int t) {
+      return !kTma || !(t < blk_begin + n_blk && t * kBlockTokens + kBlockTokens <= len);
+    };
+    // Zeroes the accumulator before a q.k. Not while another wgmma of this warpgroup is in flight:
+    // ptxas then serializes every wgmma of the kernel (C7515, "non wgmma instructions defining
+    // accumulator registers of a wgmma between start and end of the pipeline stage").
+    auto qk_zero = [&](float(&s)[32]) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) s[i] = 0.0f;
       wgmma::FenceRegs(s);
+    };
+    auto qk_start = [&](float(&s)[32]) {
+      qk_zero(s);
       wgmma::Fence();
-      // cp.async-filled blocks (every block without kTma) need the proxy fence.
-      const bool fence =
-          !kTma || !(t < blk_begin + n_blk && t * kBlockTokens + kBlockTokens <= len);
+    };
+    // The whole q.k of this warpgroup's block t, committed as one group (not waited for).
+    auto qk_issue_all = [&](float(&s)[32], int t) {
+      qk_start(s);
+      const bool fence = needs_proxy_fence(t);
       if (wgi == 0) {
-        qk_issue(s, std::integral_constant<int, 0>{}, fence);
+        qk_issue(s, I0{}, I0{}, I9{}, fence);
       } else {
-        qk_issue(s, std::integral_constant<int, 1>{}, fence);
+        qk_issue(s, I1{}, I0{}, I9{}, fence);
       }
       wgmma::Commit();
-      wgmma::Wait<0>();
-      wgmma::FenceRegs(s);
       ++fills;
+    };
+    // The scores of block t once its q.k has retired: scaled to the log2 domain, masked, and the
+    // rows' maxima.
+    auto qk_scores = [&](float(&s)[32], int t, float& mx_lo, float& mx_hi) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) s[i] *= p.score_scale_log2;
       if (!(t * kBlockTokens >= tok_begin && t * kBlockTokens + kBlockTokens - 1 <= lim_min)) {
@@ -395,6 +455,12 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    };
+    auto qk = [&](float(&s)[32], int t, float& mx_lo, float& mx_hi) {
+      qk_issue_all(s, t);
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(s);
+      qk_scores(s, t, mx_lo, mx_hi);
     };
     // Lazy max (see mla_decode_sliced.cuh: the max moves only by more than 2^8, so P <= 2^8 and
     // O is rescaled rarely): the new max, the exponent base and the old-to-new scale.
@@ -447,10 +513,11 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       }
     };
     // P (bf16) into this warpgroup's buffer's 64-dim block 8 (the RoPE dims, done with after the
-    // q.k; P.V reads dims 0..511 only) as a K-major [64 rows][64 tokens] A operand, 128-byte
-    // swizzled: element (row, token) at row * 128 + ((token / 8) ^ (row % 8)) * 16 + token % 8 * 2.
+    // q.k; P.V reads dims 0..511 only), or order 1's P1 buffer, as a K-major [64 rows][64 tokens] A
+    // operand, 128-byte swizzled: element (row, token) at row * 128 + ((token / 8) ^ (row % 8)) *
+    // 16 + token % 8 * 2.
     auto store_p = [&](const float(&s)[32]) {
-      const uint32_t pb = own_buf + 8 * kChunkBytes;
+      const uint32_t pb = own_p;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t lo = pb + lrow_lo * 128 + ((j ^ (lrow_lo & 7)) << 4) + 4 * c;
@@ -475,8 +542,10 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       wgmma::Commit();
     };
     // O += P V with the other warpgroup's P and V, both from the other buffer.
-    auto pv_other = [&]() {
-      wgmma::FenceRegs(o);
+    // Issued and committed only (order 1); `chained`: behind this warpgroup's own P.V still in
+    // flight on the same accumulator (no register fence between them).
+    auto pv_other_issue = [&](bool chained) {
+      if (!chained) wgmma::FenceRegs(o);
       wgmma::Fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
@@ -484,14 +553,17 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
                                               dv_other.lo + ((kk * 16 * 128) >> 4), dv_other.hi, 1);
       }
       wgmma::Commit();
+    };
+    auto pv_other = [&]() {
+      pv_other_issue(false);
       wgmma::Wait<0>();
       wgmma::FenceRegs(o);
     };
 
-    for (int pair = 0; pair < n_pairs; ++pair) {
+    float s[32];  // this warpgroup's scores, then P
+    for (int pair = 0; kOrder == 0 && pair < n_pairs; ++pair) {
       const bool more = pair + 1 < n_pairs;
       const int t = blk_begin + 2 * pair + wgi;  // this warpgroup's block
-      float s[32];
       float mx_lo, mx_hi;
       qk(s, t, mx_lo, mx_hi);
       uint32_t pa[4][4];
@@ -520,7 +592,9 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
         wgmma::Wait<0>();
         wgmma::FenceRegs(o);
         wgmma::UseRegs(pa);
-        if (more) load_block(2 * pair + 2, 0, kMaskB0W0);  // V0_L read: its dims go first
+        if (more)
+          load_block(2 * pair + 2, page_of(2 * pair + 2), 0,
+                     kMaskB0W0);  // V0_L read: its dims go first
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           s[4 * j + 0] *= sc1_lo;
@@ -534,7 +608,7 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
         l_hi *= sc1_hi;
         rescale_o(sc1_lo, sc1_hi);
         pv_other();  // P1 V1 (left half)
-        if (more) load_block(2 * pair + 3, 1, kMaskB1W0);
+        if (more) load_block(2 * pair + 3, page_of(2 * pair + 3), 1, kMaskB1W0);
       } else {
         BarSync(kBarScale0);  // m0, scale0 published
         const float m0_lo = s_m0[lrow_lo], m0_hi = s_m0[lrow_hi];
@@ -560,10 +634,129 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
         wgmma::Wait<0>();
         wgmma::FenceRegs(o);
         wgmma::UseRegs(pa);
-        if (more) load_block(2 * pair + 3, 1, kMaskB1W1);  // V1_R read: its dims go first
+        if (more)
+          load_block(2 * pair + 3, page_of(2 * pair + 3), 1,
+                     kMaskB1W1);                           // V1_R read: its dims go first
         BarSync(kBarP0);                                   // P0 (times scale1) published
         pv_other();                                        // P0 V0 (right half)
-        if (more) load_block(2 * pair + 2, 0, kMaskB0W1);
+        if (more) load_block(2 * pair + 2, page_of(2 * pair + 2), 0, kMaskB0W1);
+      }
+    }
+
+    // Order 1 (see the kernel's comment). s holds this warpgroup's scores of the pair's block,
+    // issued in the prologue or at the end of the previous pair and retired there.
+    if constexpr (kOrder == 1) {
+      if (n_pairs > 0) {
+        qk_issue_all(s, blk_begin + wgi);
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(s);
+      }
+    }
+    for (int pair = 0; kOrder == 1 && pair < n_pairs; ++pair) {
+      const bool more = pair + 1 < n_pairs;
+      const int t = blk_begin + 2 * pair + wgi;  // this warpgroup's block
+      // The next pair's pages, read now (the loads retire behind this pair's work).
+      const int page_a = more ? page_of(2 * pair + 2) : 0;
+      const int page_b = more ? page_of(2 * pair + 3) : 0;
+      const bool fence_next = needs_proxy_fence(t + 2);
+      float mx_lo, mx_hi;
+      qk_scores(s, t, mx_lo, mx_hi);
+      uint32_t pa[4][4];
+      if (wgi == 0) {
+        float base_lo, base_hi, sc0_lo, sc0_hi;
+        const float m0_lo = new_max(m_lo, mx_lo, base_lo, sc0_lo);
+        const float m0_hi = new_max(m_hi, mx_hi, base_hi, sc0_hi);
+        if (c == 0) {
+          s_m0[lrow_lo] = m0_lo;
+          s_m0[lrow_hi] = m0_hi;
+          s_scale0[lrow_lo] = sc0_lo;
+          s_scale0[lrow_hi] = sc0_hi;
+        }
+        BarArrive(kBarScale0);
+        float sum_lo, sum_hi;
+        exponentiate(s, base_lo, base_hi, sum_lo, sum_hi);
+        rescale_o(sc0_lo, sc0_hi);
+        l_lo = l_lo * sc0_lo + sum_lo;
+        l_hi = l_hi * sc0_hi + sum_hi;
+        pack(s, pa);
+        pv_own(pa);  // P0 V0_L
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(o);
+        wgmma::UseRegs(pa);
+        BarSync(kBarP1);  // m1, scale1 published
+        const float sc1_lo = s_scale1[lrow_lo], sc1_hi = s_scale1[lrow_hi];
+        m_lo = s_m1[lrow_lo];
+        m_hi = s_m1[lrow_hi];
+        if (more) load_block(2 * pair + 2, page_a, 0, kMaskB0W0);  // V0_L read
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          s[4 * j + 0] *= sc1_lo;
+          s[4 * j + 1] *= sc1_lo;
+          s[4 * j + 2] *= sc1_hi;
+          s[4 * j + 3] *= sc1_hi;
+        }
+        store_p(s);
+        BarArrive(kBarP0);
+        l_lo *= sc1_lo;
+        l_hi *= sc1_hi;
+        rescale_o(sc1_lo, sc1_hi);
+        qk_zero(s);             // P0 is stored: s is free for the next q.k
+        BarSync(kBarIssued);    // P1 stored, P0 V0_R issued
+        pv_other_issue(false);  // P1 V1_L
+        if (more) {
+          qk_issue(s, I0{}, I0{}, I4{}, fence_next);  // the blocks refilled mid-pair
+          wgmma::Commit();
+          wgmma::Wait<1>();  // P1 V1_L retired: buffer 1's left half is free
+          load_block(2 * pair + 3, page_b, 1, kMaskB1W0);
+          qk_issue(s, I0{}, I4{}, I9{}, fence_next);
+          wgmma::Commit();
+          ++fills;
+        }
+        // Each warpgroup retires its q.k in its own branch (outside `more`'s): a wait after the
+        // branches merge lets the compiler's register copies at the merge touch the accumulators
+        // of wgmmas in flight, and ptxas then serializes every wgmma (C7515).
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(s);
+        wgmma::FenceRegs(o);
+      } else {
+        BarSync(kBarScale0);  // m0, scale0 published
+        const float m0_lo = s_m0[lrow_lo], m0_hi = s_m0[lrow_hi];
+        const float sc0_lo = s_scale0[lrow_lo], sc0_hi = s_scale0[lrow_hi];
+        float base_lo, base_hi, sc1_lo, sc1_hi;
+        m_lo = new_max(m0_lo, mx_lo, base_lo, sc1_lo);
+        m_hi = new_max(m0_hi, mx_hi, base_hi, sc1_hi);
+        float sum_lo, sum_hi;
+        exponentiate(s, base_lo, base_hi, sum_lo, sum_hi);
+        if (c == 0) {
+          s_m1[lrow_lo] = m_lo;
+          s_m1[lrow_hi] = m_hi;
+          s_scale1[lrow_lo] = sc1_lo;
+          s_scale1[lrow_hi] = sc1_hi;
+        }
+        BarArrive(kBarP1);
+        store_p(s);  // P1, published by kBarIssued
+        rescale_o(sc0_lo * sc1_lo, sc0_hi * sc1_hi);
+        l_lo = l_lo * (sc0_lo * sc1_lo) + sum_lo;
+        l_hi = l_hi * (sc0_hi * sc1_hi) + sum_hi;
+        pack(s, pa);
+        pv_own(pa);            // P1 V1_R
+        BarSync(kBarP0);       // P0 (times scale1) published
+        pv_other_issue(true);  // P0 V0_R
+        BarArrive(kBarIssued);
+        wgmma::Wait<1>();  // P1 V1_R retired: buffer 1's right half and block 8 are free
+        if (more) load_block(2 * pair + 3, page_b, 1, kMaskB1W1);
+        wgmma::Wait<0>();  // P0 V0_R retired: buffer 0's right half and block 8 are free
+        wgmma::FenceRegs(o);
+        wgmma::UseRegs(pa);
+        if (more) {
+          load_block(2 * pair + 2, page_a, 0, kMaskB0W1);
+          qk_start(s);
+          qk_issue(s, I1{}, I0{}, I9{}, fence_next);
+          wgmma::Commit();
+          ++fills;
+        }
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(s);
       }
     }
 
@@ -612,12 +805,13 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
 
 // 1 on an SM90 device (the kernel fits one block per SM), 0 elsewhere: the plan then refuses
 // this variant (MlaDecodeVariantAvailable).
-template <bool kTma>
+template <bool kTma, int kOrder>
 int MlaDecodeSeesawBlocksPerSm() {
   static const int blocks = [] {
     if (!wgmma::CurrentDeviceIsSm90()) return 0;
-    return DecodeKernelBlocksPerSm(reinterpret_cast<const void*>(&MlaDecodeSeesawKernel<kTma>),
-                                   seesaw::kThreads, seesaw::kSmemBytes);
+    return DecodeKernelBlocksPerSm(
+        reinterpret_cast<const void*>(&MlaDecodeSeesawKernel<kTma, kOrder>), seesaw::kThreads,
+        seesaw::Layout<kOrder>::kSmemBytes);
   }();
   return blocks;
 }
@@ -650,14 +844,16 @@ inline cudaError_t SeesawPoolTensorMap(const void* pool, CUtensorMap* map) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <bool kTma>
+template <bool kTma, int kOrder>
 cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  if (MlaDecodeSeesawBlocksPerSm<kTma>() == 0) return cudaErrorInvalidConfiguration;
+  using L = seesaw::Layout<kOrder>;
+  if (MlaDecodeSeesawBlocksPerSm<kTma, kOrder>() == 0) return cudaErrorInvalidConfiguration;
+  if (p.inline_schedule && p.batch > L::kSchedMax) return cudaErrorInvalidValue;
   CUtensorMap map{};
   if constexpr (kTma) {
     if (cudaError_t e = SeesawPoolTensorMap(p.kv_pool, &map); e != cudaSuccess) return e;
   }
-  MlaDecodeSeesawKernel<kTma><<<grid, seesaw::kThreads, seesaw::kSmemBytes, stream>>>(p, map);
+  MlaDecodeSeesawKernel<kTma, kOrder><<<grid, seesaw::kThreads, L::kSmemBytes, stream>>>(p, map);
   return cudaGetLastError();
 }
 

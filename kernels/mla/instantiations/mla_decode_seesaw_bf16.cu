@@ -1,8 +1,9 @@
-// The seesaw kernel's instantiation (bf16 cache; full blocks copied by TMA, a sequence's last,
-// partly filled block and the zero block by cp.async).
+// The seesaw kernel's instantiations (bf16 cache; full blocks copied by TMA, a sequence's last,
+// partly filled block and the zero block by cp.async): orders 0 and 1 (mla_decode_seesaw.cuh).
 #include "kernels/mla/mla_decode_seesaw.cuh"
 
 namespace mlaserve::mla {
-template cudaError_t LaunchMlaDecodeSeesaw<true>(const MlaDecodeKernelParams&, int, cudaStream_t);
-template int MlaDecodeSeesawBlocksPerSm<true>();
+template cudaError_t LaunchMlaDecodeSeesaw<true, 0>(const MlaDecodeKernelParams&, int,
+                                                    cudaStream_t);
+template int MlaDecodeSeesawBlocksPerSm<true, 0>();
 }  // namespace mlaserve::mla

@@ -420,6 +420,36 @@ TEST(MlaDecodeGpuTest, Sm120VariantsAroundTheirScheduleLimit) {
   }
 }
 
+// The seesaw kernel in FlashMLA's order (bf16 only; SM 9.0) on either side of its in-kernel
+// schedule limit (64 sequences: its P1 buffer takes the room of the larger schedule), with long
+// sequences split among short ones, odd block counts and partly filled last blocks; the fp8
+// formats are refused with a clear error.
+TEST(MlaDecodeGpuTest, SeesawEarlyAroundItsScheduleLimit) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  int v = -1;
+  for (int i = 0; i < MlaDecodeVariantCount(); ++i) {
+    if (MlaDecodeVariantName(i) == "wgmma_rows64_seesaw_tma_early") v = i;
+  }
+  ASSERT_GE(v, 0);
+  for (KvCacheFormat f : {KvCacheFormat::kFp8, KvCacheFormat::kFp8Tiled}) {
+    EXPECT_FALSE(MlaDecodeVariantAvailable(v, f));
+    absl::StatusOr<MlaDecodePlan> plan = PlanMlaDecode(4, 1, 128, f, v, 0, 0);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  if (!MlaDecodeVariantAvailable(v, KvCacheFormat::kBf16)) GTEST_SKIP() << "not an SM 9.0 device";
+  std::mt19937 rng(12);
+  uint32_t seed = 950;
+  for (int batch : {64, 65}) {
+    std::vector<int32_t> lens(batch);
+    for (int32_t& l : lens) l = std::uniform_int_distribution<int>(2, 300)(rng);
+    lens[batch - 3] = 5000;
+    lens[1] = 4113;
+    RunDecodeCase({KvCacheFormat::kBf16, 128, 1, lens, v}, seed++);
+    RunDecodeCase({KvCacheFormat::kBf16, 64, 2, lens, v}, seed++);
+  }
+}
+
 // The batch-invariant schedule against the reference (same bound as every case above): pieces
 // of 464 / 512 tokens, sequences of one piece, of exactly one piece's end (464, 465), of many.
 TEST(MlaDecodeGpuTest, InvariantScheduleMatchesReference) {
