@@ -561,6 +561,81 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
     };
 
     float s[32];  // this warpgroup's scores, then P
+
+    // The softmax steps of the seesaw, shared by both orders (s: this warpgroup's scores, then P).
+    // W0: m0 = max(m, rowmax S0) and scale0 published (kBarScale0); P0 = 2^(S0 - m0) in s and,
+    // as bf16, in pa; O and l0 rescaled by scale0.
+    auto w0_softmax = [&](float mx_lo, float mx_hi, uint32_t(&pa)[4][4]) {
+      float base_lo, base_hi, sc0_lo, sc0_hi;
+      const float m0_lo = new_max(m_lo, mx_lo, base_lo, sc0_lo);
+      const float m0_hi = new_max(m_hi, mx_hi, base_hi, sc0_hi);
+      if (c == 0) {
+        s_m0[lrow_lo] = m0_lo;
+        s_m0[lrow_hi] = m0_hi;
+        s_scale0[lrow_lo] = sc0_lo;
+        s_scale0[lrow_hi] = sc0_hi;
+      }
+      BarArrive(kBarScale0);
+      float sum_lo, sum_hi;
+      exponentiate(s, base_lo, base_hi, sum_lo, sum_hi);
+      rescale_o(sc0_lo, sc0_hi);
+      l_lo = l_lo * sc0_lo + sum_lo;
+      l_hi = l_hi * sc0_hi + sum_hi;
+      pack(s, pa);
+    };
+    // W0 once m1 and scale1 are published: the running max becomes m1; scale1 returned.
+    auto w0_take_scale1 = [&](float& sc1_lo, float& sc1_hi) {
+      sc1_lo = s_scale1[lrow_lo];
+      sc1_hi = s_scale1[lrow_hi];
+      m_lo = s_m1[lrow_lo];
+      m_hi = s_m1[lrow_hi];
+    };
+    // W0: P0 *= scale1, stored for W1's P0 V0_R (published by the caller's kBarP0).
+    auto w0_store_p = [&](float sc1_lo, float sc1_hi) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        s[4 * j + 0] *= sc1_lo;
+        s[4 * j + 1] *= sc1_lo;
+        s[4 * j + 2] *= sc1_hi;
+        s[4 * j + 3] *= sc1_hi;
+      }
+      store_p(s);
+    };
+    auto w0_rescale = [&](float sc1_lo, float sc1_hi) {
+      l_lo *= sc1_lo;
+      l_hi *= sc1_hi;
+      rescale_o(sc1_lo, sc1_hi);
+    };
+    // W1 once m0 and scale0 are published: m1 = max(m0, rowmax S1) (the running max from now),
+    // P1 = 2^(S1 - m1) in s; returns scale1, scale0 x scale1 and P1's row sums.
+    auto w1_softmax = [&](float mx_lo, float mx_hi, float(&sc1)[2], float(&sc01)[2],
+                          float(&sum)[2]) {
+      BarSync(kBarScale0);
+      const float m0_lo = s_m0[lrow_lo], m0_hi = s_m0[lrow_hi];
+      const float sc0_lo = s_scale0[lrow_lo], sc0_hi = s_scale0[lrow_hi];
+      float base_lo, base_hi;
+      m_lo = new_max(m0_lo, mx_lo, base_lo, sc1[0]);
+      m_hi = new_max(m0_hi, mx_hi, base_hi, sc1[1]);
+      exponentiate(s, base_lo, base_hi, sum[0], sum[1]);
+      sc01[0] = sc0_lo * sc1[0];
+      sc01[1] = sc0_hi * sc1[1];
+    };
+    auto w1_publish = [&](const float(&sc1)[2]) {
+      if (c == 0) {
+        s_m1[lrow_lo] = m_lo;
+        s_m1[lrow_hi] = m_hi;
+        s_scale1[lrow_lo] = sc1[0];
+        s_scale1[lrow_hi] = sc1[1];
+      }
+      BarArrive(kBarP1);
+    };
+    // W1: O and l1 rescaled by scale0 x scale1, P1's sums added; P1 as bf16 in pa.
+    auto w1_rescale = [&](const float(&sc01)[2], const float(&sum)[2], uint32_t(&pa)[4][4]) {
+      rescale_o(sc01[0], sc01[1]);
+      l_lo = l_lo * sc01[0] + sum[0];
+      l_hi = l_hi * sc01[1] + sum[1];
+      pack(s, pa);
+    };
     for (int pair = 0; kOrder == 0 && pair < n_pairs; ++pair) {
       const bool more = pair + 1 < n_pairs;
       const int t = blk_begin + 2 * pair + wgi;  // this warpgroup's block
@@ -568,68 +643,28 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       qk(s, t, mx_lo, mx_hi);
       uint32_t pa[4][4];
       if (wgi == 0) {
-        float base_lo, base_hi, sc0_lo, sc0_hi;
-        const float m0_lo = new_max(m_lo, mx_lo, base_lo, sc0_lo);
-        const float m0_hi = new_max(m_hi, mx_hi, base_hi, sc0_hi);
-        if (c == 0) {
-          s_m0[lrow_lo] = m0_lo;
-          s_m0[lrow_hi] = m0_hi;
-          s_scale0[lrow_lo] = sc0_lo;
-          s_scale0[lrow_hi] = sc0_hi;
-        }
-        BarArrive(kBarScale0);
-        float sum_lo, sum_hi;
-        exponentiate(s, base_lo, base_hi, sum_lo, sum_hi);
-        rescale_o(sc0_lo, sc0_hi);
-        l_lo = l_lo * sc0_lo + sum_lo;
-        l_hi = l_hi * sc0_hi + sum_hi;
-        pack(s, pa);
+        w0_softmax(mx_lo, mx_hi, pa);
         pv_own(pa);
         BarSync(kBarP1);  // m1, scale1 and P1 published
-        const float sc1_lo = s_scale1[lrow_lo], sc1_hi = s_scale1[lrow_hi];
-        m_lo = s_m1[lrow_lo];
-        m_hi = s_m1[lrow_hi];
+        float sc1_lo, sc1_hi;
+        w0_take_scale1(sc1_lo, sc1_hi);
         wgmma::Wait<0>();
         wgmma::FenceRegs(o);
         wgmma::UseRegs(pa);
         if (more)
           load_block(2 * pair + 2, page_of(2 * pair + 2), 0,
                      kMaskB0W0);  // V0_L read: its dims go first
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s[4 * j + 0] *= sc1_lo;
-          s[4 * j + 1] *= sc1_lo;
-          s[4 * j + 2] *= sc1_hi;
-          s[4 * j + 3] *= sc1_hi;
-        }
-        store_p(s);
+        w0_store_p(sc1_lo, sc1_hi);
         BarArrive(kBarP0);
-        l_lo *= sc1_lo;
-        l_hi *= sc1_hi;
-        rescale_o(sc1_lo, sc1_hi);
+        w0_rescale(sc1_lo, sc1_hi);
         pv_other();  // P1 V1 (left half)
         if (more) load_block(2 * pair + 3, page_of(2 * pair + 3), 1, kMaskB1W0);
       } else {
-        BarSync(kBarScale0);  // m0, scale0 published
-        const float m0_lo = s_m0[lrow_lo], m0_hi = s_m0[lrow_hi];
-        const float sc0_lo = s_scale0[lrow_lo], sc0_hi = s_scale0[lrow_hi];
-        float base_lo, base_hi, sc1_lo, sc1_hi;
-        m_lo = new_max(m0_lo, mx_lo, base_lo, sc1_lo);
-        m_hi = new_max(m0_hi, mx_hi, base_hi, sc1_hi);
-        float sum_lo, sum_hi;
-        exponentiate(s, base_lo, base_hi, sum_lo, sum_hi);
+        float sc1[2], sc01[2], sum[2];
+        w1_softmax(mx_lo, mx_hi, sc1, sc01, sum);  // after m0, scale0 are published
         store_p(s);
-        if (c == 0) {
-          s_m1[lrow_lo] = m_lo;
-          s_m1[lrow_hi] = m_hi;
-          s_scale1[lrow_lo] = sc1_lo;
-          s_scale1[lrow_hi] = sc1_hi;
-        }
-        BarArrive(kBarP1);
-        rescale_o(sc0_lo * sc1_lo, sc0_hi * sc1_hi);
-        l_lo = l_lo * (sc0_lo * sc1_lo) + sum_lo;
-        l_hi = l_hi * (sc0_hi * sc1_hi) + sum_hi;
-        pack(s, pa);
+        w1_publish(sc1);
+        w1_rescale(sc01, sum, pa);
         pv_own(pa);
         wgmma::Wait<0>();
         wgmma::FenceRegs(o);
@@ -663,43 +698,18 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       qk_scores(s, t, mx_lo, mx_hi);
       uint32_t pa[4][4];
       if (wgi == 0) {
-        float base_lo, base_hi, sc0_lo, sc0_hi;
-        const float m0_lo = new_max(m_lo, mx_lo, base_lo, sc0_lo);
-        const float m0_hi = new_max(m_hi, mx_hi, base_hi, sc0_hi);
-        if (c == 0) {
-          s_m0[lrow_lo] = m0_lo;
-          s_m0[lrow_hi] = m0_hi;
-          s_scale0[lrow_lo] = sc0_lo;
-          s_scale0[lrow_hi] = sc0_hi;
-        }
-        BarArrive(kBarScale0);
-        float sum_lo, sum_hi;
-        exponentiate(s, base_lo, base_hi, sum_lo, sum_hi);
-        rescale_o(sc0_lo, sc0_hi);
-        l_lo = l_lo * sc0_lo + sum_lo;
-        l_hi = l_hi * sc0_hi + sum_hi;
-        pack(s, pa);
+        w0_softmax(mx_lo, mx_hi, pa);
         pv_own(pa);  // P0 V0_L
         wgmma::Wait<0>();
         wgmma::FenceRegs(o);
         wgmma::UseRegs(pa);
         BarSync(kBarP1);  // m1, scale1 published
-        const float sc1_lo = s_scale1[lrow_lo], sc1_hi = s_scale1[lrow_hi];
-        m_lo = s_m1[lrow_lo];
-        m_hi = s_m1[lrow_hi];
+        float sc1_lo, sc1_hi;
+        w0_take_scale1(sc1_lo, sc1_hi);
         if (more) load_block(2 * pair + 2, page_a, 0, kMaskB0W0);  // V0_L read
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s[4 * j + 0] *= sc1_lo;
-          s[4 * j + 1] *= sc1_lo;
-          s[4 * j + 2] *= sc1_hi;
-          s[4 * j + 3] *= sc1_hi;
-        }
-        store_p(s);
+        w0_store_p(sc1_lo, sc1_hi);
         BarArrive(kBarP0);
-        l_lo *= sc1_lo;
-        l_hi *= sc1_hi;
-        rescale_o(sc1_lo, sc1_hi);
+        w0_rescale(sc1_lo, sc1_hi);
         qk_zero(s);             // P0 is stored: s is free for the next q.k
         BarSync(kBarIssued);    // P1 stored, P0 V0_R issued
         pv_other_issue(false);  // P1 V1_L
@@ -719,26 +729,11 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
         wgmma::FenceRegs(s);
         wgmma::FenceRegs(o);
       } else {
-        BarSync(kBarScale0);  // m0, scale0 published
-        const float m0_lo = s_m0[lrow_lo], m0_hi = s_m0[lrow_hi];
-        const float sc0_lo = s_scale0[lrow_lo], sc0_hi = s_scale0[lrow_hi];
-        float base_lo, base_hi, sc1_lo, sc1_hi;
-        m_lo = new_max(m0_lo, mx_lo, base_lo, sc1_lo);
-        m_hi = new_max(m0_hi, mx_hi, base_hi, sc1_hi);
-        float sum_lo, sum_hi;
-        exponentiate(s, base_lo, base_hi, sum_lo, sum_hi);
-        if (c == 0) {
-          s_m1[lrow_lo] = m_lo;
-          s_m1[lrow_hi] = m_hi;
-          s_scale1[lrow_lo] = sc1_lo;
-          s_scale1[lrow_hi] = sc1_hi;
-        }
-        BarArrive(kBarP1);
+        float sc1[2], sc01[2], sum[2];
+        w1_softmax(mx_lo, mx_hi, sc1, sc01, sum);  // after m0, scale0 are published
+        w1_publish(sc1);
         store_p(s);  // P1, published by kBarIssued
-        rescale_o(sc0_lo * sc1_lo, sc0_hi * sc1_hi);
-        l_lo = l_lo * (sc0_lo * sc1_lo) + sum_lo;
-        l_hi = l_hi * (sc0_hi * sc1_hi) + sum_hi;
-        pack(s, pa);
+        w1_rescale(sc01, sum, pa);
         pv_own(pa);            // P1 V1_R
         BarSync(kBarP0);       // P0 (times scale1) published
         pv_other_issue(true);  // P0 V0_R
