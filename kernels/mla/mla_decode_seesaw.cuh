@@ -186,8 +186,9 @@ __device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v &
 // * W0 issues its next q.k on the four blocks it refilled mid-pair right behind P1 V1_L, without
 //   waiting for it, refills buffer 1's left half as soon as the P.V retires, then issues the other
 //   five blocks; W1 issues its next q.k once both its P.V have retired and it has refilled;
-// * both end the pair waiting for the q.k (the wait outside any branch: a wgmma in flight across
-//   the loop's back edge makes ptxas serialize them);
+// * each warpgroup ends the pair waiting for its q.k, inside its own branch and outside the
+//   "more pairs" one (a wgmma in flight across the loop's back edge, or a wait after the two
+//   branches merge, makes ptxas serialize every wgmma: C7520 / C7515);
 // * the cache pages of the next pair are read at the top of the pair, so no refill waits on a
 //   block-table load.
 template <bool kTma, int kOrder>
