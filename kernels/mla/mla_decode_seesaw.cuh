@@ -550,11 +550,18 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       wgmma::Commit();
       ++fills;
     };
-    // The scores of block t once its q.k has retired: scaled to the log2 domain, masked, and the
-    // rows' maxima.
+    // Order 1 (variants 7 and 8; session 31, not yet measured against session 30's form, which
+    // order 0, the plan's default, keeps): the scores stay unscaled (the scale is positive, so the
+    // maximum commutes with it) and exponentiate folds the scale into one FFMA a score, as
+    // FlashMLA's softmax does; P is stored with stmatrix.
+    constexpr bool kFoldScale = kOrder == 1;
+    // The scores of block t once its q.k has retired: masked, and the rows' maxima in the log2
+    // domain (order 0: the scores scaled to it first).
     auto qk_scores = [&](float(&s)[32], int t, float& mx_lo, float& mx_hi) {
+      if constexpr (!kFoldScale) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] *= p.score_scale_log2;
+        for (int i = 0; i < 32; ++i) s[i] *= p.score_scale_log2;
+      }
       if (!(t * kBlockTokens >= tok_begin && t * kBlockTokens + kBlockTokens - 1 <= lim_min)) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -576,6 +583,10 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      if constexpr (kFoldScale) {
+        mx_lo *= p.score_scale_log2;
+        mx_hi *= p.score_scale_log2;
+      }
     };
     auto qk = [&](float(&s)[32], int t, float& mx_lo, float& mx_hi) {
       qk_issue_all(s, t);
@@ -592,17 +603,19 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       scale_out = exp2f(m - base_out);
       return nm;
     };
-    // P = 2^(S - base) in place; returns the rows' sums (of this block).
+    // P = 2^(S x scale - base) in place (order 0: S already scaled), base in the log2 domain;
+    // returns the rows' sums (of this block).
     auto exponentiate = [&](float(&s)[32], float base_lo, float base_hi, float& sum_lo,
                             float& sum_hi) {
       sum_lo = 0.0f;
       sum_hi = 0.0f;
+      const float sc = kFoldScale ? p.score_scale_log2 : 1.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        s[4 * j + 0] = exp2f(s[4 * j + 0] - base_lo);
-        s[4 * j + 1] = exp2f(s[4 * j + 1] - base_lo);
-        s[4 * j + 2] = exp2f(s[4 * j + 2] - base_hi);
-        s[4 * j + 3] = exp2f(s[4 * j + 3] - base_hi);
+        s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], sc, -base_lo));
+        s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -base_lo));
+        s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -base_hi));
+        s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -base_hi));
         sum_lo += s[4 * j + 0] + s[4 * j + 1];
         sum_hi += s[4 * j + 2] + s[4 * j + 3];
       }
@@ -637,17 +650,37 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
     // q.k; P.V reads dims 0..511 only), or order 1's P1 buffer, as a K-major [64 rows][64 tokens] A
     // operand, 128-byte swizzled: element (row, token) at row * 128 + ((token / 8) ^ (row % 8)) *
     // 16 + token % 8 * 2.
+    // Order 1: four stmatrix.x4 a thread (FlashMLA's form): matrix i of step q is tokens 8j..8j+7
+    // (j = 2q + i / 2) of rows 16 wq + 8 (i % 2) + 0..7, whose register in thread (g, c) is the
+    // accumulator pair (row g, tokens 2c, 2c + 1): s[4j + 2 (i % 2) + 0..1]. Lane l gives the
+    // address of row l % 8 of matrix l / 8. Order 0: 16 st.shared.b32 a thread.
     auto store_p = [&](const float(&s)[32]) {
       const uint32_t pb = own_p;
+      if constexpr (!kFoldScale) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t lo = pb + lrow_lo * 128 + ((j ^ (lrow_lo & 7)) << 4) + 4 * c;
-        const uint32_t hi = pb + lrow_hi * 128 + ((j ^ (lrow_hi & 7)) << 4) + 4 * c;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(lo), "r"(PackBf16(s[4 * j], s[4 * j + 1]))
-                     : "memory");
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hi),
-                     "r"(PackBf16(s[4 * j + 2], s[4 * j + 3]))
-                     : "memory");
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t lo = pb + lrow_lo * 128 + ((j ^ (lrow_lo & 7)) << 4) + 4 * c;
+          const uint32_t hi = pb + lrow_hi * 128 + ((j ^ (lrow_hi & 7)) << 4) + 4 * c;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(lo), "r"(PackBf16(s[4 * j], s[4 * j + 1]))
+                       : "memory");
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hi),
+                       "r"(PackBf16(s[4 * j + 2], s[4 * j + 3]))
+                       : "memory");
+        }
+        wgmma::FenceProxyAsyncShared();
+        return;
+      }
+      const int mi = lane >> 3;
+      const int prow = 16 * wq + 8 * (mi & 1) + (lane & 7);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int j = 2 * q + (mi >> 1);
+        const uint32_t addr = pb + prow * 128 + ((j ^ (prow & 7)) << 4);
+        asm volatile(
+            "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+            "r"(PackBf16(s[8 * q + 0], s[8 * q + 1])), "r"(PackBf16(s[8 * q + 2], s[8 * q + 3])),
+            "r"(PackBf16(s[8 * q + 4], s[8 * q + 5])), "r"(PackBf16(s[8 * q + 6], s[8 * q + 7]))
+            : "memory");
       }
       wgmma::FenceProxyAsyncShared();
     };
