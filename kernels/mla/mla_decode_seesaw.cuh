@@ -107,7 +107,6 @@ __device__ __forceinline__ void MbarInit(uint32_t addr, int count) {
 __device__ __forceinline__ void CpAsyncMbarArrive(uint32_t addr) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
 }
-// Waits until the mbarrier phase of the given parity has completed.
 // kTma's forms: the copies of a cp.async-filled block tracked without raising the expected
 // count (one plain arrive by the warpgroup's first thread completes the phase once they land),
 // and a TMA tile copy completing on the mbarrier by its byte count.
@@ -172,32 +171,29 @@ __device__ __forceinline__ void MbarArriveCluster(uint32_t addr, uint32_t rank) 
       "r"(rank)
       : "memory");
 }
-__device__ __forceinline__ void MbarWaitCluster(uint32_t addr, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], "
-        "%2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
 __device__ __forceinline__ void BarSyncCount(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// Waits until the mbarrier phase of the given parity has completed; kCluster: with acquire
+// semantics at cluster scope (the pair form's empty mbarriers, which the other block arrives on).
+#define MLASERVE_SEESAW_TRY_WAIT(SEM)                                       \
+  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity" SEM           \
+               ".shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n" \
+               : "=r"(done)                                                 \
+               : "r"(addr), "r"(parity)                                     \
+               : "memory")
+template <bool kCluster = false>
 __device__ __forceinline__ void MbarWait(uint32_t addr, uint32_t parity) {
   uint32_t done;
   do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
+    if constexpr (kCluster) {
+      MLASERVE_SEESAW_TRY_WAIT(".acquire.cluster");
+    } else {
+      MLASERVE_SEESAW_TRY_WAIT("");
+    }
   } while (done == 0);
 }
+#undef MLASERVE_SEESAW_TRY_WAIT
 // The producers' side of a hand-off. A racecheck build may make it a full rendezvous
 // (-DMLASERVE_SEESAW_SYNC_HANDOFFS=1: bar.sync on both sides, slower, the same order of accesses)
 // to tell the tool's reports on the statistics apart from real races (session 28: racecheck flags
@@ -394,7 +390,7 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
             // The whole warpgroup waits for the peer's reads (a wait loop in one thread's branch
             // with a P.V in flight makes ptxas serialize every wgmma: C7520), then fences as
             // every mbarrier wait of this kernel does.
-            MbarWaitCluster(eb, (empty_parity >> buf) & 1u);
+            MbarWait<true>(eb, (empty_parity >> buf) & 1u);
             wgmma::Fence();
             if (tw == 0) {
 #pragma unroll
