@@ -970,6 +970,26 @@ int MlaDecodeSeesawBlocksPerSm() {
   return blocks;
 }
 
+namespace seesaw {
+// The pair form's launch: `grid` blocks in 2-block clusters (`attr` holds the cluster dimension and
+// must outlive the config).
+inline cudaLaunchConfig_t PairLaunch(int grid, int smem_bytes, cudaStream_t stream,
+                                     cudaLaunchAttribute* attr) {
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = 2;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return config;
+}
+}  // namespace seesaw
+
 // The pair form: how many blocks of 2-block clusters the device holds at once (a cluster's blocks
 // share a GPC, so this may be fewer than the SMs), 0 off SM 9.0 or if clusters do not launch.
 template <bool kTma, int kOrder, bool kPair>
@@ -981,17 +1001,9 @@ int MlaDecodeSeesawPairBlocks() {
                              seesaw::Layout<kOrder>::kSmemBytes) != cudaSuccess) {
       return 0;
     }
-    cudaLaunchConfig_t config{};
     cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    config.gridDim = dim3(2 * 1024);
-    config.blockDim = dim3(seesaw::kThreads);
-    config.dynamicSmemBytes = seesaw::Layout<kOrder>::kSmemBytes;
-    config.attrs = &attr;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config =
+        seesaw::PairLaunch(2 * 1024, seesaw::Layout<kOrder>::kSmemBytes, nullptr, &attr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -1042,18 +1054,8 @@ cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cuda
   const int row_tiles = (p.rows + seesaw::kRows - 1) / seesaw::kRows;
   if (kPair && row_tiles % 2 == 0) {
     // Blocks 2i and 2i + 1 are row tiles of one worker (blockIdx.x = worker x row_tiles + tile).
-    cudaLaunchConfig_t config{};
     cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(seesaw::kThreads);
-    config.dynamicSmemBytes = L::kSmemBytes;
-    config.stream = stream;
-    config.attrs = &attr;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = seesaw::PairLaunch(grid, L::kSmemBytes, stream, &attr);
     return cudaLaunchKernelEx(&config, MlaDecodeSeesawKernel<kTma, kOrder, kPair>, p, map);
   }
   MlaDecodeSeesawKernel<kTma, kOrder, kPair>
