@@ -40,10 +40,6 @@ struct VariantEntry {
   // lost to both). The shallow ring's fp8 (3 an SM as well) was not measured at 2 and keeps 3.
   // Indexed by KvCacheFormat; 0: no cap.
   int max_blocks_per_sm[3] = {0, 0, 0};
-  // Variants launched as 2-block clusters where the row tiles pair up (bf16 only): the blocks of
-  // such clusters the device holds at once, which caps the workers (a cluster's blocks share a
-  // GPC, so they may be fewer than the SMs). nullptr: no clusters.
-  BlocksPerSmFn pair_blocks = nullptr;
 };
 
 // Warp-sliced kernel (mla_decode_sliced.cuh), 16 rows per block: tile tokens and stages per
@@ -145,17 +141,6 @@ const VariantEntry kSeesawEarly{
     mla::kSeesawEarlyInlineScheduleMaxBatch,
     {&mla::MlaDecodeSeesawBlocksPerSm<true, 1>, &NotBuilt, &NotBuilt},
     {&mla::LaunchMlaDecodeSeesaw<true, 1>, &NotBuiltLaunch, &NotBuiltLaunch}};
-// Variant 7 with paired row tiles (128 heads, or 64 heads x s_q 2) as 2-block clusters that copy
-// each cache block from L2 once, multicast into both blocks (kernels/mla/NOTES.md, session 31);
-// an odd row-tile count runs it as variant 7.
-const VariantEntry kSeesawPair{
-    "wgmma_rows64_seesaw_tma_pair",
-    64,
-    mla::kSeesawEarlyInlineScheduleMaxBatch,
-    {&mla::MlaDecodeSeesawBlocksPerSm<true, 1, true>, &NotBuilt, &NotBuilt},
-    {&mla::LaunchMlaDecodeSeesaw<true, 1, true>, &NotBuiltLaunch, &NotBuiltLaunch},
-    {0, 0, 0},
-    &mla::MlaDecodeSeesawPairBlocks<true, 1, true>};
 
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0, 0, 2),
@@ -166,7 +151,6 @@ const VariantEntry kVariants[] = {
     kWgmmaAhead,
     kSeesawTma,
     kSeesawEarly,
-    kSeesawPair,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -314,11 +298,6 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
   plan.variant = variant;
   plan.rows_per_cta = rows_per_cta;
   plan.num_workers = std::max(1, sms * per_sm / row_tiles);
-  if (const BlocksPerSmFn pair_blocks = kVariants[variant].pair_blocks;
-      pair_blocks != nullptr && row_tiles % 2 == 0) {
-    // Clusters beyond what the device holds at once would run in a second wave.
-    plan.num_workers = std::max(1, std::min(plan.num_workers, pair_blocks() / row_tiles));
-  }
   if (max_workers > 0) plan.num_workers = std::min(plan.num_workers, max_workers);
   if (invariant_max_seq_len > 0) {
     // One worker per piece of every sequence, as long as the longest may be.

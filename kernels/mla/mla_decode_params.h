@@ -112,16 +112,11 @@ int MlaDecodeWgmmaBlocksPerSm();
 // SM90a seesaw split decode kernel (mla_decode_seesaw.cuh): bf16 cache, 64 query rows per block,
 // 64-token blocks, one a warpgroup; kTma: full blocks copied by TMA (the instantiated form);
 // kOrder: the order of the warpgroups' work (0: session 28's; 1: FlashMLA's, which schedules
-// batches up to kSeesawEarlyInlineScheduleMaxBatch in the kernel); kPair (order 1 with TMA):
-// paired row tiles run as 2-block clusters that copy each cache block once for both (the launcher
-// sets the cluster; PairBlocks: blocks of such clusters the device holds at once, 0 without
-// kPair). BlocksPerSm is 0 off SM 9.0.
-template <bool kTma, int kOrder, bool kPair = false>
+// batches up to kSeesawEarlyInlineScheduleMaxBatch in the kernel). BlocksPerSm is 0 off SM 9.0.
+template <bool kTma, int kOrder>
 cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <bool kTma, int kOrder, bool kPair = false>
+template <bool kTma, int kOrder>
 int MlaDecodeSeesawBlocksPerSm();
-template <bool kTma, int kOrder, bool kPair = false>
-int MlaDecodeSeesawPairBlocks();
 
 // Cache write: one warp per token (kv_cache_write.cu).
 cudaError_t LaunchKvCacheWrite(KvCacheFormat format, float fp8_scale, const uint16_t* latent,

@@ -81,9 +81,7 @@ struct Layout {
   // scale0 (W0), m1, scale1 (W1), l0, l1 (64 floats each).
   static constexpr int kStatOff = kP1Off + (kOrder == 1 ? kChunkBytes : 0);
   static constexpr int kBarOff = kStatOff + 6 * kRows * 4;
-  // mbarriers: "full" [buffer][dim block], then the pair form's "empty" [buffer][warpgroup].
-  static constexpr int kEmptyOff = kBarOff + 2 * kDimBlocks * 8;
-  static constexpr int kSchedOff = kEmptyOff + 4 * 8;
+  static constexpr int kSchedOff = kBarOff + 2 * kDimBlocks * 8;  // mbarriers: [buffer][dim blk]
   static constexpr int kSchedMax =
       kOrder == 1 ? kSeesawEarlyInlineScheduleMaxBatch : kInlineScheduleMaxBatch;
   static constexpr int kSchedBytes = 4 * (kSchedMax + 2);
@@ -107,6 +105,7 @@ __device__ __forceinline__ void MbarInit(uint32_t addr, int count) {
 __device__ __forceinline__ void CpAsyncMbarArrive(uint32_t addr) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
 }
+// Waits until the mbarrier phase of the given parity has completed.
 // kTma's forms: the copies of a cp.async-filled block tracked without raising the expected
 // count (one plain arrive by the warpgroup's first thread completes the phase once they land),
 // and a TMA tile copy completing on the mbarrier by its byte count.
@@ -130,70 +129,20 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
-// The pair form (kPair): the same box into the same shared-memory offset of both blocks of the
-// 2-block cluster, completing on the mbarrier at the same offset in each (PTX ISA 8.0,
-// cp.async.bulk.tensor .multicast::cluster; the form CUTLASS's SM90_TMA_LOAD_MULTICAST issues).
-__device__ __forceinline__ void TmaLoad2dPair(uint32_t dst, const CUtensorMap* map, int x, int y,
-                                              uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(uint16_t{3})
-      : "memory");
-}
-__device__ __forceinline__ uint32_t ClusterRank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t ClusterBlocks() {
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-  return n;
-}
-// Every thread of both blocks; orders the mbarrier inits (fence.mbarrier_init) and, at the end,
-// keeps a block resident until its peer can no longer reach its shared memory.
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::
-          : "memory");
-}
-__device__ __forceinline__ void FenceMbarInitCluster() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// Arrives on the mbarrier at shared-memory offset `addr` of cluster block `rank` (mapa), with
-// release semantics at cluster scope (the reads of the buffer this arrival frees happen before).
-__device__ __forceinline__ void MbarArriveCluster(uint32_t addr, uint32_t rank) {
-  asm volatile(
-      "{\n .reg .b32 ra;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
-      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(addr),
-      "r"(rank)
-      : "memory");
-}
 __device__ __forceinline__ void BarSyncCount(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// Waits until the mbarrier phase of the given parity has completed; kCluster: with acquire
-// semantics at cluster scope (the pair form's empty mbarriers, which the other block arrives on).
-#define MLASERVE_SEESAW_TRY_WAIT(SEM)                                       \
-  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity" SEM           \
-               ".shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n" \
-               : "=r"(done)                                                 \
-               : "r"(addr), "r"(parity)                                     \
-               : "memory")
-template <bool kCluster = false>
 __device__ __forceinline__ void MbarWait(uint32_t addr, uint32_t parity) {
   uint32_t done;
   do {
-    if constexpr (kCluster) {
-      MLASERVE_SEESAW_TRY_WAIT(".acquire.cluster");
-    } else {
-      MLASERVE_SEESAW_TRY_WAIT("");
-    }
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
   } while (done == 0);
 }
-#undef MLASERVE_SEESAW_TRY_WAIT
 // The producers' side of a hand-off. A racecheck build may make it a full rendezvous
 // (-DMLASERVE_SEESAW_SYNC_HANDOFFS=1: bar.sync on both sides, slower, the same order of accesses)
 // to tell the tool's reports on the statistics apart from real races (session 28: racecheck flags
@@ -242,24 +191,9 @@ __device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v &
 //   branches merge, makes ptxas serialize every wgmma: C7520 / C7515);
 // * the cache pages of the next pair are read at the top of the pair, so no refill waits on a
 //   block-table load.
-//
-// kPair (order 1 with TMA; variant wgmma_rows64_seesaw_tma_pair): launched as clusters of two
-// blocks where the row tiles come in pairs (128 heads: rows 0-63 and 64-127 of one worker, which
-// read the same cache blocks in the same order), each full block is copied from L2 once and
-// multicast into both blocks' buffers, so the L2 -> SM traffic of a 128-head call halves (at
-// variant 7's speed the two row tiles pull ~4.2 TB/s out of L2 on an H100; kernels/mla/NOTES.md,
-// session 31). A refill group (one warpgroup's dim blocks of one buffer) may be overwritten only
-// when both blocks have read it: the block that does not issue the group's copies arrives on the
-// issuer's "empty" mbarrier through mapa; the issuer arrives on its own, waits for both, and
-// copies the group into both blocks (W0's groups by cluster block 0, W1's by block 1). Each block
-// still expects the whole group's bytes on its own "full" mbarriers. Partly filled and zero blocks
-// keep cp.async in each block (both blocks take the same path: same worker, same pieces). Both
-// blocks run the same program, so their mbarrier phases advance together. Where the row tiles do
-// not pair (an odd count), the launch has no cluster and the kernel runs as variant 7.
-template <bool kTma, int kOrder, bool kPair>
+template <bool kTma, int kOrder>
 __global__ void __launch_bounds__(seesaw::kThreads, 1)
     MlaDecodeSeesawKernel(const MlaDecodeKernelParams p, const __grid_constant__ CUtensorMap map) {
-  static_assert(!kPair || (kTma && kOrder == 1), "the pair form is order 1 with TMA");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Launched plainly: a programmatically launched combine may become resident now and wait for
   // this grid.
@@ -279,9 +213,6 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
   float* s_l = s_scale1 + kRows;  // [2][64]
   const uint32_t bar_base = base + L::kBarOff;
   auto full_bar = [&](int buf, int kb) { return bar_base + 8 * (buf * kDimBlocks + kb); };
-  // The pair form's "empty" mbarrier of buffer buf's group refilled by warpgroup w (2 arrivals:
-  // this block and its peer).
-  auto empty_bar = [&](int buf, int w) { return base + L::kEmptyOff + 8 * (2 * buf + w); };
 
   const int tid = threadIdx.x, lane = tid & 31;
   // Warpgroup index, broadcast from lane 0 so the compiler knows it is warp-uniform.
@@ -292,20 +223,8 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
   const int row_tiles = (p.rows + kRows - 1) / kRows;
   const int worker = blockIdx.x / row_tiles, mt = blockIdx.x % row_tiles;
 
-  // The pair form runs as one when launched as a 2-block cluster (the launcher does where the
-  // row tiles pair up); cluster block r then holds row tile mt of the pair (mt % 2 == r).
-  // Broadcast from lane 0 so the compiler knows both are warp-uniform (a wait loop under a
-  // condition it cannot prove uniform is a divergent path to ptxas: C7520).
-  const bool pair = __shfl_sync(0xffffffffu, kPair && ClusterBlocks() == 2, 0);
-  const uint32_t cta_rank = __shfl_sync(0xffffffffu, pair ? ClusterRank() : 0u, 0);
   if (tid < 2 * kDimBlocks) MbarInit(bar_base + 8 * tid, kTma ? 1 : 128);
-  if (kPair && tid >= 32 && tid < 36) MbarInit(base + L::kEmptyOff + 8 * (tid - 32), 2);
-  if (pair) {
-    FenceMbarInitCluster();
-    ClusterSync();  // the peer's mbarriers are initialized before any copy or arrival reaches them
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   const int32_t* prefix = p.schedule;
   if (p.inline_schedule) {
     prefix = InlineSchedule<kThreads>(p, reinterpret_cast<int32_t*>(smem + L::kSchedOff));
@@ -313,7 +232,7 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
   const int total = prefix[p.batch], share = prefix[p.batch + 1];
   const int cost_begin = worker * share;
   const int cost_end = min(cost_begin + share, total);
-  if (cost_begin >= cost_end) return;  // both blocks of a pair (one worker), before any copy
+  if (cost_begin >= cost_end) return;
   const int first_seq = FirstSequence(prefix, p.batch, cost_begin);
 
   // This thread's two rows (of the block's 64) and their indices in the sequence's rows.
@@ -338,9 +257,6 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       wgmma::Desc128B(wgi == 0 ? p1_smem : other_buf + 8 * kChunkBytes, 16, 1024);
   // Fills of this warpgroup's buffer so far (the parity of the mbarrier phase to wait for).
   uint32_t fills = 0;
-  // The pair form, thread tw == 0: bit buf = parity of this warpgroup's TMA refills of buffer buf
-  // so far (the phase of its empty mbarrier to wait for).
-  uint32_t empty_parity = 0;
 
   for (int b = first_seq; b < p.batch && prefix[b] < cost_end; ++b) {
     const SeqPiece piece = PieceOfSequence(p, prefix, b, cost_begin, cost_end);
@@ -371,40 +287,8 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
                : p.kv_pool;
       const bool valid = real && t * kBlockTokens + ct < len;
       if (kTma && real && t * kBlockTokens + kBlockTokens <= len) {
-        const int y = page * kBlockTokens;
-        if (kPair && pair) {
-          const uint32_t eb = empty_bar(buf, wgi);
-          const bool issuer = cta_rank == static_cast<uint32_t>(wgi);  // warpgroup-uniform
-          if (tw == 0) {
-#pragma unroll
-            for (int kb = 0; kb < kDimBlocks; ++kb) {
-              if (((mask >> kb) & 1u) != 0) MbarArriveExpectTx(full_bar(buf, kb), kChunkBytes);
-            }
-            if (issuer) {
-              MbarArrive(eb);  // this block's reads of the group are done
-            } else {
-              MbarArriveCluster(eb, static_cast<uint32_t>(wgi));
-            }
-          }
-          if (issuer) {
-            // The whole warpgroup waits for the peer's reads (a wait loop in one thread's branch
-            // with a P.V in flight makes ptxas serialize every wgmma: C7520), then fences as
-            // every mbarrier wait of this kernel does.
-            MbarWait<true>(eb, (empty_parity >> buf) & 1u);
-            wgmma::Fence();
-            if (tw == 0) {
-#pragma unroll
-              for (int kb = 0; kb < kDimBlocks; ++kb) {
-                if (((mask >> kb) & 1u) == 0) continue;
-                TmaLoad2dPair(base + kBufOff + buf * kBufBytes + kb * kChunkBytes, &map, 64 * kb, y,
-                              full_bar(buf, kb));
-              }
-            }
-          }
-          empty_parity ^= 1u << buf;
-          return;
-        }
         if (tw == 0) {
+          const int y = page * kBlockTokens;
 #pragma unroll
           for (int kb = 0; kb < kDimBlocks; ++kb) {
             if (((mask >> kb) & 1u) == 0) continue;
@@ -546,18 +430,11 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       wgmma::Commit();
       ++fills;
     };
-    // Order 1 (variants 7 and 8; session 31, not yet measured against session 30's form, which
-    // order 0, the plan's default, keeps): the scores stay unscaled (the scale is positive, so the
-    // maximum commutes with it) and exponentiate folds the scale into one FFMA a score, as
-    // FlashMLA's softmax does; P is stored with stmatrix.
-    constexpr bool kFoldScale = kOrder == 1;
-    // The scores of block t once its q.k has retired: masked, and the rows' maxima in the log2
-    // domain (order 0: the scores scaled to it first).
+    // The scores of block t once its q.k has retired: scaled to the log2 domain, masked, and the
+    // rows' maxima.
     auto qk_scores = [&](float(&s)[32], int t, float& mx_lo, float& mx_hi) {
-      if constexpr (!kFoldScale) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] *= p.score_scale_log2;
-      }
+      for (int i = 0; i < 32; ++i) s[i] *= p.score_scale_log2;
       if (!(t * kBlockTokens >= tok_begin && t * kBlockTokens + kBlockTokens - 1 <= lim_min)) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -579,10 +456,6 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-      if constexpr (kFoldScale) {
-        mx_lo *= p.score_scale_log2;
-        mx_hi *= p.score_scale_log2;
-      }
     };
     auto qk = [&](float(&s)[32], int t, float& mx_lo, float& mx_hi) {
       qk_issue_all(s, t);
@@ -599,19 +472,17 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       scale_out = exp2f(m - base_out);
       return nm;
     };
-    // P = 2^(S x scale - base) in place (order 0: S already scaled), base in the log2 domain;
-    // returns the rows' sums (of this block).
+    // P = 2^(S - base) in place; returns the rows' sums (of this block).
     auto exponentiate = [&](float(&s)[32], float base_lo, float base_hi, float& sum_lo,
                             float& sum_hi) {
       sum_lo = 0.0f;
       sum_hi = 0.0f;
-      const float sc = kFoldScale ? p.score_scale_log2 : 1.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], sc, -base_lo));
-        s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sc, -base_lo));
-        s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sc, -base_hi));
-        s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sc, -base_hi));
+        s[4 * j + 0] = exp2f(s[4 * j + 0] - base_lo);
+        s[4 * j + 1] = exp2f(s[4 * j + 1] - base_lo);
+        s[4 * j + 2] = exp2f(s[4 * j + 2] - base_hi);
+        s[4 * j + 3] = exp2f(s[4 * j + 3] - base_hi);
         sum_lo += s[4 * j + 0] + s[4 * j + 1];
         sum_hi += s[4 * j + 2] + s[4 * j + 3];
       }
@@ -646,37 +517,17 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
     // q.k; P.V reads dims 0..511 only), or order 1's P1 buffer, as a K-major [64 rows][64 tokens] A
     // operand, 128-byte swizzled: element (row, token) at row * 128 + ((token / 8) ^ (row % 8)) *
     // 16 + token % 8 * 2.
-    // Order 1: four stmatrix.x4 a thread (FlashMLA's form): matrix i of step q is tokens 8j..8j+7
-    // (j = 2q + i / 2) of rows 16 wq + 8 (i % 2) + 0..7, whose register in thread (g, c) is the
-    // accumulator pair (row g, tokens 2c, 2c + 1): s[4j + 2 (i % 2) + 0..1]. Lane l gives the
-    // address of row l % 8 of matrix l / 8. Order 0: 16 st.shared.b32 a thread.
     auto store_p = [&](const float(&s)[32]) {
       const uint32_t pb = own_p;
-      if constexpr (!kFoldScale) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t lo = pb + lrow_lo * 128 + ((j ^ (lrow_lo & 7)) << 4) + 4 * c;
-          const uint32_t hi = pb + lrow_hi * 128 + ((j ^ (lrow_hi & 7)) << 4) + 4 * c;
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(lo), "r"(PackBf16(s[4 * j], s[4 * j + 1]))
-                       : "memory");
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hi),
-                       "r"(PackBf16(s[4 * j + 2], s[4 * j + 3]))
-                       : "memory");
-        }
-        wgmma::FenceProxyAsyncShared();
-        return;
-      }
-      const int mi = lane >> 3;
-      const int prow = 16 * wq + 8 * (mi & 1) + (lane & 7);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int j = 2 * q + (mi >> 1);
-        const uint32_t addr = pb + prow * 128 + ((j ^ (prow & 7)) << 4);
-        asm volatile(
-            "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-            "r"(PackBf16(s[8 * q + 0], s[8 * q + 1])), "r"(PackBf16(s[8 * q + 2], s[8 * q + 3])),
-            "r"(PackBf16(s[8 * q + 4], s[8 * q + 5])), "r"(PackBf16(s[8 * q + 6], s[8 * q + 7]))
-            : "memory");
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t lo = pb + lrow_lo * 128 + ((j ^ (lrow_lo & 7)) << 4) + 4 * c;
+        const uint32_t hi = pb + lrow_hi * 128 + ((j ^ (lrow_hi & 7)) << 4) + 4 * c;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(lo), "r"(PackBf16(s[4 * j], s[4 * j + 1]))
+                     : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(hi),
+                     "r"(PackBf16(s[4 * j + 2], s[4 * j + 3]))
+                     : "memory");
       }
       wgmma::FenceProxyAsyncShared();
     };
@@ -943,73 +794,20 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
     };
     if (row_lo < p.rows) store_row(row_lo, 0, inv_lo, lse2_lo);
     if (row_hi < p.rows) store_row(row_hi, 1, inv_hi, lse2_hi);
-    // The next piece's prologue reuses Q, the buffers and the statistics. The pair form syncs both
-    // blocks here (without a cluster launch, the block alone): every copy into a block and every
-    // arrival on its mbarriers has been waited for by then, so neither leaves while the other may
-    // still reach it. (One cluster barrier after the loop instead, even unconditional, made ptxas
-    // serialize every wgmma: C7520.)
-    if constexpr (kPair) {
-      ClusterSync();
-    } else {
-      __syncthreads();
-    }
+    __syncthreads();  // The next piece's prologue reuses Q, the buffers and the statistics.
   }
 #endif
 }
 
 // 1 on an SM90 device (the kernel fits one block per SM), 0 elsewhere: the plan then refuses
 // this variant (MlaDecodeVariantAvailable).
-template <bool kTma, int kOrder, bool kPair>
+template <bool kTma, int kOrder>
 int MlaDecodeSeesawBlocksPerSm() {
   static const int blocks = [] {
     if (!wgmma::CurrentDeviceIsSm90()) return 0;
     return DecodeKernelBlocksPerSm(
-        reinterpret_cast<const void*>(&MlaDecodeSeesawKernel<kTma, kOrder, kPair>),
-        seesaw::kThreads, seesaw::Layout<kOrder>::kSmemBytes);
-  }();
-  return blocks;
-}
-
-namespace seesaw {
-// The pair form's launch: `grid` blocks in 2-block clusters (`attr` holds the cluster dimension and
-// must outlive the config).
-inline cudaLaunchConfig_t PairLaunch(int grid, int smem_bytes, cudaStream_t stream,
-                                     cudaLaunchAttribute* attr) {
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = 2;
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return config;
-}
-}  // namespace seesaw
-
-// The pair form: how many blocks of 2-block clusters the device holds at once (a cluster's blocks
-// share a GPC, so this may be fewer than the SMs), 0 off SM 9.0 or if clusters do not launch.
-template <bool kTma, int kOrder, bool kPair>
-int MlaDecodeSeesawPairBlocks() {
-  static const int blocks = [] {
-    if (!kPair || MlaDecodeSeesawBlocksPerSm<kTma, kOrder, kPair>() == 0) return 0;
-    const void* fn = reinterpret_cast<const void*>(&MlaDecodeSeesawKernel<kTma, kOrder, kPair>);
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             seesaw::Layout<kOrder>::kSmemBytes) != cudaSuccess) {
-      return 0;
-    }
-    cudaLaunchAttribute attr{};
-    const cudaLaunchConfig_t config =
-        seesaw::PairLaunch(2 * 1024, seesaw::Layout<kOrder>::kSmemBytes, nullptr, &attr);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return 2 * clusters;
+        reinterpret_cast<const void*>(&MlaDecodeSeesawKernel<kTma, kOrder>), seesaw::kThreads,
+        seesaw::Layout<kOrder>::kSmemBytes);
   }();
   return blocks;
 }
@@ -1042,24 +840,16 @@ inline cudaError_t SeesawPoolTensorMap(const void* pool, CUtensorMap* map) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <bool kTma, int kOrder, bool kPair>
+template <bool kTma, int kOrder>
 cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
   using L = seesaw::Layout<kOrder>;
-  if (MlaDecodeSeesawBlocksPerSm<kTma, kOrder, kPair>() == 0) return cudaErrorInvalidConfiguration;
+  if (MlaDecodeSeesawBlocksPerSm<kTma, kOrder>() == 0) return cudaErrorInvalidConfiguration;
   if (p.inline_schedule && p.batch > L::kSchedMax) return cudaErrorInvalidValue;
   CUtensorMap map{};
   if constexpr (kTma) {
     if (cudaError_t e = SeesawPoolTensorMap(p.kv_pool, &map); e != cudaSuccess) return e;
   }
-  const int row_tiles = (p.rows + seesaw::kRows - 1) / seesaw::kRows;
-  if (kPair && row_tiles % 2 == 0) {
-    // Blocks 2i and 2i + 1 are row tiles of one worker (blockIdx.x = worker x row_tiles + tile).
-    cudaLaunchAttribute attr{};
-    const cudaLaunchConfig_t config = seesaw::PairLaunch(grid, L::kSmemBytes, stream, &attr);
-    return cudaLaunchKernelEx(&config, MlaDecodeSeesawKernel<kTma, kOrder, kPair>, p, map);
-  }
-  MlaDecodeSeesawKernel<kTma, kOrder, kPair>
-      <<<grid, seesaw::kThreads, L::kSmemBytes, stream>>>(p, map);
+  MlaDecodeSeesawKernel<kTma, kOrder><<<grid, seesaw::kThreads, L::kSmemBytes, stream>>>(p, map);
   return cudaGetLastError();
 }
 
