@@ -383,6 +383,7 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   k.inline_schedule = p.batch <= kVariants[plan->variant].inline_schedule_max_batch;
   k.programmatic_combine = p.programmatic_combine ? 1 : 0;
   k.min_share = p.min_share;  // 0: MlaBalancedShare's rule for short jobs
+  k.combine_row_warps = p.combine_row_warps ? 1 : 0;
   if (!k.inline_schedule) {
     if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
         !s.ok()) {

@@ -78,6 +78,12 @@ struct MlaDecodeParams {
   // about 72 pieces of 1-3 units); 1..1024 force that smallest share. A tuning knob for
   // benchmarks (mla_decode_bench --min-share); no effect on the batch-invariant schedule.
   int min_share = 0;
+  // The combine with one warp per (sequence, query row), 8 rows a block, where the call has more
+  // than 16 rows in all; false: one block per (sequence, row, 128 columns). Session 31's ncu had
+  // the latter at 87.7 us against FlashMLA's 17.1 us at 128 heads x batch 64 (32,768 blocks for two
+  // or three partials each). Off until measured (mla_decode_bench --combine-row-warps); not used
+  // by the batch-invariant schedule, whose combine order must not depend on the batch.
+  bool combine_row_warps = false;
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.

@@ -143,6 +143,65 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   }
 }
 
+// One warp per (sequence, query row), kRowWarps a block (MlaDecodeParams::combine_row_warps): the
+// warp weighs the row's partials one after another, each lane holding 16 of the 512 columns (four
+// float4, 512 B a warp a load). For calls with many rows and few partials a row (128 heads x batch
+// 64: 8,192 rows of two or three partials), where one block per (row, 128 columns) spends most of
+// its warps idle.
+template <int kRowWarps>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    MlaDecodeCombineRowsKernel(const MlaDecodeKernelParams p) {
+  pdl::WaitForPrerequisiteGrid();
+  pdl::AllowDependentLaunch();
+  const int lane = threadIdx.x & 31;
+  const int pair = blockIdx.x * kRowWarps + (threadIdx.x >> 5);
+  if (pair >= p.batch * p.rows) return;
+  const int b = pair / p.rows, row = pair % p.rows;
+  const int share = p.schedule[p.batch + 1];
+  const int first = p.schedule[b] / share, last = (p.schedule[b + 1] - 1) / share;
+  if (first == last) return;  // unsplit: the split kernel wrote the row
+  const int n = last - first + 1;
+  const size_t slot0 = static_cast<size_t>(first) + b;
+  float mx = -INFINITY;
+  for (int s = lane; s < n; s += 32) mx = fmaxf(mx, p.lse_part[(slot0 + s) * p.rows + row]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float4 acc[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float wsum = 0.0f;
+  for (int s = 0; s < n; ++s) {
+    const float l = p.lse_part[(slot0 + s) * p.rows + row];
+    const float w = mx == -INFINITY ? 0.0f : exp2f(l - mx);  // Empty pieces (lse -inf) weigh 0.
+    if (w == 0.0f) continue;  // Also skips never-written rows of empty pieces.
+    const float4* v =
+        reinterpret_cast<const float4*>(p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim);
+    wsum += w;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 x = v[32 * k + lane];
+      acc[k].x += w * x.x;
+      acc[k].y += w * x.y;
+      acc[k].z += w * x.z;
+      acc[k].w += w * x.w;
+    }
+  }
+  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+  uint16_t* out = p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(acc[k].x * inv, acc[k].y * inv);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(acc[k].z * inv, acc[k].w * inv);
+    *reinterpret_cast<uint2*>(out + 4 * (32 * k + lane)) =
+        make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+  }
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[static_cast<size_t>(b) * p.rows + row] =
+        wsum > 0.0f ? (mx + log2f(wsum)) * 0.693147180559945309f : -INFINITY;
+  }
+}
+constexpr int kCombineRowWarps = 8;
+
 }  // namespace
 
 cudaError_t LaunchMlaDecodeSchedule(const MlaDecodeKernelParams& p, cudaStream_t stream) {
@@ -155,6 +214,11 @@ cudaError_t LaunchMlaDecodeCombine(const MlaDecodeKernelParams& p, cudaStream_t 
   // Batch-invariant schedules always take the narrow form: the wide one sums a row's partials
   // in another order, and which one runs would depend on the batch.
   const bool programmatic = p.programmatic_combine != 0;
+  if (p.fixed_share == 0 && p.combine_row_warps != 0 && p.batch * p.rows > kWideCombineRows) {
+    const int row_blocks = (p.batch * p.rows + kCombineRowWarps - 1) / kCombineRowWarps;
+    return pdl::LaunchKernel(MlaDecodeCombineRowsKernel<kCombineRowWarps>, dim3(row_blocks),
+                             dim3(kCombineRowWarps * 32), 0, stream, programmatic, p);
+  }
   if (p.fixed_share == 0 && p.batch * p.rows <= kWideCombineRows) {
     return pdl::LaunchKernel(MlaDecodeCombineKernel<16, 8>, dim3(blocks), dim3(16 * 32), 0, stream,
                              programmatic, p);

@@ -68,6 +68,7 @@ struct MlaDecodeKernelParams {
   int inline_schedule;         // 1: the (sliced) split kernel computes the schedule itself.
   int programmatic_combine;    // 1: the combine is launched programmatically (MlaDecodeParams).
   int min_share;               // MlaDecodeParams::min_share (0: MlaBalancedShare's rule)
+  int combine_row_warps;       // 1: MlaDecodeParams::combine_row_warps
   float score_scale_log2;      // softmax_scale * log2(e) (* kv_scale for kFp8)
   float out_scale;             // kv_scale for kFp8, else 1
   uint16_t* __restrict__ out;  // bf16 [batch, s_q, heads, 512]

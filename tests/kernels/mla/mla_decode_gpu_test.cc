@@ -58,16 +58,17 @@ struct DecodeCase {
   // overlapping the combine's launch; MlaDecodeParams::programmatic_combine).
   bool programmatic = false;
   int min_share = 0;  // MlaDecodeParams::min_share (0: the default)
+  bool combine_row_warps = false;  // MlaDecodeParams::combine_row_warps
 };
 
 std::string Name(const DecodeCase& c) {
   std::string s = std::string(KvCacheFormatName(c.format)) + " heads=" + std::to_string(c.heads) +
                   " s_q=" + std::to_string(c.s_q) + " variant=" + MlaDecodeVariantName(c.variant) +
                   " max_workers=" + std::to_string(c.max_workers) +
-                  (c.invariant ? " invariant" : "") +
-                  (c.separate_rope ? " separate_rope" : "") +
+                  (c.invariant ? " invariant" : "") + (c.separate_rope ? " separate_rope" : "") +
                   (c.programmatic ? " programmatic" : "") +
-                  (c.min_share > 0 ? " min_share=" + std::to_string(c.min_share) : "") + " lens=";
+                  (c.min_share > 0 ? " min_share=" + std::to_string(c.min_share) : "") +
+                  (c.combine_row_warps ? " combine_row_warps" : "") + " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -179,6 +180,7 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   p.max_workers = c.max_workers;
   p.invariant_max_seq_len = invariant_len;
   p.min_share = c.min_share;
+  p.combine_row_warps = c.combine_row_warps;
   if (c.separate_rope) {
     p.q_rope = d_rope.ptr + kRopeCol;
     p.q_rope_stride = kRopeStride;
@@ -331,6 +333,24 @@ TEST(MlaDecodeGpuTest, ProgrammaticCombine) {
             {f, 16, 2, {2, 63, 65, 3000}, v}, {f, 8, 1, {20000}, v}, {f, 64, 1, {5000, 17}, v}};
       },
       [](DecodeCase& c) { c.programmatic = true; });
+}
+
+// The combine with one warp a row (MlaDecodeParams::combine_row_warps), every variant and format:
+// rows of two or three partials among unsplit ones (the case it is for), a row count that is not a
+// multiple of the block's 8 warps (40 heads x 3), hundreds of partials a row (batch 1 x 9000 at 64
+// and 128 heads), and a call of 16 rows or fewer, which keeps the wide per-chunk form.
+TEST(MlaDecodeGpuTest, CombineRowWarps) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  ForEveryVariant(
+      1100,
+      [](KvCacheFormat f, int v) {
+        return std::vector<DecodeCase>{{f, 128, 1, {3000, 17, 5000, 64}, v},
+                                       {f, 40, 3, {2000, 7, 65}, v},
+                                       {f, 64, 1, {9000}, v},
+                                       {f, 128, 1, {9000}, v},
+                                       {f, 16, 1, {3000}, v}};
+      },
+      [](DecodeCase& c) { c.combine_row_warps = true; });
 }
 
 // Smaller minimum shares of the balanced split (MlaDecodeParams::min_share): more, shorter pieces
