@@ -38,6 +38,9 @@ ABSL_FLAG(mlaserve::IntList, workers, (mlaserve::IntList{{0}}),
 ABSL_FLAG(mlaserve::IntList, min_share, (mlaserve::IntList{{0}}),
           "Smallest shares of the balanced split in 16-token units, each in [0, 1024] (0: the "
           "default rule, MlaDecodeParams::min_share; 4: the rule before session 13).");
+ABSL_FLAG(mlaserve::IntList, kv_tma_l2, (mlaserve::IntList{{0}}),
+          "MlaDecodeParams::kv_tma_l2 values to run (bit flags: 1 evict_first policy on the TMA "
+          "cache copies, 2 128-B L2 fills in the pool's tensor map; seesaw variants only)");
 ABSL_FLAG(mlaserve::IntList, combine_row_warps, (mlaserve::IntList{{0}}),
           "MlaDecodeParams::combine_row_warps values to run (0: the per-chunk combine, 1: one warp "
           "a row where the call has more than 16 rows).");
@@ -111,7 +114,7 @@ struct Result {
 };
 
 Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int variant,
-                  int max_workers, int min_share, bool combine_row_warps) {
+                  int max_workers, int min_share, bool combine_row_warps, int kv_tma_l2) {
   const size_t row_bytes = KvCacheBytesPerToken(format);
   const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
   const size_t num_blocks = size_t(batch) * blocks_per_seq;
@@ -169,6 +172,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   p.max_workers = max_workers;
   p.min_share = min_share;
   p.combine_row_warps = combine_row_warps;
+  p.kv_tma_l2 = kv_tma_l2;
   // Warm-up outside the graph (module load, smem opt-in, occupancy query).
   p.kv_pool = pools[0];
   absl::Status st = InvokeMlaDecode(p, stream);
@@ -215,6 +219,7 @@ int Main(int argc, char** argv) {
   const std::vector<int> workers_list = FlagIntsInRange(FLAGS_workers, 0, 1 << 16);
   const std::vector<int> shares = FlagIntsInRange(FLAGS_min_share, 0, 1024);
   const std::vector<int> row_warps = FlagIntsInRange(FLAGS_combine_row_warps, 0, 1);
+  const std::vector<int> l2_hints = FlagIntsInRange(FLAGS_kv_tma_l2, 0, 3);
   std::vector<KvCacheFormat> formats;
   for (const std::string& name : absl::GetFlag(FLAGS_format)) {
     absl::StatusOr<KvCacheFormat> f = ParseKvCacheFormat(name);
@@ -235,26 +240,31 @@ int Main(int argc, char** argv) {
             for (int workers : workers_list) {
               for (int share : shares) {
                 for (int cw : row_warps) {
-                  const Result r =
-                      TimeConfig(f, heads, batch, context, variant, workers, share, cw != 0);
-                  std::string vname = MlaDecodeVariantName(
-                      variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
-                  if (workers > 0) {
-                    vname += "/w" +
-                             std::to_string(
-                                 PlanMlaDecode(batch, 1, heads, f, variant, workers)->num_workers);
+                  for (int l2 : l2_hints) {
+                    const Result r =
+                        TimeConfig(f, heads, batch, context, variant, workers, share, cw != 0, l2);
+                    std::string vname = MlaDecodeVariantName(
+                        variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
+                    if (workers > 0) {
+                      vname +=
+                          "/w" +
+                          std::to_string(
+                              PlanMlaDecode(batch, 1, heads, f, variant, workers)->num_workers);
+                    }
+                    if (share > 0) vname += "/s" + std::to_string(share);
+                    if (cw != 0) vname += "/cw";
+                    if (l2 != 0) vname += "/l2h" + std::to_string(l2);
+                    const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
+                    std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
+                                std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
+                                variant < 0 ? "auto:" : "", vname.c_str(), r.us, r.bytes, gbps,
+                                gbps * 1e9 / copy_bw, copy_bw / 1e9);
+                    std::fflush(stdout);
+                    std::fprintf(stderr,
+                                 "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
+                                 std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(),
+                                 batch, context, r.us, gbps, gbps * 1e9 / copy_bw);
                   }
-                  if (share > 0) vname += "/s" + std::to_string(share);
-                  if (cw != 0) vname += "/cw";
-                  const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
-                  std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
-                              std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
-                              variant < 0 ? "auto:" : "", vname.c_str(), r.us, r.bytes, gbps,
-                              gbps * 1e9 / copy_bw, copy_bw / 1e9);
-                  std::fflush(stdout);
-                  std::fprintf(stderr, "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
-                               std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(),
-                               batch, context, r.us, gbps, gbps * 1e9 / copy_bw);
                 }
               }
             }

@@ -337,6 +337,10 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         absl::StrCat("MLA decode: min_share ", p.min_share, " outside [0, 1024]"));
   }
+  if (p.kv_tma_l2 < 0 || p.kv_tma_l2 > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MLA decode: kv_tma_l2 ", p.kv_tma_l2, " outside [0, 3]"));
+  }
   if (p.q_rope != nullptr &&
       (reinterpret_cast<uintptr_t>(p.q_rope) % 16 != 0 || p.q_rope_stride < kMlaRopeDim ||
        p.q_rope_stride % 8 != 0)) {
@@ -384,6 +388,7 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   k.programmatic_combine = p.programmatic_combine ? 1 : 0;
   k.min_share = p.min_share;  // 0: MlaBalancedShare's rule for short jobs
   k.combine_row_warps = p.combine_row_warps ? 1 : 0;
+  k.kv_tma_l2 = p.kv_tma_l2;
   if (!k.inline_schedule) {
     if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
         !s.ok()) {

@@ -84,6 +84,14 @@ struct MlaDecodeParams {
   // or three partials each). Off until measured (mla_decode_bench --combine-row-warps); not used
   // by the batch-invariant schedule, whose combine order must not depend on the batch.
   bool combine_row_warps = false;
+  // L2 hints of the TMA cache copies (the seesaw variants; others ignore it), bit flags: 1: the
+  // copies carry an L2::evict_first cache policy; 2: the pool's tensor map promotes L2 fills to
+  // 128 B instead of 256 B. FlashMLA's dense decode uses both (deepseek-ai/FlashMLA 9241ae3,
+  // csrc/sm90/decode/dense/splitkv_mla.cuh: CacheHintSm90::EVICT_FIRST; CUTLASS 147f567
+  // cute/atom/copy_traits_sm90_tma.hpp: L2_PROMOTION_L2_128B by default) and moved 3.71 GB
+  // through L2 where ours moved 4.90 GB (session 31 ncu, 128 heads x batch 64 x 32k). A tuning
+  // knob until measured (mla_decode_bench --kv-tma-l2).
+  int kv_tma_l2 = 0;
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.

@@ -129,6 +129,21 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
+// The same copy with an L2 cache policy (createpolicy's 64-bit operand) on the reads.
+__device__ __forceinline__ void TmaLoad2dHint(uint32_t dst, const CUtensorMap* map, int x, int y,
+                                              uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy)
+      : "memory");
+}
+// An L2 policy that marks every line it touches evict_first (PTX ISA, createpolicy).
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
 __device__ __forceinline__ void BarSyncCount(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
@@ -289,12 +304,18 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       if (kTma && real && t * kBlockTokens + kBlockTokens <= len) {
         if (tw == 0) {
           const int y = page * kBlockTokens;
+          const bool hint = (p.kv_tma_l2 & 1) != 0;
+          const uint64_t policy = hint ? EvictFirstPolicy() : 0;
 #pragma unroll
           for (int kb = 0; kb < kDimBlocks; ++kb) {
             if (((mask >> kb) & 1u) == 0) continue;
             MbarArriveExpectTx(full_bar(buf, kb), kChunkBytes);
-            TmaLoad2d(base + kBufOff + buf * kBufBytes + kb * kChunkBytes, &map, 64 * kb, y,
-                      full_bar(buf, kb));
+            const uint32_t dst = base + kBufOff + buf * kBufBytes + kb * kChunkBytes;
+            if (hint) {
+              TmaLoad2dHint(dst, &map, 64 * kb, y, full_bar(buf, kb), policy);
+            } else {
+              TmaLoad2d(dst, &map, 64 * kb, y, full_bar(buf, kb));
+            }
           }
         }
         return;
@@ -817,7 +838,8 @@ int MlaDecodeSeesawBlocksPerSm() {
 // here; the map's token extent (2^28) only bounds the coordinates, and the kernel reads only the
 // sequences' own pages. cuTensorMapEncodeTiled comes from the driver through the runtime's entry
 // point query, so nothing links the driver library.
-inline cudaError_t SeesawPoolTensorMap(const void* pool, CUtensorMap* map) {
+// promote_128: L2 fills of 128 B instead of 256 B (MlaDecodeParams::kv_tma_l2 bit 2).
+inline cudaError_t SeesawPoolTensorMap(const void* pool, CUtensorMap* map, bool promote_128) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q;
@@ -836,7 +858,8 @@ inline cudaError_t SeesawPoolTensorMap(const void* pool, CUtensorMap* map) {
   const CUresult r =
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(pool), dims, strides, box,
              elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+             promote_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -847,7 +870,9 @@ cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cuda
   if (p.inline_schedule && p.batch > L::kSchedMax) return cudaErrorInvalidValue;
   CUtensorMap map{};
   if constexpr (kTma) {
-    if (cudaError_t e = SeesawPoolTensorMap(p.kv_pool, &map); e != cudaSuccess) return e;
+    if (cudaError_t e = SeesawPoolTensorMap(p.kv_pool, &map, (p.kv_tma_l2 & 2) != 0);
+        e != cudaSuccess)
+      return e;
   }
   MlaDecodeSeesawKernel<kTma, kOrder><<<grid, seesaw::kThreads, L::kSmemBytes, stream>>>(p, map);
   return cudaGetLastError();

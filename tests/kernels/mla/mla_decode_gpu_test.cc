@@ -59,6 +59,7 @@ struct DecodeCase {
   bool programmatic = false;
   int min_share = 0;  // MlaDecodeParams::min_share (0: the default)
   bool combine_row_warps = false;  // MlaDecodeParams::combine_row_warps
+  int kv_tma_l2 = 0;               // MlaDecodeParams::kv_tma_l2
 };
 
 std::string Name(const DecodeCase& c) {
@@ -68,7 +69,8 @@ std::string Name(const DecodeCase& c) {
                   (c.invariant ? " invariant" : "") + (c.separate_rope ? " separate_rope" : "") +
                   (c.programmatic ? " programmatic" : "") +
                   (c.min_share > 0 ? " min_share=" + std::to_string(c.min_share) : "") +
-                  (c.combine_row_warps ? " combine_row_warps" : "") + " lens=";
+                  (c.combine_row_warps ? " combine_row_warps" : "") +
+                  (c.kv_tma_l2 != 0 ? " kv_tma_l2=" + std::to_string(c.kv_tma_l2) : "") + " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -181,6 +183,7 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   p.invariant_max_seq_len = invariant_len;
   p.min_share = c.min_share;
   p.combine_row_warps = c.combine_row_warps;
+  p.kv_tma_l2 = c.kv_tma_l2;
   if (c.separate_rope) {
     p.q_rope = d_rope.ptr + kRopeCol;
     p.q_rope_stride = kRopeStride;
@@ -351,6 +354,22 @@ TEST(MlaDecodeGpuTest, CombineRowWarps) {
                                        {f, 16, 1, {3000}, v}};
       },
       [](DecodeCase& c) { c.combine_row_warps = true; });
+}
+
+// The L2 hints of the TMA cache copies (MlaDecodeParams::kv_tma_l2), each setting, every variant
+// and format (variants without TMA copies ignore them): full blocks copied by TMA beside a last,
+// partly filled block, two row tiles, 1-4 query tokens. Out-of-range settings are refused.
+TEST(MlaDecodeGpuTest, KvTmaL2Hints) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (int hints : {1, 2, 3}) {
+    ForEveryVariant(
+        1200 + 100 * hints,
+        [](KvCacheFormat f, int v) {
+          return std::vector<DecodeCase>{{f, 128, 1, {3000, 17, 4096}, v},
+                                         {f, 32, 4, {700, 129}, v}};
+        },
+        [hints](DecodeCase& c) { c.kv_tma_l2 = hints; });
+  }
 }
 
 // Smaller minimum shares of the balanced split (MlaDecodeParams::min_share): more, shorter pieces
@@ -597,6 +616,36 @@ TEST(MlaDecodeGpuTest, RejectsBadWorkerCap) {
   const auto capped = PlanMlaDecode(4, 1, 16, KvCacheFormat::kFp8, -1, 5);
   ASSERT_TRUE(capped.ok()) << capped.status();
   EXPECT_EQ(capped->num_workers, 5);
+}
+
+// Tuning knobs outside their ranges are refused before anything is launched.
+TEST(MlaDecodeGpuTest, RejectsBadKnobs) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const auto plan = PlanMlaDecode(2, 1, 16, KvCacheFormat::kBf16);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  DeviceBuffer<uint8_t> buf(plan->workspace_bytes + (1 << 20));
+  ASSERT_TRUE(buf.ptr);
+  MlaDecodeParams p;
+  p.q = p.kv_pool = p.out = p.workspace = buf.ptr;
+  p.block_table = p.seq_lens = reinterpret_cast<const int32_t*>(buf.ptr);
+  p.max_blocks_per_seq = 1;
+  p.batch = 2;
+  p.s_q = 1;
+  p.heads = 16;
+  p.format = KvCacheFormat::kBf16;
+  p.softmax_scale = 0.1f;
+  p.workspace_bytes = plan->workspace_bytes;
+  for (int bad : {-1, 4}) {
+    p.kv_tma_l2 = bad;
+    const absl::Status st = InvokeMlaDecode(p, nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("kv_tma_l2"), std::string::npos) << st;
+  }
+  p.kv_tma_l2 = 0;
+  p.min_share = 1025;
+  const absl::Status st = InvokeMlaDecode(p, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("min_share"), std::string::npos) << st;
 }
 
 TEST(KvCacheWriteGpuTest, BytesMatchHostEncoder) {
