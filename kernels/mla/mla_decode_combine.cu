@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
 // float4, 512 B a warp a load). For calls with many rows and few partials a row (128 heads x batch
 // 64: 8,192 rows of two or three partials), where one block per (row, 128 columns) spends most of
 // its warps idle.
-template <int kRowWarps>
+template <int kRowWarps, int kRowUnroll>
 __global__ void __launch_bounds__(kRowWarps * 32)
     MlaDecodeCombineRowsKernel(const MlaDecodeKernelParams p) {
   pdl::WaitForPrerequisiteGrid();
@@ -170,20 +170,37 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 #pragma unroll
   for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float wsum = 0.0f;
-  for (int s = 0; s < n; ++s) {
-    const float l = p.lse_part[(slot0 + s) * p.rows + row];
-    const float w = mx == -INFINITY ? 0.0f : exp2f(l - mx);  // Empty pieces (lse -inf) weigh 0.
-    if (w == 0.0f) continue;  // Also skips never-written rows of empty pieces.
-    const float4* v =
-        reinterpret_cast<const float4*>(p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim);
-    wsum += w;
+  // kRowUnroll partials' loads in flight (rows of batch 1 have hundreds of partials); the sums
+  // still run in partial order, so the bits do not depend on the unroll.
+  for (int s0 = 0; s0 < n; s0 += kRowUnroll) {
+    float w[kRowUnroll];
+    float4 x[kRowUnroll][4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 x = v[32 * k + lane];
-      acc[k].x += w * x.x;
-      acc[k].y += w * x.y;
-      acc[k].z += w * x.z;
-      acc[k].w += w * x.w;
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int s = s0 + u;
+      w[u] = 0.0f;
+      if (s < n) {
+        const float l = p.lse_part[(slot0 + s) * p.rows + row];
+        w[u] = mx == -INFINITY ? 0.0f : exp2f(l - mx);  // Empty pieces (lse -inf) weigh 0.
+      }
+      if (w[u] != 0.0f) {  // Never-written rows of empty pieces are not read.
+        const float4* v = reinterpret_cast<const float4*>(p.o_part + ((slot0 + s) * p.rows + row) *
+                                                                         kMlaLatentDim);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) x[u][k] = v[32 * k + lane];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      if (w[u] == 0.0f) continue;
+      wsum += w[u];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        acc[k].x += w[u] * x[u][k].x;
+        acc[k].y += w[u] * x[u][k].y;
+        acc[k].z += w[u] * x[u][k].z;
+        acc[k].w += w[u] * x[u][k].w;
+      }
     }
   }
   const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
@@ -216,7 +233,7 @@ cudaError_t LaunchMlaDecodeCombine(const MlaDecodeKernelParams& p, cudaStream_t 
   const bool programmatic = p.programmatic_combine != 0;
   if (p.fixed_share == 0 && p.combine_row_warps != 0 && p.batch * p.rows > kWideCombineRows) {
     const int row_blocks = (p.batch * p.rows + kCombineRowWarps - 1) / kCombineRowWarps;
-    return pdl::LaunchKernel(MlaDecodeCombineRowsKernel<kCombineRowWarps>, dim3(row_blocks),
+    return pdl::LaunchKernel(MlaDecodeCombineRowsKernel<kCombineRowWarps, 4>, dim3(row_blocks),
                              dim3(kCombineRowWarps * 32), 0, stream, programmatic, p);
   }
   if (p.fixed_share == 0 && p.batch * p.rows <= kWideCombineRows) {
