@@ -21,8 +21,10 @@ for path in sys.argv[1:]:
         name = r[5].replace("auto:", "")
         if name not in order:
             order.append(name)
-        times[key][name].append(float(r[6]))
-        frac[(key, name)] = float(r[9])
+        t = float(r[6])
+        times[key][name].append(t)
+        if t <= min(times[key][name]):
+            frac[(key, name)] = float(r[9])  # the fraction of the fastest run
 if not order:
     sys.exit("compare.py: no mla_decode_bench rows")
 base = order[0]

@@ -38,12 +38,14 @@ ABSL_FLAG(mlaserve::IntList, workers, (mlaserve::IntList{{0}}),
 ABSL_FLAG(mlaserve::IntList, min_share, (mlaserve::IntList{{0}}),
           "Smallest shares of the balanced split in 16-token units, each in [0, 1024] (0: the "
           "default rule, MlaDecodeParams::min_share; 4: the rule before session 13).");
-ABSL_FLAG(mlaserve::IntList, kv_tma_l2, (mlaserve::IntList{{0}}),
+ABSL_FLAG(mlaserve::IntList, kv_tma_l2, (mlaserve::IntList{{1}}),
           "MlaDecodeParams::kv_tma_l2 values to run (bit flags: 1 evict_first policy on the TMA "
-          "cache copies, 2 128-B L2 fills in the pool's tensor map; seesaw variants only)");
-ABSL_FLAG(mlaserve::IntList, combine_row_warps, (mlaserve::IntList{{0}}),
-          "MlaDecodeParams::combine_row_warps values to run (0: the per-chunk combine, 1: one warp "
-          "a row where the call has more than 16 rows).");
+          "cache copies, 2 128-B L2 fills in the pool's tensor map; seesaw variants only; 1 is the "
+          "default, other values get the suffix /l2hN)");
+ABSL_FLAG(mlaserve::IntList, combine_row_warps, (mlaserve::IntList{{-1}}),
+          "MlaDecodeParams::combine_row_warps values to run (-1: the default rule, 0: the "
+          "per-chunk combine, suffix /cc, 1: one warp a row where the call has more than 16 rows, "
+          "suffix /cw).");
 ABSL_FLAG(std::vector<std::string>, format, std::vector<std::string>({"bf16", "fp8", "fp8_tiled"}),
           "KV cache formats.");
 
@@ -114,7 +116,7 @@ struct Result {
 };
 
 Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int variant,
-                  int max_workers, int min_share, bool combine_row_warps, int kv_tma_l2) {
+                  int max_workers, int min_share, int combine_row_warps, int kv_tma_l2) {
   const size_t row_bytes = KvCacheBytesPerToken(format);
   const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
   const size_t num_blocks = size_t(batch) * blocks_per_seq;
@@ -218,7 +220,7 @@ int Main(int argc, char** argv) {
   const std::vector<int> variants = FlagIntsInRange(FLAGS_variant, -1, 1 << 16);
   const std::vector<int> workers_list = FlagIntsInRange(FLAGS_workers, 0, 1 << 16);
   const std::vector<int> shares = FlagIntsInRange(FLAGS_min_share, 0, 1024);
-  const std::vector<int> row_warps = FlagIntsInRange(FLAGS_combine_row_warps, 0, 1);
+  const std::vector<int> row_warps = FlagIntsInRange(FLAGS_combine_row_warps, -1, 1);
   const std::vector<int> l2_hints = FlagIntsInRange(FLAGS_kv_tma_l2, 0, 3);
   std::vector<KvCacheFormat> formats;
   for (const std::string& name : absl::GetFlag(FLAGS_format)) {
@@ -242,7 +244,7 @@ int Main(int argc, char** argv) {
                 for (int cw : row_warps) {
                   for (int l2 : l2_hints) {
                     const Result r =
-                        TimeConfig(f, heads, batch, context, variant, workers, share, cw != 0, l2);
+                        TimeConfig(f, heads, batch, context, variant, workers, share, cw, l2);
                     std::string vname = MlaDecodeVariantName(
                         variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
                     if (workers > 0) {
@@ -252,8 +254,8 @@ int Main(int argc, char** argv) {
                               PlanMlaDecode(batch, 1, heads, f, variant, workers)->num_workers);
                     }
                     if (share > 0) vname += "/s" + std::to_string(share);
-                    if (cw != 0) vname += "/cw";
-                    if (l2 != 0) vname += "/l2h" + std::to_string(l2);
+                    if (cw >= 0) vname += cw == 1 ? "/cw" : "/cc";
+                    if (l2 != 1) vname += "/l2h" + std::to_string(l2);
                     const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
                     std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
                                 std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,

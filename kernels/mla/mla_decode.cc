@@ -337,6 +337,10 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         absl::StrCat("MLA decode: min_share ", p.min_share, " outside [0, 1024]"));
   }
+  if (p.combine_row_warps < -1 || p.combine_row_warps > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MLA decode: combine_row_warps ", p.combine_row_warps, " outside [-1, 1]"));
+  }
   if (p.kv_tma_l2 < 0 || p.kv_tma_l2 > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("MLA decode: kv_tma_l2 ", p.kv_tma_l2, " outside [0, 3]"));
@@ -387,7 +391,12 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
   k.inline_schedule = p.batch <= kVariants[plan->variant].inline_schedule_max_batch;
   k.programmatic_combine = p.programmatic_combine ? 1 : 0;
   k.min_share = p.min_share;  // 0: MlaBalancedShare's rule for short jobs
-  k.combine_row_warps = p.combine_row_warps ? 1 : 0;
+  // MlaDecodeParams::combine_row_warps's rule (measured: see there).
+  k.combine_row_warps =
+      p.combine_row_warps == 1 || (p.combine_row_warps < 0 && p.batch * rows >= 1024 &&
+                                   plan->num_workers <= 16 * p.batch)
+          ? 1
+          : 0;
   k.kv_tma_l2 = p.kv_tma_l2;
   if (!k.inline_schedule) {
     if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");

@@ -78,20 +78,22 @@ struct MlaDecodeParams {
   // about 72 pieces of 1-3 units); 1..1024 force that smallest share. A tuning knob for
   // benchmarks (mla_decode_bench --min-share); no effect on the batch-invariant schedule.
   int min_share = 0;
-  // The combine with one warp per (sequence, query row), 8 rows a block, where the call has more
-  // than 16 rows in all; false: one block per (sequence, row, 128 columns). Session 31's ncu had
-  // the latter at 87.7 us against FlashMLA's 17.1 us at 128 heads x batch 64 (32,768 blocks for two
-  // or three partials each). Off until measured (mla_decode_bench --combine-row-warps); not used
-  // by the batch-invariant schedule, whose combine order must not depend on the batch.
-  bool combine_row_warps = false;
+  // The combine's form. 0: one block per (sequence, row, 128 columns), its warps striding over
+  // the row's partials; 1: one warp per (sequence, row), 8 a block, where the call has more than
+  // 16 rows; -1 (default): 1 where the call has >= 1,024 rows (batch x s_q x heads) and at most
+  // 16 workers a sequence (so ~17 partials a row or fewer), else 0. Measured (H100, session 32,
+  // bench/RESULTS.md): the warp form 1.10-1.39x at batch 16-128 with 64-128 heads x 4k, 1.00-1.05x
+  // at 32k, 0.57-0.94x at batch 1-4 (hundreds of partials a row, too few warps). The
+  // batch-invariant schedule always takes form 0 (its combine order must not depend on the batch).
+  int combine_row_warps = -1;
   // L2 hints of the TMA cache copies (the seesaw variants; others ignore it), bit flags: 1: the
   // copies carry an L2::evict_first cache policy; 2: the pool's tensor map promotes L2 fills to
   // 128 B instead of 256 B. FlashMLA's dense decode uses both (deepseek-ai/FlashMLA 9241ae3,
   // csrc/sm90/decode/dense/splitkv_mla.cuh: CacheHintSm90::EVICT_FIRST; CUTLASS 147f567
-  // cute/atom/copy_traits_sm90_tma.hpp: L2_PROMOTION_L2_128B by default) and moved 3.71 GB
-  // through L2 where ours moved 4.90 GB (session 31 ncu, 128 heads x batch 64 x 32k). A tuning
-  // knob until measured (mla_decode_bench --kv-tma-l2).
-  int kv_tma_l2 = 0;
+  // cute/atom/copy_traits_sm90_tma.hpp: L2_PROMOTION_L2_128B by default). Measured (H100, session
+  // 32, 128 heads bf16, three runs): evict_first 1.10-1.14x at batch 1 x 32k and batch 16-64 x 4k,
+  // within +-3% elsewhere; the 128-B fills add nothing. Default 1; 0-3 for benchmarks.
+  int kv_tma_l2 = 1;
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.

@@ -328,6 +328,7 @@ void CpuOps::MlaDecode(const MlaShape& s, const Tensor& q, const Tensor& w_kb,
     p.format = cache.format;
     p.kv_scale = cache.fp8_scale;
     p.softmax_scale = s.softmax_scale;
+    p.fp8_mma = mla_fp8_mma_;
     p.out = latent_out.data();
     p.lse = nullptr;
     MlaDecodeRef(p);
@@ -410,6 +411,7 @@ void CpuOps::MlaAttend(const MlaShape& s, const DcpShape& dcp, const Tensor& q_a
       p.format = cache.format;
       p.kv_scale = cache.fp8_scale;
       p.softmax_scale = s.softmax_scale;
+      p.fp8_mma = mla_fp8_mma_;
       p.out = o.data();
       p.lse = l.data();
       MlaDecodeRef(p);

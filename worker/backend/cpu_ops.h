@@ -2,6 +2,7 @@
 // not fast; CI runs it, and it is the oracle for the CUDA backend.
 #pragma once
 
+#include "kernels/mla/mla_decode_ref.h"
 #include "worker/backend/ops.h"
 
 namespace mlaserve {
@@ -9,6 +10,9 @@ namespace mlaserve {
 class CpuOps : public Ops {
  public:
   explicit CpuOps(int threads = 1) : threads_(threads) {}
+  // Accuracy studies only (tests/model/accuracy_test.cc): attention over fp8 caches in the emulated
+  // FP8 tensor-core form (MlaFp8MmaEmulation) instead of the exact one.
+  void set_mla_fp8_mma_emulation(MlaFp8MmaEmulation e) { mla_fp8_mma_ = e; }
   Device device() const override { return Device::kCpu; }
   DType activation_dtype() const override { return DType::kF32; }
 
@@ -62,6 +66,7 @@ class CpuOps : public Ops {
 
  private:
   int threads_;
+  MlaFp8MmaEmulation mla_fp8_mma_ = MlaFp8MmaEmulation::kNone;
 };
 
 }  // namespace mlaserve

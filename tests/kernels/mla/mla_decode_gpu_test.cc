@@ -58,19 +58,20 @@ struct DecodeCase {
   // overlapping the combine's launch; MlaDecodeParams::programmatic_combine).
   bool programmatic = false;
   int min_share = 0;  // MlaDecodeParams::min_share (0: the default)
-  bool combine_row_warps = false;  // MlaDecodeParams::combine_row_warps
-  int kv_tma_l2 = 0;               // MlaDecodeParams::kv_tma_l2
+  int combine_row_warps = -1;  // MlaDecodeParams::combine_row_warps (-1: the default rule)
+  int kv_tma_l2 = 1;           // MlaDecodeParams::kv_tma_l2 (1: the default)
 };
 
 std::string Name(const DecodeCase& c) {
-  std::string s = std::string(KvCacheFormatName(c.format)) + " heads=" + std::to_string(c.heads) +
-                  " s_q=" + std::to_string(c.s_q) + " variant=" + MlaDecodeVariantName(c.variant) +
-                  " max_workers=" + std::to_string(c.max_workers) +
-                  (c.invariant ? " invariant" : "") + (c.separate_rope ? " separate_rope" : "") +
-                  (c.programmatic ? " programmatic" : "") +
-                  (c.min_share > 0 ? " min_share=" + std::to_string(c.min_share) : "") +
-                  (c.combine_row_warps ? " combine_row_warps" : "") +
-                  (c.kv_tma_l2 != 0 ? " kv_tma_l2=" + std::to_string(c.kv_tma_l2) : "") + " lens=";
+  std::string s =
+      std::string(KvCacheFormatName(c.format)) + " heads=" + std::to_string(c.heads) +
+      " s_q=" + std::to_string(c.s_q) + " variant=" + MlaDecodeVariantName(c.variant) +
+      " max_workers=" + std::to_string(c.max_workers) + (c.invariant ? " invariant" : "") +
+      (c.separate_rope ? " separate_rope" : "") + (c.programmatic ? " programmatic" : "") +
+      (c.min_share > 0 ? " min_share=" + std::to_string(c.min_share) : "") +
+      (c.combine_row_warps >= 0 ? " combine_row_warps=" + std::to_string(c.combine_row_warps)
+                                : "") +
+      (c.kv_tma_l2 != 1 ? " kv_tma_l2=" + std::to_string(c.kv_tma_l2) : "") + " lens=";
   for (size_t i = 0; i < c.lens.size() && i < 6; ++i) s += std::to_string(c.lens[i]) + ",";
   if (c.lens.size() > 6) s += "... (" + std::to_string(c.lens.size()) + ")";
   return s;
@@ -338,30 +339,46 @@ TEST(MlaDecodeGpuTest, ProgrammaticCombine) {
       [](DecodeCase& c) { c.programmatic = true; });
 }
 
-// The combine with one warp a row (MlaDecodeParams::combine_row_warps), every variant and format:
-// rows of two or three partials among unsplit ones (the case it is for), a row count that is not a
-// multiple of the block's 8 warps (40 heads x 3), hundreds of partials a row (batch 1 x 9000 at 64
-// and 128 heads), and a call of 16 rows or fewer, which keeps the wide per-chunk form.
-TEST(MlaDecodeGpuTest, CombineRowWarps) {
+// Both forms of the combine (MlaDecodeParams::combine_row_warps 0 and 1), every variant and
+// format: rows of two or three partials among unsplit ones (the warp form's case), a row count
+// that is not a multiple of the block's 8 warps (40 heads x 3), hundreds of partials a row (batch
+// 1 x 9000 at 64 and 128 heads), and a call of 16 rows or fewer, which keeps the wide per-chunk
+// form; then the default rule on a call it gives the warp form (16 sequences x 128 heads = 2,048
+// rows).
+TEST(MlaDecodeGpuTest, CombineForms) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (int form : {0, 1}) {
+    ForEveryVariant(
+        1100 + 50 * form,
+        [](KvCacheFormat f, int v) {
+          return std::vector<DecodeCase>{{f, 128, 1, {3000, 17, 5000, 64}, v},
+                                         {f, 40, 3, {2000, 7, 65}, v},
+                                         {f, 64, 1, {9000}, v},
+                                         {f, 128, 1, {9000}, v},
+                                         {f, 16, 1, {3000}, v}};
+        },
+        [form](DecodeCase& c) { c.combine_row_warps = form; });
+  }
   ForEveryVariant(
-      1100,
+      1190,
       [](KvCacheFormat f, int v) {
-        return std::vector<DecodeCase>{{f, 128, 1, {3000, 17, 5000, 64}, v},
-                                       {f, 40, 3, {2000, 7, 65}, v},
-                                       {f, 64, 1, {9000}, v},
-                                       {f, 128, 1, {9000}, v},
-                                       {f, 16, 1, {3000}, v}};
+        return std::vector<DecodeCase>{
+            {f,
+             128,
+             1,
+             {3000, 17, 5000, 64, 700, 1, 2500, 129, 90, 4113, 64, 65, 300, 2, 1500, 800},
+             v}};
       },
-      [](DecodeCase& c) { c.combine_row_warps = true; });
+      [](DecodeCase&) {});
 }
 
-// The L2 hints of the TMA cache copies (MlaDecodeParams::kv_tma_l2), each setting, every variant
-// and format (variants without TMA copies ignore them): full blocks copied by TMA beside a last,
-// partly filled block, two row tiles, 1-4 query tokens. Out-of-range settings are refused.
+// The L2 hints of the TMA cache copies (MlaDecodeParams::kv_tma_l2), each setting but the default
+// (every other test runs that), every variant and format (variants without TMA copies ignore
+// them): full blocks copied by TMA beside a last, partly filled block, two row tiles, 1-4 query
+// tokens. Out-of-range settings are refused (RejectsBadKnobs).
 TEST(MlaDecodeGpuTest, KvTmaL2Hints) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  for (int hints : {1, 2, 3}) {
+  for (int hints : {0, 2, 3}) {
     ForEveryVariant(
         1200 + 100 * hints,
         [](KvCacheFormat f, int v) {
@@ -641,7 +658,14 @@ TEST(MlaDecodeGpuTest, RejectsBadKnobs) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(st.message().find("kv_tma_l2"), std::string::npos) << st;
   }
-  p.kv_tma_l2 = 0;
+  p.kv_tma_l2 = 1;
+  for (int bad : {-2, 2}) {
+    p.combine_row_warps = bad;
+    const absl::Status st = InvokeMlaDecode(p, nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("combine_row_warps"), std::string::npos) << st;
+  }
+  p.combine_row_warps = -1;
   p.min_share = 1025;
   const absl::Status st = InvokeMlaDecode(p, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
