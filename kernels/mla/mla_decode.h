@@ -87,12 +87,14 @@ struct MlaDecodeParams {
   // batch-invariant schedule always takes form 0 (its combine order must not depend on the batch).
   int combine_row_warps = -1;
   // L2 hints of the TMA cache copies (the seesaw variants; others ignore it), bit flags: 1: the
-  // copies carry an L2::evict_first cache policy; 2: the pool's tensor map promotes L2 fills to
-  // 128 B instead of 256 B. FlashMLA's dense decode uses both (deepseek-ai/FlashMLA 9241ae3,
+  // copies carry an L2::evict_first cache policy on calls of up to ~320k cached tokens
+  // (seesaw::kEvictFirstMaxCost); 2: the pool's tensor map promotes L2 fills to 128 B instead of
+  // 256 B. FlashMLA's dense decode uses both on every call (deepseek-ai/FlashMLA 9241ae3,
   // csrc/sm90/decode/dense/splitkv_mla.cuh: CacheHintSm90::EVICT_FIRST; CUTLASS 147f567
   // cute/atom/copy_traits_sm90_tma.hpp: L2_PROMOTION_L2_128B by default). Measured (H100, session
-  // 32, 128 heads bf16, three runs): evict_first 1.10-1.14x at batch 1 x 32k and batch 16-64 x 4k,
-  // within +-3% elsewhere; the 128-B fills add nothing. Default 1; 0-3 for benchmarks.
+  // 32, 128 heads bf16, up to four runs a shape): evict_first 1.10-1.13x at batch 1 x 32k and batch
+  // 16-64 x 4k, 0.95-1.00x from 524k tokens (hence the bound); the 128-B fills add nothing.
+  // Default 1; 0-3 for benchmarks.
   int kv_tma_l2 = 1;
 };
 

@@ -138,6 +138,11 @@ __device__ __forceinline__ void TmaLoad2dHint(uint32_t dst, const CUtensorMap* m
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy)
       : "memory");
 }
+// MlaDecodeParams::kv_tma_l2 bit 1 applies to calls of at most this schedule cost (16-token units
+// plus 3 a sequence: ~320k cached tokens). Session 32 (H100, 128 heads bf16): evict_first
+// 0.99-1.13x (mean 1.06) on the seven shapes of up to 262k tokens measured, 0.95-1.00x (mean 0.97)
+// on the six of 524k and more.
+constexpr int kEvictFirstMaxCost = 20000;
 // An L2 policy that marks every line it touches evict_first (PTX ISA, createpolicy).
 __device__ __forceinline__ uint64_t EvictFirstPolicy() {
   uint64_t policy;
@@ -304,7 +309,7 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
       if (kTma && real && t * kBlockTokens + kBlockTokens <= len) {
         if (tw == 0) {
           const int y = page * kBlockTokens;
-          const bool hint = (p.kv_tma_l2 & 1) != 0;
+          const bool hint = (p.kv_tma_l2 & 1) != 0 && total <= kEvictFirstMaxCost;
           const uint64_t policy = hint ? EvictFirstPolicy() : 0;
 #pragma unroll
           for (int kb = 0; kb < kDimBlocks; ++kb) {
