@@ -247,5 +247,151 @@ TEST(MlaDecodeRefTest, WriteRefPlacesRowsAtSlots) {
                           [](uint8_t x) { return x == 0; }));
 }
 
+// The emulated FP8 tensor-core form (MlaFp8MmaEmulation; accuracy studies and the oracle of a
+// future e4m3-MMA kernel). Cases whose arithmetic the form keeps exact, one whose truncation is
+// known, and the distance to the exact form on random data.
+MlaDecodeRefParams OneSequence(const float* q, const PagedCache& c, const int32_t* len, int heads,
+                               KvCacheFormat format, float kv_scale, float softmax_scale,
+                               float* out, float* lse, MlaFp8MmaEmulation e) {
+  MlaDecodeRefParams p{q,
+                       c.pool.data(),
+                       c.block_table.data(),
+                       c.max_blocks_per_seq,
+                       len,
+                       1,
+                       1,
+                       heads,
+                       format,
+                       kv_scale,
+                       softmax_scale,
+                       out,
+                       lse,
+                       e};
+  return p;
+}
+
+// A row of integer cache values (exact in e4m3) into slot t of sequence 0.
+void WriteIntegerRow(PagedCache& c, KvCacheFormat format, int t, const float* latent,
+                     const float* rope) {
+  const int64_t slot = int64_t{c.block_table[t / kKvBlockTokens]} * kKvBlockTokens + t % 64;
+  KvCacheWriteRef(format, 1.0f, latent, rope, &slot, 1, c.pool.data());
+}
+
+TEST(MlaDecodeRefTest, Fp8MmaFormExactWhereItsArithmeticIs) {
+  // q in {-1, 0, 1} (its row scale 1 / 448 makes it +-448 in e4m3, exact) and cache values
+  // integers in [-4, 4] (exact in e4m3; fp8_tiled's tile scale is then a power of two, its RoPE
+  // dims bf16): every product and k-step sum is a multiple of the step's quantum, so the emulated
+  // scores equal the exact ones and, with one token, lse is the score itself.
+  std::mt19937 rng(31);
+  for (KvCacheFormat format : {KvCacheFormat::kFp8, KvCacheFormat::kFp8Tiled}) {
+    const int32_t len = 1;
+    PagedCache c = MakeCache(rng, format, 1.0f, {len});
+    float latent[kMlaLatentDim], rope[kMlaRopeDim];
+    std::uniform_int_distribution<int> small(-4, 4), tri(-1, 1);
+    for (float& x : latent) x = static_cast<float>(small(rng));
+    for (float& x : rope) x = static_cast<float>(small(rng));
+    latent[0] = 4.0f;  // the tile scales: 4 / 448 rounded up to a power of two
+    latent[128] = latent[256] = latent[384] = 4.0f;
+    WriteIntegerRow(c, format, 0, latent, rope);
+    std::vector<float> dense(kMlaQkDim);
+    KvCacheDecodeRow(format,
+                     c.pool.data() + size_t(c.block_table[0]) * 64 * KvCacheBytesPerToken(format),
+                     1.0f, dense.data());
+    std::vector<float> q(kMlaQkDim);
+    for (float& x : q) x = static_cast<float>(tri(rng));
+    q[0] = 1.0f;
+    double exact = 0;
+    for (int d = 0; d < kMlaQkDim; ++d) exact += double{q[d]} * dense[d];
+    for (MlaFp8MmaEmulation e : {MlaFp8MmaEmulation::kQk, MlaFp8MmaEmulation::kQkPv}) {
+      std::vector<float> out(kMlaLatentDim), lse(1);
+      MlaDecodeRef(
+          OneSequence(q.data(), c, &len, 1, format, 1.0f, 0.5f, out.data(), lse.data(), e));
+      EXPECT_FLOAT_EQ(lse[0], static_cast<float>(0.5 * exact)) << KvCacheFormatName(format);
+      // One token: P = 1 (exact in e4m3 after x256) and the output is its value row.
+      for (int d = 0; d < kMlaLatentDim; ++d) ASSERT_FLOAT_EQ(out[d], dense[d]) << d;
+    }
+  }
+}
+
+TEST(MlaDecodeRefTest, Fp8MmaFormTruncatesAsModelled) {
+  // One large product beside 31 small ones in a k-step: q_0 = 1 (448 in e4m3), q_1..31 = 2^-6 /
+  // 448 (2^-6 in e4m3, the smallest normal), every cache value 1. The step's largest term is 448,
+  // so its quantum is 2^(8 - 13) = 2^-5 and the 2^-6 products are truncated away: the group sums
+  // to 448 (the exact q.k adds 31 x 2^-6 / 448). Dims 32..575 are 0.
+  std::mt19937 rng(32);
+  const KvCacheFormat format = KvCacheFormat::kFp8;
+  const int32_t len = 1;
+  PagedCache c = MakeCache(rng, format, 1.0f, {len});
+  float latent[kMlaLatentDim], rope[kMlaRopeDim];
+  std::fill(latent, latent + kMlaLatentDim, 1.0f);
+  std::fill(rope, rope + kMlaRopeDim, 1.0f);
+  WriteIntegerRow(c, format, 0, latent, rope);
+  std::vector<float> q(kMlaQkDim, 0.0f);
+  q[0] = 1.0f;
+  for (int d = 1; d < 32; ++d) q[d] = std::ldexp(1.0f, -6) / 448.0f;
+  std::vector<float> out(kMlaLatentDim), lse(1);
+  MlaDecodeRef(OneSequence(q.data(), c, &len, 1, format, 1.0f, 1.0f, out.data(), lse.data(),
+                           MlaFp8MmaEmulation::kQk));
+  EXPECT_FLOAT_EQ(lse[0], 1.0f);
+  MlaDecodeRef(OneSequence(q.data(), c, &len, 1, format, 1.0f, 1.0f, out.data(), lse.data(),
+                           MlaFp8MmaEmulation::kNone));
+  EXPECT_NEAR(lse[0], 1.0 + 31.0 * std::ldexp(1.0, -6) / 448.0, 1e-6);
+}
+
+TEST(MlaDecodeRefTest, Fp8MmaFormNearTheExactOne) {
+  // Random q and cache (the dense test's data), 200 tokens (four P.V blocks). The form's scores
+  // move by at most softmax_scale x (2^-4 + 2^-12) x sum |q_d k_d| (q's e4m3 rounding, relative
+  // 2^-4 a value, and the truncation, 2^-13 of each step's largest term per term, well inside
+  // 2^-12 of the sum), so lse moves by at most that much; the output by a few percent of the
+  // values' range (P rounded to e4m3: relative 2^-4 a weight). The bf16 cache ignores the setting.
+  std::mt19937 rng(33);
+  const std::vector<int32_t> lens = {200};
+  const int heads = 4;
+  const float kv_scale = 0.02f, softmax_scale = 0.0417f;
+  for (KvCacheFormat format :
+       {KvCacheFormat::kBf16, KvCacheFormat::kFp8, KvCacheFormat::kFp8Tiled}) {
+    PagedCache c = MakeCache(rng, format, kv_scale, lens);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> q(static_cast<size_t>(heads) * kMlaQkDim);
+    for (float& x : q) x = normal(rng);
+    std::vector<float> out0(heads * kMlaLatentDim), lse0(heads);
+    MlaDecodeRef(OneSequence(q.data(), c, &lens[0], heads, format, kv_scale, softmax_scale,
+                             out0.data(), lse0.data(), MlaFp8MmaEmulation::kNone));
+    float vmax = 0;
+    for (float x : c.dense[0]) vmax = std::max(vmax, std::fabs(x));
+    for (MlaFp8MmaEmulation e : {MlaFp8MmaEmulation::kQk, MlaFp8MmaEmulation::kQkPv}) {
+      std::vector<float> out(heads * kMlaLatentDim), lse(heads);
+      MlaDecodeRef(OneSequence(q.data(), c, &lens[0], heads, format, kv_scale, softmax_scale,
+                               out.data(), lse.data(), e));
+      if (format == KvCacheFormat::kBf16) {
+        EXPECT_EQ(out, out0);
+        EXPECT_EQ(lse, lse0);
+        continue;
+      }
+      double max_dout = 0;
+      bool moved = false;
+      for (int h = 0; h < heads; ++h) {
+        double bound = 0;
+        for (int t = 0; t < lens[0]; ++t) {
+          double abs_dot = 0;
+          for (int d = 0; d < kMlaQkDim; ++d) {
+            abs_dot += std::fabs(double{q[h * kMlaQkDim + d]} * c.dense[0][t * kMlaQkDim + d]);
+          }
+          bound = std::max(bound, softmax_scale * (1.0 / 16 + 1.0 / 4096) * abs_dot);
+        }
+        EXPECT_LE(std::fabs(lse[h] - lse0[h]), bound + 1e-5) << KvCacheFormatName(format);
+        moved |= lse[h] != lse0[h];
+        for (int d = 0; d < kMlaLatentDim; ++d) {
+          max_dout =
+              std::max(max_dout,
+                       double{std::fabs(out[h * kMlaLatentDim + d] - out0[h * kMlaLatentDim + d])});
+        }
+      }
+      EXPECT_TRUE(moved) << "the emulation changed nothing: " << KvCacheFormatName(format);
+      EXPECT_LE(max_dout, 0.05 * vmax) << KvCacheFormatName(format);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mlaserve
