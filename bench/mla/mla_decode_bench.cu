@@ -46,6 +46,9 @@ ABSL_FLAG(mlaserve::IntList, combine_row_warps, (mlaserve::IntList{{-1}}),
           "MlaDecodeParams::combine_row_warps values to run (-1: the default rule, 0: the "
           "per-chunk combine, suffix /cc, 1: one warp a row where the call has more than 16 rows, "
           "suffix /cw).");
+ABSL_FLAG(mlaserve::IntList, combine_narrow, (mlaserve::IntList{{0}}),
+          "MlaDecodeParams::combine_narrow_chunks values to run (1: 32-column combine blocks for "
+          "calls of at most 16 rows, suffix /cn).");
 ABSL_FLAG(std::vector<std::string>, format, std::vector<std::string>({"bf16", "fp8", "fp8_tiled"}),
           "KV cache formats.");
 
@@ -116,7 +119,8 @@ struct Result {
 };
 
 Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int variant,
-                  int max_workers, int min_share, int combine_row_warps, int kv_tma_l2) {
+                  int max_workers, int min_share, int combine_row_warps, int kv_tma_l2,
+                  bool combine_narrow) {
   const size_t row_bytes = KvCacheBytesPerToken(format);
   const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
   const size_t num_blocks = size_t(batch) * blocks_per_seq;
@@ -175,6 +179,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   p.min_share = min_share;
   p.combine_row_warps = combine_row_warps;
   p.kv_tma_l2 = kv_tma_l2;
+  p.combine_narrow_chunks = combine_narrow;
   // Warm-up outside the graph (module load, smem opt-in, occupancy query).
   p.kv_pool = pools[0];
   absl::Status st = InvokeMlaDecode(p, stream);
@@ -222,6 +227,7 @@ int Main(int argc, char** argv) {
   const std::vector<int> shares = FlagIntsInRange(FLAGS_min_share, 0, 1024);
   const std::vector<int> row_warps = FlagIntsInRange(FLAGS_combine_row_warps, -1, 1);
   const std::vector<int> l2_hints = FlagIntsInRange(FLAGS_kv_tma_l2, 0, 3);
+  const std::vector<int> narrow = FlagIntsInRange(FLAGS_combine_narrow, 0, 1);
   std::vector<KvCacheFormat> formats;
   for (const std::string& name : absl::GetFlag(FLAGS_format)) {
     absl::StatusOr<KvCacheFormat> f = ParseKvCacheFormat(name);
@@ -234,41 +240,48 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr, "device %s, %d SMs, L2 %d MB; d2d copy bandwidth %.0f GB/s\n", prop.name,
                prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw / 1e9);
   std::printf("impl,format,heads,batch,context,variant,us,bytes,gbps,frac_copy,copy_gbps\n");
+  // Every combination of the tuning knobs, each timed in every configuration.
+  struct Knobs {
+    int workers, share, cw, l2, narrow;
+  };
+  std::vector<Knobs> knobs;
+  for (int workers : workers_list) {
+    for (int share : shares) {
+      for (int cw : row_warps) {
+        for (int l2 : l2_hints) {
+          for (int cn : narrow) knobs.push_back({workers, share, cw, l2, cn});
+        }
+      }
+    }
+  }
   for (KvCacheFormat f : formats) {
     for (int heads : heads_list) {
       for (int variant : variants) {
         for (int batch : batches) {
           for (int context : contexts) {
-            for (int workers : workers_list) {
-              for (int share : shares) {
-                for (int cw : row_warps) {
-                  for (int l2 : l2_hints) {
-                    const Result r =
-                        TimeConfig(f, heads, batch, context, variant, workers, share, cw, l2);
-                    std::string vname = MlaDecodeVariantName(
-                        variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
-                    if (workers > 0) {
-                      vname +=
-                          "/w" +
-                          std::to_string(
-                              PlanMlaDecode(batch, 1, heads, f, variant, workers)->num_workers);
-                    }
-                    if (share > 0) vname += "/s" + std::to_string(share);
-                    if (cw >= 0) vname += cw == 1 ? "/cw" : "/cc";
-                    if (l2 != 1) vname += "/l2h" + std::to_string(l2);
-                    const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
-                    std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
-                                std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
-                                variant < 0 ? "auto:" : "", vname.c_str(), r.us, r.bytes, gbps,
-                                gbps * 1e9 / copy_bw, copy_bw / 1e9);
-                    std::fflush(stdout);
-                    std::fprintf(stderr,
-                                 "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
-                                 std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(),
-                                 batch, context, r.us, gbps, gbps * 1e9 / copy_bw);
-                  }
-                }
+            for (const Knobs& k : knobs) {
+              const Result r = TimeConfig(f, heads, batch, context, variant, k.workers, k.share,
+                                          k.cw, k.l2, k.narrow != 0);
+              std::string vname = MlaDecodeVariantName(
+                  variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
+              if (k.workers > 0) {
+                vname +=
+                    "/w" + std::to_string(
+                               PlanMlaDecode(batch, 1, heads, f, variant, k.workers)->num_workers);
               }
+              if (k.share > 0) vname += "/s" + std::to_string(k.share);
+              if (k.cw >= 0) vname += k.cw == 1 ? "/cw" : "/cc";
+              if (k.l2 != 1) vname += "/l2h" + std::to_string(k.l2);
+              if (k.narrow != 0) vname += "/cn";
+              const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
+              std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
+                          std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,
+                          variant < 0 ? "auto:" : "", vname.c_str(), r.us, r.bytes, gbps,
+                          gbps * 1e9 / copy_bw, copy_bw / 1e9);
+              std::fflush(stdout);
+              std::fprintf(stderr, "%-9s h=%3d %-22s b=%3d ctx=%6d %9.1f us %7.0f GB/s %.3f\n",
+                           std::string(KvCacheFormatName(f)).c_str(), heads, vname.c_str(), batch,
+                           context, r.us, gbps, gbps * 1e9 / copy_bw);
             }
           }
         }

@@ -44,7 +44,6 @@ __global__ void __launch_bounds__(kScheduleThreads)
   }
 }
 
-constexpr int kCombineChunks = 4;  // 128-column chunks of a row, one block each
 // Up to this many (sequence, row) pairs the combine runs 16 warps x 8 loads in flight per block
 // instead of 8 x 4: then the grid (batch * rows * 4 blocks) is below one block per SM and each
 // row has hundreds of partials (batch 1 x 32k x 16 heads: 64 blocks, 264 partials each), so the
@@ -53,27 +52,71 @@ constexpr int kCombineChunks = 4;  // 128-column chunks of a row, one block each
 // batch 1 x 128 heads, 512 blocks) the wide form was 1-5% slower, hence the limit.
 constexpr int kWideCombineRows = 16;
 
-// One block per (sequence, query row, 128-column chunk); rows of unsplit sequences were written
-// by the split kernel and exit at once. The warps of a block stride over the sequence's partials
-// (kUnroll loads in flight each, one float4 per lane), weight them by 2^(lse - max), and reduce
-// through shared memory. Splitting columns over 4 blocks keeps batch 1 (hundreds of partials per
-// row) from resting on batch * rows blocks.
-template <int kCombineWarps, int kCombineUnroll>
+// kVec consecutive fp32 columns of a lane: 4 (a float4, 128 columns a warp) or 1 (32 columns).
+template <int kVec>
+struct Cols {
+  float v[kVec];
+  __device__ __forceinline__ static Cols Zero() {
+    Cols c;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) c.v[i] = 0.0f;
+    return c;
+  }
+  __device__ __forceinline__ static Cols Load(const float* p) {
+    Cols c;
+    if constexpr (kVec == 4) {
+      const float4 x = *reinterpret_cast<const float4*>(p);
+      c.v[0] = x.x, c.v[1] = x.y, c.v[2] = x.z, c.v[3] = x.w;
+    } else {
+      c.v[0] = *p;
+    }
+    return c;
+  }
+  __device__ __forceinline__ void Fma(float w, const Cols& x) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] += w * x.v[i];
+  }
+  __device__ __forceinline__ void Add(const Cols& x) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] += x.v[i];
+  }
+  // The columns times inv, as bf16, at out.
+  __device__ __forceinline__ void StoreBf16(uint16_t* out, float inv) const {
+    if constexpr (kVec == 4) {
+      __nv_bfloat162 lo = __floats2bfloat162_rn(v[0] * inv, v[1] * inv);
+      __nv_bfloat162 hi = __floats2bfloat162_rn(v[2] * inv, v[3] * inv);
+      *reinterpret_cast<uint2*>(out) =
+          make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+    } else {
+      __nv_bfloat16 x = __float2bfloat16_rn(v[0] * inv);
+      *out = *reinterpret_cast<uint16_t*>(&x);
+    }
+  }
+};
+
+// One block per (sequence, query row, column chunk of 32 * kVec columns); rows of unsplit
+// sequences were written by the split kernel and exit at once. The warps of a block stride over
+// the sequence's partials (kUnroll loads in flight each, kVec floats per lane), weight them by
+// 2^(lse - max), and reduce through shared memory. Splitting columns over 4 (kVec 4) or 16 (kVec
+// 1, MlaDecodeParams::combine_narrow_chunks) blocks keeps batch 1 (hundreds of partials per row)
+// from resting on batch * rows blocks.
+template <int kCombineWarps, int kCombineUnroll, int kVec>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     MlaDecodeCombineKernel(const MlaDecodeKernelParams p) {
+  constexpr int kChunks = kMlaLatentDim / (32 * kVec);
   // Launched plainly or programmatically (MlaDecodeParams::programmatic_combine): nothing is
   // read before the split kernel has finished (its schedule, partials and outputs).
   pdl::WaitForPrerequisiteGrid();
   pdl::AllowDependentLaunch();  // a programmatic successor (the v expand) may set up
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int chunk = blockIdx.x % kCombineChunks;
-  const int b = blockIdx.x / kCombineChunks / p.rows, row = blockIdx.x / kCombineChunks % p.rows;
+  const int chunk = blockIdx.x % kChunks;
+  const int b = blockIdx.x / kChunks / p.rows, row = blockIdx.x / kChunks % p.rows;
   const int share = p.schedule[p.batch + 1];
   const int first = p.schedule[b] / share, last = (p.schedule[b + 1] - 1) / share;
   if (first == last) return;
   const int n = last - first + 1;
   const size_t slot0 = static_cast<size_t>(first) + b;
-  __shared__ float4 acc_smem[kCombineWarps][32];
+  __shared__ Cols<kVec> acc_smem[kCombineWarps][32];
   __shared__ float wsum_smem[kCombineWarps];
   __shared__ float mx_smem[kCombineWarps];
   float mx = -INFINITY;
@@ -88,12 +131,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
 #pragma unroll
   for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, mx_smem[w]);
 
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  Cols<kVec> acc = Cols<kVec>::Zero();
   float wsum = 0.0f;
-  const int col = chunk * 128 + lane * 4;
+  const int col = chunk * 32 * kVec + lane * kVec;
   for (int s0 = warp; s0 < n; s0 += kCombineWarps * kCombineUnroll) {
     float w[kCombineUnroll];
-    float4 v[kCombineUnroll];
+    Cols<kVec> v[kCombineUnroll];
 #pragma unroll
     for (int u = 0; u < kCombineUnroll; ++u) {
       const int s = s0 + u * kCombineWarps;
@@ -101,18 +144,14 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
       if (s < n) {
         const float l = p.lse_part[(slot0 + s) * p.rows + row];
         w[u] = mx == -INFINITY ? 0.0f : exp2f(l - mx);  // Empty pieces (lse -inf) weigh 0.
-        v[u] = *reinterpret_cast<const float4*>(p.o_part +
-                                                ((slot0 + s) * p.rows + row) * kMlaLatentDim + col);
+        v[u] = Cols<kVec>::Load(p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim + col);
       }
     }
 #pragma unroll
     for (int u = 0; u < kCombineUnroll; ++u) {
       if (w[u] == 0.0f) continue;  // Also skips never-written rows of empty pieces.
       wsum += w[u];
-      acc.x += w[u] * v[u].x;
-      acc.y += w[u] * v[u].y;
-      acc.z += w[u] * v[u].z;
-      acc.w += w[u] * v[u].w;
+      acc.Fma(w[u], v[u]);
     }
   }
   acc_smem[warp][lane] = acc;
@@ -124,19 +163,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   for (int w = 0; w < kCombineWarps; ++w) wsum += wsum_smem[w];
   acc = acc_smem[0][lane];
 #pragma unroll
-  for (int w = 1; w < kCombineWarps; ++w) {
-    const float4 x = acc_smem[w][lane];
-    acc.x += x.x;
-    acc.y += x.y;
-    acc.z += x.z;
-    acc.w += x.w;
-  }
+  for (int w = 1; w < kCombineWarps; ++w) acc.Add(acc_smem[w][lane]);
   const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-  uint16_t* out = p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim;
-  __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
-  __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
-  *reinterpret_cast<uint2*>(out + col) =
-      make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+  acc.StoreBf16(p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim + col, inv);
   if (p.lse != nullptr && chunk == 0 && lane == 0) {
     p.lse[static_cast<size_t>(b) * p.rows + row] =
         wsum > 0.0f ? (mx + log2f(wsum)) * 0.693147180559945309f : -INFINITY;
@@ -227,21 +256,25 @@ cudaError_t LaunchMlaDecodeSchedule(const MlaDecodeKernelParams& p, cudaStream_t
 }
 
 cudaError_t LaunchMlaDecodeCombine(const MlaDecodeKernelParams& p, cudaStream_t stream) {
-  const int blocks = p.batch * p.rows * kCombineChunks;
   // Batch-invariant schedules always take the narrow form: the wide one sums a row's partials
   // in another order, and which one runs would depend on the batch.
   const bool programmatic = p.programmatic_combine != 0;
-  if (p.fixed_share == 0 && p.combine_row_warps != 0 && p.batch * p.rows > kWideCombineRows) {
-    const int row_blocks = (p.batch * p.rows + kCombineRowWarps - 1) / kCombineRowWarps;
+  const int pairs = p.batch * p.rows;
+  if (p.fixed_share == 0 && p.combine_row_warps != 0 && pairs > kWideCombineRows) {
+    const int row_blocks = (pairs + kCombineRowWarps - 1) / kCombineRowWarps;
     return pdl::LaunchKernel(MlaDecodeCombineRowsKernel<kCombineRowWarps, 4>, dim3(row_blocks),
                              dim3(kCombineRowWarps * 32), 0, stream, programmatic, p);
   }
-  if (p.fixed_share == 0 && p.batch * p.rows <= kWideCombineRows) {
-    return pdl::LaunchKernel(MlaDecodeCombineKernel<16, 8>, dim3(blocks), dim3(16 * 32), 0, stream,
-                             programmatic, p);
+  if (p.fixed_share == 0 && pairs <= kWideCombineRows) {
+    if (p.combine_narrow_chunks != 0) {
+      return pdl::LaunchKernel(MlaDecodeCombineKernel<16, 8, 1>, dim3(pairs * 16), dim3(16 * 32), 0,
+                               stream, programmatic, p);
+    }
+    return pdl::LaunchKernel(MlaDecodeCombineKernel<16, 8, 4>, dim3(pairs * 4), dim3(16 * 32), 0,
+                             stream, programmatic, p);
   }
-  return pdl::LaunchKernel(MlaDecodeCombineKernel<8, 4>, dim3(blocks), dim3(8 * 32), 0, stream,
-                           programmatic, p);
+  return pdl::LaunchKernel(MlaDecodeCombineKernel<8, 4, 4>, dim3(pairs * 4), dim3(8 * 32), 0,
+                           stream, programmatic, p);
 }
 
 }  // namespace mlaserve::mla
