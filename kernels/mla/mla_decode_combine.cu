@@ -52,6 +52,23 @@ __global__ void __launch_bounds__(kScheduleThreads)
 // batch 1 x 128 heads, 512 blocks) the wide form was 1-5% slower, hence the limit.
 constexpr int kWideCombineRows = 16;
 
+// A sequence's partial outputs: workspace slots slot0 .. slot0 + n - 1 (worker w's piece of
+// sequence b lies in slot w + b). n == 1: the sequence was not split and the split kernel wrote
+// its rows itself.
+struct RowPartials {
+  size_t slot0;
+  int n;
+};
+__device__ __forceinline__ RowPartials PartialsOf(const MlaDecodeKernelParams& p, int b) {
+  const int share = p.schedule[p.batch + 1];
+  const int first = p.schedule[b] / share, last = (p.schedule[b + 1] - 1) / share;
+  return {static_cast<size_t>(first) + b, last - first + 1};
+}
+// A row's lse (natural log) from its partials' largest log2-sum-exp and their weight sum.
+__device__ __forceinline__ float RowLse(float mx, float wsum) {
+  return wsum > 0.0f ? (mx + log2f(wsum)) * 0.693147180559945309f : -INFINITY;
+}
+
 // kVec consecutive fp32 columns of a lane: 4 (a float4, 128 columns a warp) or 1 (32 columns).
 template <int kVec>
 struct Cols {
@@ -111,11 +128,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int chunk = blockIdx.x % kChunks;
   const int b = blockIdx.x / kChunks / p.rows, row = blockIdx.x / kChunks % p.rows;
-  const int share = p.schedule[p.batch + 1];
-  const int first = p.schedule[b] / share, last = (p.schedule[b + 1] - 1) / share;
-  if (first == last) return;
-  const int n = last - first + 1;
-  const size_t slot0 = static_cast<size_t>(first) + b;
+  const RowPartials parts = PartialsOf(p, b);
+  if (parts.n == 1) return;
+  const int n = parts.n;
+  const size_t slot0 = parts.slot0;
   __shared__ Cols<kVec> acc_smem[kCombineWarps][32];
   __shared__ float wsum_smem[kCombineWarps];
   __shared__ float mx_smem[kCombineWarps];
@@ -167,8 +183,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
   acc.StoreBf16(p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim + col, inv);
   if (p.lse != nullptr && chunk == 0 && lane == 0) {
-    p.lse[static_cast<size_t>(b) * p.rows + row] =
-        wsum > 0.0f ? (mx + log2f(wsum)) * 0.693147180559945309f : -INFINITY;
+    p.lse[static_cast<size_t>(b) * p.rows + row] = RowLse(mx, wsum);
   }
 }
 
@@ -186,11 +201,10 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const int pair = blockIdx.x * kRowWarps + (threadIdx.x >> 5);
   if (pair >= p.batch * p.rows) return;
   const int b = pair / p.rows, row = pair % p.rows;
-  const int share = p.schedule[p.batch + 1];
-  const int first = p.schedule[b] / share, last = (p.schedule[b + 1] - 1) / share;
-  if (first == last) return;  // unsplit: the split kernel wrote the row
-  const int n = last - first + 1;
-  const size_t slot0 = static_cast<size_t>(first) + b;
+  const RowPartials parts = PartialsOf(p, b);
+  if (parts.n == 1) return;  // unsplit: the split kernel wrote the row
+  const int n = parts.n;
+  const size_t slot0 = parts.slot0;
   float mx = -INFINITY;
   for (int s = lane; s < n; s += 32) mx = fmaxf(mx, p.lse_part[(slot0 + s) * p.rows + row]);
 #pragma unroll
@@ -242,8 +256,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
   }
   if (p.lse != nullptr && lane == 0) {
-    p.lse[static_cast<size_t>(b) * p.rows + row] =
-        wsum > 0.0f ? (mx + log2f(wsum)) * 0.693147180559945309f : -INFINITY;
+    p.lse[static_cast<size_t>(b) * p.rows + row] = RowLse(mx, wsum);
   }
 }
 constexpr int kCombineRowWarps = 8;
