@@ -64,18 +64,19 @@ constexpr int kPvBlockTokens = 64;  // tokens a P.V block (one cache block)
 constexpr double kPScale = 256.0;   // P in (0, 1] times this before the e4m3 rounding
 
 // One k-step into an accumulator register: the 32 exact products and the accumulator aligned to
-// the largest term's exponent and truncated to kFp22FractionBits, summed, stored as fp32.
-float TensorCoreStep(float acc, const double* products, int n) {
-  double top = std::fabs(static_cast<double>(acc));
+// the largest term's exponent and truncated to kFp22FractionBits, summed, stored as fp32. Exact in
+// float and int: products of two e4m3 values have <= 8 significant bits, each truncated term is a
+// multiple of the quantum below 2^14 of them, and 33 such terms sum below 2^20 quanta.
+float TensorCoreStep(float acc, const float* products, int n) {
+  float top = std::fabs(acc);
   for (int i = 0; i < n; ++i) top = std::max(top, std::fabs(products[i]));
-  if (top == 0.0) return 0.0f;
-  int e;
-  std::frexp(top, &e);  // top in [2^(e-1), 2^e)
-  const double quantum = std::ldexp(1.0, e - 1 - kFp22FractionBits);
-  const double inv = 1.0 / quantum;  // powers of two: both exact
-  double sum = std::trunc(acc * inv) * quantum;
-  for (int i = 0; i < n; ++i) sum += std::trunc(products[i] * inv) * quantum;
-  return static_cast<float>(sum);
+  if (top == 0.0f) return 0.0f;
+  const int e = std::ilogb(top);  // top in [2^e, 2^(e+1))
+  const float quantum = std::ldexp(1.0f, e - kFp22FractionBits);
+  const float inv = std::ldexp(1.0f, kFp22FractionBits - e);  // powers of two: exact scalings
+  int32_t sum = static_cast<int32_t>(acc * inv);              // truncates toward zero
+  for (int i = 0; i < n; ++i) sum += static_cast<int32_t>(products[i] * inv);
+  return static_cast<float>(sum) * quantum;
 }
 
 float RoundE4m3(double x) { return E4m3ToFloat(FloatToE4m3(static_cast<float>(x))); }
@@ -123,7 +124,7 @@ void DecodeOneQueryPositionFp8Mma(const MlaDecodeRefParams& p, int b, int i, int
            &scale[static_cast<size_t>(t) * kMlaQkDim]);
   }
   std::vector<double> scores(visible);
-  double products[kMmaK];
+  float products[kMmaK];
   for (int h = h_begin; h < h_end; ++h) {
     const size_t qrow = (static_cast<size_t>(b) * p.s_q + i) * p.heads + h;
     const float* q = p.q + qrow * kMlaQkDim;
@@ -142,7 +143,7 @@ void DecodeOneQueryPositionFp8Mma(const MlaDecodeRefParams& p, int b, int i, int
         float acc = 0.0f;
         for (int k0 = g; k0 < end; k0 += kMmaK) {
           const int n = std::min(kMmaK, end - k0);
-          for (int j = 0; j < n; ++j) products[j] = static_cast<double>(q8[k0 + j]) * k[k0 + j];
+          for (int j = 0; j < n; ++j) products[j] = q8[k0 + j] * k[k0 + j];
           acc = TensorCoreStep(acc, products, n);
         }
         dot += static_cast<double>(acc) * ks[g];  // one scale a group
@@ -204,8 +205,7 @@ void DecodeOneQueryPositionFp8Mma(const MlaDecodeRefParams& p, int b, int i, int
             for (int j0 = 0; j0 < n; j0 += kMmaK) {
               const int k = std::min(kMmaK, n - j0);
               for (int j = 0; j < k; ++j) {
-                products[j] = static_cast<double>(p8[j0 + j]) *
-                              raw[static_cast<size_t>(t0 + j0 + j) * kMlaQkDim + d];
+                products[j] = p8[j0 + j] * raw[static_cast<size_t>(t0 + j0 + j) * kMlaQkDim + d];
               }
               a = TensorCoreStep(a, products, k);
             }
