@@ -52,6 +52,14 @@ __device__ __forceinline__ Desc Desc128B(uint32_t smem_addr, uint32_t lbo, uint3
   return {((smem_addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16), (sbo >> 4) | (1u << 30)};
 }
 
+// No-swizzle ("interleave") descriptor: 8-row x 16-B core matrices of 128 contiguous bytes; lbo =
+// bytes between core matrices adjacent in K, sbo = bytes between 8-row groups (CUTLASS
+// cute/atom/mma_traits_sm90_gmma.hpp, Layout_K_INTER_Atom: ((8,m),(T,2k)) : ((T,SBO),(1,LBO)),
+// T = 16 bytes of elements); layout-type bits 62-63 = 0.
+__device__ __forceinline__ Desc DescNoSwizzle(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+  return {((smem_addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16), sbo >> 4};
+}
+
 __device__ __forceinline__ void Fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -298,6 +306,42 @@ __device__ __forceinline__ void WgmmaM64N256K16SSTransB(float (&d)[128], uint32_
   } else {
     MLASERVE_WGMMA_M64N256K16_SS_TRANS_B("bf16");
   }
+#endif
+}
+
+// e4m3 x e4m3 shapes (the MLA decode kernel's FP8 tensor-core form, mla_decode_fp8mma.cuh). PTX
+// ISA, wgmma .e4m3: K = 32 a step; both operands K-major (no transpose operands for 8-bit types:
+// ptxas rejects them, tile-ai/tilelang pull request 3224); the register A fragment of a k32 step
+// is mma.m16n8k32's 8-bit A layout per warp: register 0 row lane/4, bytes = columns 4 (lane % 4)
+// .. + 3; register 1 row + 8; registers 2 and 3 the same at columns + 16.
+
+// D[64 x 32] (+)= A[64 x 32] * B[32 x 32], e4m3, A and B from shared memory (K-major).
+__device__ __forceinline__ void WgmmaM64N32K32E4m3SS(float (&d)[16], uint32_t a_lo, uint32_t a_hi,
+                                                     uint32_t b_lo, uint32_t b_hi, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n .reg .pred p;\n .reg .b64 da, db;\n setp.ne.b32 p, %20, 0;\n"
+      " mov.b64 da, {%16, %17};\n mov.b64 db, {%18, %19};\n"
+      " wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " MLASERVE_WGMMA_D16
+      ", da, db, p, 1, 1;\n}\n"
+      : MLASERVE_WGMMA_D16_OUT
+      : "r"(a_lo), "r"(a_hi), "r"(b_lo), "r"(b_hi), "r"(accumulate));
+#endif
+}
+
+// D[64 x 256] (+)= A[64 x 32] * B[32 x 256], e4m3, A from registers, B from shared memory
+// (K-major: B[k][j] is byte k of row j).
+__device__ __forceinline__ void WgmmaM64N256K32E4m3RS(float (&d)[128], const uint32_t (&a)[4],
+                                                      uint32_t b_lo, uint32_t b_hi,
+                                                      int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n .reg .pred p;\n .reg .b64 db;\n setp.ne.b32 p, %134, 0;\n"
+      " mov.b64 db, {%132, %133};\n"
+      " wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 " MLASERVE_WGMMA_D128
+      ", {%128, %129, %130, %131}, db, p, 1, 1;\n}\n"
+      : MLASERVE_WGMMA_D128_OUT
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b_lo), "r"(b_hi), "r"(accumulate));
 #endif
 }
 

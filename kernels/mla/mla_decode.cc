@@ -40,6 +40,7 @@ struct VariantEntry {
   // lost to both). The shallow ring's fp8 (3 an SM as well) was not measured at 2 and keeps 3.
   // Indexed by KvCacheFormat; 0: no cap.
   int max_blocks_per_sm[3] = {0, 0, 0};
+  bool fp8_mma = false;  // q.k and P.V on e4m3 tensor cores (MlaDecodeVariantFp8Mma)
 };
 
 // Warp-sliced kernel (mla_decode_sliced.cuh), 16 rows per block: tile tokens and stages per
@@ -142,6 +143,17 @@ const VariantEntry kSeesawEarly{
     {&mla::MlaDecodeSeesawBlocksPerSm<true, 1>, &NotBuilt, &NotBuilt},
     {&mla::LaunchMlaDecodeSeesaw<true, 1>, &NotBuiltLaunch, &NotBuiltLaunch}};
 
+// q.k and P.V on e4m3 wgmma (mla_decode_fp8mma.cuh; kernels/mla/NOTES.md, session 33), the fp8
+// format: nothing converted, half the tensor work of the bf16-MMA kernels. Its arithmetic is the
+// emulated FP8 tensor-core form (MlaDecodeVariantFp8Mma), chosen by no rule until measured.
+const VariantEntry kFp8Mma{"wgmma_rows64_fp8mma",
+                           64,
+                           kSched,
+                           {&NotBuilt, &mla::MlaDecodeFp8MmaBlocksPerSm<4>, &NotBuilt},
+                           {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma<4>, &NotBuiltLaunch},
+                           {0, 0, 0},
+                           true};
+
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0, 0, 2),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2, 2, 2),
@@ -151,6 +163,7 @@ const VariantEntry kVariants[] = {
     kWgmmaAhead,
     kSeesawTma,
     kSeesawEarly,
+    kFp8Mma,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -231,6 +244,10 @@ int MlaDecodeVariantCount() { return kNumVariants; }
 bool MlaDecodeVariantAvailable(int variant, KvCacheFormat format) {
   if (variant < 0 || variant >= kNumVariants || format == KvCacheFormat::kF32) return false;
   return kVariants[variant].blocks_per_sm[static_cast<int>(format)]() > 0;
+}
+
+bool MlaDecodeVariantFp8Mma(int variant) {
+  return variant >= 0 && variant < kNumVariants && kVariants[variant].fp8_mma;
 }
 
 std::string MlaDecodeVariantName(int variant) {

@@ -124,6 +124,9 @@ int MlaDecodeVariantCount();
 std::string MlaDecodeVariantName(int variant);
 // Whether the variant can run on the current device (the wgmma variant needs SM 9.0).
 bool MlaDecodeVariantAvailable(int variant, KvCacheFormat format);
+// Whether the variant computes q.k and P.V on e4m3 tensor cores: the arithmetic MlaDecodeRef
+// emulates with fp8_mma = MlaFp8MmaEmulation::kQkPv (mla_decode_ref.h) rather than the exact one.
+bool MlaDecodeVariantFp8Mma(int variant);
 
 // Runs [schedule,] split decode and combine on `stream` (2-3 kernels, graph-capturable).
 absl::Status InvokeMlaDecode(const MlaDecodeParams& params, cudaStream_t stream);

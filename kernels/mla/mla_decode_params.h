@@ -121,6 +121,14 @@ cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cuda
 template <bool kTma, int kOrder>
 int MlaDecodeSeesawBlocksPerSm();
 
+// SM90a split decode kernel with q.k and P.V on e4m3 wgmma (mla_decode_fp8mma.cuh): the fp8 cache
+// format, 64 query rows per block, a kStages-deep ring of 32-token tiles. The arithmetic is
+// MlaDecodeRef's fp8_mma = kQkPv form, not the exact one. BlocksPerSm is 0 off SM 9.0.
+template <int kStages>
+cudaError_t LaunchMlaDecodeFp8Mma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
+template <int kStages>
+int MlaDecodeFp8MmaBlocksPerSm();
+
 // Cache write: one warp per token (kv_cache_write.cu).
 cudaError_t LaunchKvCacheWrite(KvCacheFormat format, float fp8_scale, const uint16_t* latent,
                                int64_t latent_stride, const uint16_t* rope, int64_t rope_stride,

@@ -12,6 +12,17 @@
 // bf16 output (2^-9 * |o|). The bound is four times each.
 // LSE (natural log): |lse_gpu - lse_ref| <= 4e-3 + 1e-5 * |lse_ref| (the sums are fp32 over
 // unrounded weights, ~1e-6; the margin covers fp32 exp2 approximations).
+//
+// A variant on e4m3 tensor cores (MlaDecodeVariantFp8Mma) is compared with the reference's
+// emulation of that form (MlaFp8MmaEmulation::kQkPv): q rounded to e4m3 by the same rule, the
+// same cache bytes, ~22-bit tensor-core sums promoted every 128 dims (the summation order inside
+// a group differs: ~2^-13 of a group's largest term, below the LSE bound). What differs is where
+// P is rounded to e4m3: the kernel shifts P by the running max of its 32-token tiles (and of its
+// piece of a split sequence), the emulation by that of 64-token blocks, so a token's two
+// roundings may differ by up to 2^-3 of its weight: |o_gpu - o_ref| <= 2^-3 * max|v| +
+// 2^-7 * |o_ref| + 1e-6 per element. The whole-tensor relative error of independent e4m3
+// roundings is ~0.04 (RMS of 2^-4..2^-5 / sqrt(3), twice); the bound is 0.1. A V^T token out of
+// place, a wrong group or scale moves it to ~1.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -120,17 +131,20 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
     q_f32[i] = Bf16ToFloat(q_bf16[i]);
   }
 
+  const int invariant_len = c.invariant ? max_blocks * 64 : 0;
+  auto plan =
+      PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant, c.max_workers, invariant_len);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // A variant on e4m3 tensor cores is held to the form it computes (the bound at the top).
+  const bool fp8_mma = MlaDecodeVariantFp8Mma(plan->variant);
+
   std::vector<float> ref_out(static_cast<size_t>(batch) * rows * kMlaLatentDim);
   std::vector<float> ref_lse(static_cast<size_t>(batch) * rows);
   MlaDecodeRefParams rp{q_f32.data(),  pool.data(),    table.data(),  max_blocks, c.lens.data(),
                         batch,         c.s_q,          c.heads,       c.format,   kv_scale,
                         softmax_scale, ref_out.data(), ref_lse.data()};
+  if (fp8_mma) rp.fp8_mma = MlaFp8MmaEmulation::kQkPv;
   MlaDecodeRef(rp);
-
-  const int invariant_len = c.invariant ? max_blocks * 64 : 0;
-  auto plan =
-      PlanMlaDecode(batch, c.s_q, c.heads, c.format, c.variant, c.max_workers, invariant_len);
-  ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<uint8_t> d_pool(pool.size()), d_ws(plan->workspace_bytes);
   DeviceBuffer<int32_t> d_table(table.size()), d_lens(c.lens.size());
   DeviceBuffer<uint16_t> d_q(q_bf16.size()), d_out(ref_out.size());
@@ -225,7 +239,8 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
       for (int d = 0; d < kMlaLatentDim; ++d) {
         const float got = Bf16ToFloat(out[rr * kMlaLatentDim + d]);
         const float want = ref_out[rr * kMlaLatentDim + d];
-        const float tol = std::ldexp(vmax, -7) + std::ldexp(std::fabs(want), -7) + 1e-6f;
+        const float tol =
+            std::ldexp(vmax, fp8_mma ? -3 : -7) + std::ldexp(std::fabs(want), -7) + 1e-6f;
         err2 += double(got - want) * (got - want);
         ref2 += double(want) * want;
         if (!(std::fabs(got - want) <= tol) && bad++ < 5) {
@@ -236,8 +251,9 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
     }
   }
   EXPECT_EQ(bad, 0);
-  // Whole-tensor relative error: bf16 output rounding alone is ~2^-9 / sqrt(3) = 1.1e-3.
-  EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), 5e-3);
+  // Whole-tensor relative error: bf16 output rounding alone is ~2^-9 / sqrt(3) = 1.1e-3. The e4m3
+  // form: see the top (the kernel's and the emulation's P roundings, ~0.04 when they differ).
+  EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), fp8_mma ? 0.1 : 5e-3);
 }
 
 constexpr KvCacheFormat kFormats[] = {KvCacheFormat::kBf16, KvCacheFormat::kFp8,
@@ -296,6 +312,27 @@ TEST(MlaDecodeGpuTest, EveryVariantHeadsSq) {
         }
       }
       RunDecodeCase({f, 128, 1, {9000}, v}, seed++);  // batch 1 split over every SM
+    }
+  }
+}
+
+// The variants on e4m3 tensor cores (MlaDecodeVariantFp8Mma) against the emulated form, beyond
+// the cases every variant runs: head counts around the 64-row tile (1, 8, 40, 64, 65, 128), 1-4
+// query tokens, lengths around the 32-token tile and 64-token block, a sequence split over every
+// SM, and split pieces beside whole ones.
+TEST(MlaDecodeGpuTest, Fp8MmaVariants) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 3000;
+  for (KvCacheFormat f : kFormats) {
+    for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
+      if (!MlaDecodeVariantFp8Mma(v) || !MlaDecodeVariantAvailable(v, f)) continue;
+      for (int heads : {1, 8, 40, 64, 65, 128}) {
+        for (int s_q : {1, 2, 4}) {
+          RunDecodeCase({f, heads, s_q, {s_q, 31, 32, 33, 63, 64, 65, 4113}, v}, seed++);
+        }
+      }
+      RunDecodeCase({f, 64, 1, {20000}, v}, seed++);
+      RunDecodeCase({f, 128, 2, {3000, 17, 9000, 64}, v}, seed++);
     }
   }
 }

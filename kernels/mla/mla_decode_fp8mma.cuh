@@ -1,0 +1,483 @@
+// SM90a split-KV MLA decode kernel with q.k and P.V on e4m3 tensor cores (the FP8 tensor-core
+// form, kernels/mla/NOTES.md session 32): the fp8 cache format, 64 query rows a block. Same
+// schedule, pieces, partial outputs and combine as the other kernels (mla_decode_wgmma.cuh); the
+// arithmetic is the form MlaDecodeRef emulates with fp8_mma = kQkPv (mla_decode_ref.h), which the
+// accuracy test measured on the trained model (issue 18's bounds hold).
+//
+// Why: at 64-128 heads every fp8 kernel here was bound by bf16-rate tensor work plus the e4m3 ->
+// f16 conversion of each cache byte (64-row kernel: 0.50 / 0.26 of copy bandwidth at 64 / 128
+// heads x batch 64 x 32k on the H100, session 33). On e4m3 wgmma the tensor work halves and the
+// cache bytes are the MMA's operand as they are: nothing is converted.
+//
+// * Q (64 rows x 576) is rounded to e4m3 once a sequence piece, with one scale a row (amax / 448,
+//   the emulation's rule): [5 blocks of 128 dims][64 rows][128 B], 128-byte swizzle, K-major;
+//   block 4 holds the 64 RoPE dims in its rows' first 64 bytes.
+// * A tile is kTile = 32 cache rows of one 64-token block (contiguous bytes), copied by cp.async
+//   straight into the same 5-block K-major layout (the q.k's B operand): a kStages-deep ring.
+// * S = Q K^T: warpgroup g takes latent dim groups 2g and 2g + 1 (4 k32 steps each, m64n32k32) and
+//   RoPE k-step g; each group is summed in a fresh accumulator and added in fp32 after it (the
+//   tensor core's e4m3 sums are ~22-bit: promote every 128 dims, DeepSeek-V3 report 3.3.2), the
+//   partials exchanged through shared memory as in mla_decode_wgmma.cuh.
+// * P.V: e4m3 wgmma has no transposed operand, so V (the tile's latent dims) is transposed in
+//   shared memory into [512 dims][32 tokens] (no swizzle: 8 x 16-B core matrices), tokens permuted
+//   within each 16 so that P's accumulator registers are the A fragment as they are: A register 0
+//   holds columns 4c .. 4c + 3 of row g (c = lane % 4), which the S accumulator has as columns 2c,
+//   2c + 1, 8 + 2c, 9 + 2c; so V^T's byte 4c + i of a 16 is token {2c, 2c + 1, 8 + 2c, 9 + 2c}[i].
+//   The transpose runs while the q.k is on the tensor cores; a lane rotation keeps its 32-bit
+//   loads and stores free of bank conflicts (see Transpose).
+// * Softmax: the running max is exact (no lazy rescale) so P <= 1, and P x 256 is rounded to e4m3
+//   (as the emulation; e4m3's normal range reaches 2^-6 / 256 of the row's largest weight); the
+//   row sums are fp32 over the unrounded weights. warpgroup g multiplies P by V^T's dims
+//   [256g, 256g + 256) with one m64n256k32 a tile.
+#pragma once
+
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/mla/mla_decode_params.h"
+#include "kernels/mla/mla_decode_schedule.cuh"
+#include "kernels/programmatic_launch.cuh"
+#include "kernels/warp_ptx.cuh"
+#include "kernels/wgmma_ptx.cuh"
+
+namespace mlaserve::mla {
+
+namespace f8mma {
+
+constexpr int kRows = 64;
+constexpr int kThreads = 256;  // Two warpgroups.
+constexpr int kTile = 32;
+constexpr int kQkBlocks = 5;       // 128-dim K-major blocks: 4 latent, 1 RoPE (64 dims used)
+constexpr int kRowBytes = 576;     // the fp8 format's cache row
+constexpr float kPScale = 256.0f;  // P in (0, 1] times this before the e4m3 rounding
+
+template <int kStages>
+struct Config {
+  static constexpr int kQBytes = kQkBlocks * kRows * 128;   // 40,960
+  static constexpr int kKBlockBytes = kTile * 128;          // 4,096
+  static constexpr int kKBytes = kQkBlocks * kKBlockBytes;  // 20,480: one ring slot
+  static constexpr int kVtBytes = kMlaLatentDim * kTile;    // 16,384
+  static constexpr int kSxBytes = 2 * 16 * 128 * 4;         // both warpgroups' partial S
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kQBytes;
+  static constexpr int kVtOff = kKOff + kStages * kKBytes;
+  static constexpr int kSxOff = kVtOff + kVtBytes;
+  static constexpr int kQScaleOff = kSxOff + kSxBytes;  // 64 floats
+  static constexpr int kSchedOff = kQScaleOff + 4 * kRows;
+  static constexpr int kSchedBytes = 4 * (kInlineScheduleMaxBatch + 2);
+  static constexpr int kSmemBytes = kSchedOff + kSchedBytes + 1024;  // + alignment slack
+  static_assert(kStages >= 2, "need a ring");
+  static_assert(kSmemBytes <= 227 * 1024, "H100 / H200: 227 KB per block");
+};
+
+__device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+// Two floats to two e4m3 bytes (round to nearest even, saturating): lo in the low byte.
+__device__ __forceinline__ uint32_t E4m3x2(float lo, float hi) {
+  return static_cast<uint32_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ uint32_t E4m3x4(float a, float b, float c, float d) {
+  return E4m3x2(a, b) | (E4m3x2(c, d) << 16);
+}
+__device__ __forceinline__ uint32_t Lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void Sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void Sts64(uint32_t addr, uint32_t a, uint32_t b) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(a), "r"(b) : "memory");
+}
+
+}  // namespace f8mma
+
+template <int kStages>
+__global__ void __launch_bounds__(f8mma::kThreads, 1)
+    MlaDecodeFp8MmaKernel(const MlaDecodeKernelParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl::AllowDependentLaunch();
+  using namespace f8mma;
+  using Cfg = Config<kStages>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t smem_raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (smem_raw_addr + 1023u) & ~1023u;  // swizzle atoms 1024-B aligned
+  uint8_t* smem = smem_raw + (base - smem_raw_addr);
+  const uint32_t q_smem = base + Cfg::kQOff, k_smem = base + Cfg::kKOff;
+  const uint32_t vt_smem = base + Cfg::kVtOff;
+  float* qscale = reinterpret_cast<float*>(smem + Cfg::kQScaleOff);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wgi = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform (uniform registers)
+  const int tw = tid & 127;
+  const int wq = tw >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int row_tiles = (p.rows + kRows - 1) / kRows;
+  const int worker = blockIdx.x / row_tiles, mt = blockIdx.x % row_tiles;
+
+  const int32_t* prefix = p.schedule;
+  if (p.inline_schedule) {
+    prefix = InlineSchedule<kThreads>(p, reinterpret_cast<int32_t*>(smem + Cfg::kSchedOff));
+  }
+  const int total = prefix[p.batch], share = prefix[p.batch + 1];
+  const int cost_begin = worker * share;
+  const int cost_end = min(cost_begin + share, total);
+  if (cost_begin >= cost_end) return;
+  const int first_seq = FirstSequence(prefix, p.batch, cost_begin);
+
+  const int lrow_lo = 16 * wq + g, lrow_hi = lrow_lo + 8;
+  const int row_lo = mt * kRows + lrow_lo, row_hi = mt * kRows + lrow_hi;
+
+  // Tile copy: thread (row ct, 16-B chunk cch) copies chunks cch + 8j (j = 0..3: latent block j)
+  // and, for cch < 4, chunk 32 + cch (the RoPE block's first 64 bytes). Swizzled destination.
+  const int ct = tid >> 3, cch = tid & 7;
+  const uint32_t op_off = ct * 128 + ((cch ^ (ct & 7)) << 4);
+
+  // Transpose: lane (c = lane % 4, b = lane / 4 % 2, r = lane / 8) of warp w, step s (0..3) takes
+  // dims 4 dq .. 4 dq + 3 with dq = 8 (2w + s % 2) + 2r + b, tokens 16 (s / 2) + {2c, 2c + 1,
+  // 8 + 2c, 9 + 2c}. Loads: the 32 lanes read 32 distinct banks (the swizzle's chunk XOR with
+  // token 2c, and dq % 4). Stores: output word j goes to dim 4 dq + (j ^ r), so a store's lanes
+  // cover all 8 rows of a core matrix x 4 words: 32 banks.
+  const int tb = (lane >> 2) & 1, tr = lane >> 3;
+  const uint32_t sel_a = (tr & 1) ? 0x7632u : 0x5410u, sel_b = (tr & 1) ? 0x5410u : 0x7632u;
+
+  const wgmma::Desc dq = wgmma::Desc128B(q_smem, 16, 1024);
+  const wgmma::Desc dk = wgmma::Desc128B(k_smem, 16, 1024);
+  const wgmma::Desc dv = wgmma::DescNoSwizzle(vt_smem + wgi * (256 / 8) * 256, 128, 256);
+
+  for (int b = first_seq; b < p.batch && prefix[b] < cost_end; ++b) {
+    const SeqPiece piece = PieceOfSequence(p, prefix, b, cost_begin, cost_end);
+    const int len = piece.len, tok_begin = piece.tok_begin, tok_end = piece.tok_end;
+    const bool whole = piece.whole;
+    const int t_begin = tok_begin / kTile;
+    const int n_tiles = tok_end > tok_begin ? (tok_end + kTile - 1) / kTile - t_begin : 0;
+    const int32_t* __restrict__ blocks =
+        p.block_table + static_cast<size_t>(b) * p.max_blocks_per_seq;
+    constexpr int kTilesPerBlock = kKvBlockTokens / kTile;
+    // Rows past the sequence's end are zero-filled (src-size 0), never stale bytes.
+    auto copy_tile = [&](int t, int slot) {
+      const uint8_t* src = p.kv_pool +
+                           (static_cast<size_t>(blocks[t / kTilesPerBlock]) * kKvBlockTokens +
+                            (t % kTilesPerBlock) * kTile + ct) *
+                               kRowBytes +
+                           cch * 16;
+      const bool valid = t * kTile + ct < len;
+      const uint32_t dst = k_smem + slot * Cfg::kKBytes + op_off;
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        ptx::CpAsync16(dst + kb * Cfg::kKBlockBytes, src + kb * 128, valid);
+      }
+      if (cch < 4) ptx::CpAsync16(dst + 4 * Cfg::kKBlockBytes, src + 512, valid);
+    };
+    // V^T of ring slot `slot`'s latent dims (see above).
+    auto transpose = [&](int slot) {
+      const uint32_t src0 = k_smem + slot * Cfg::kKBytes;
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int dqi = 8 * (2 * warp + (s & 1)) + 2 * tr + tb;  // 0..127
+        const int h = s >> 1;
+        const uint32_t src = src0 + (dqi >> 5) * Cfg::kKBlockBytes + (dqi & 3) * 4;
+        const int chunk = (dqi >> 2) & 7;
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int u = 16 * h + 2 * c + (i & 1) + 8 * (i >> 1);
+          w[i] = f8mma::Lds32(src + u * 128 + ((chunk ^ (u & 7)) << 4));
+        }
+        // 4 x 4 byte transpose: out word j = dim j ^ r's bytes of tokens w0..w3.
+        const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140),
+                       hi01 = __byte_perm(w[0], w[1], 0x7362);
+        const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140),
+                       hi23 = __byte_perm(w[2], w[3], 0x7362);
+        const uint32_t a01 = (tr & 2) ? hi01 : lo01, a23 = (tr & 2) ? hi23 : lo23;
+        const uint32_t b01 = (tr & 2) ? lo01 : hi01, b23 = (tr & 2) ? lo23 : hi23;
+        const uint32_t out[4] = {__byte_perm(a01, a23, sel_a), __byte_perm(a01, a23, sel_b),
+                                 __byte_perm(b01, b23, sel_a), __byte_perm(b01, b23, sel_b)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int n = 4 * dqi + (j ^ tr);
+          f8mma::Sts32(vt_smem + (n >> 3) * 256 + h * 128 + (n & 7) * 16 + 4 * c, out[j]);
+        }
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_tiles) copy_tile(t_begin + s, s);
+      ptx::CpAsyncCommit();
+    }
+
+    // Q rows into shared memory as e4m3 with one scale a row (amax / 448 over all 576 dims, as
+    // MlaDecodeRef's emulation); the scale goes to qscale[] for the scores. 4 threads a row, each
+    // 9 of the row's 36 16-B e4m3 chunks (two bf16 chunks each).
+    {
+      const uint16_t* qb = p.q + static_cast<size_t>(b) * p.rows * kMlaQkDim;
+      const int lr = tid >> 2, part = tid & 3;
+      const int row = mt * kRows + lr;
+      const bool ok = row < p.rows;
+      const uint4* src = reinterpret_cast<const uint4*>(qb + static_cast<size_t>(row) * kMlaQkDim);
+      const uint4* rsrc = reinterpret_cast<const uint4*>(
+          p.q_rope + (static_cast<int64_t>(b) * p.rows + row) * p.q_rope_stride);
+      auto chunk = [&](int cc) {  // bf16 chunk cc (8 values) of the row
+        return cc < kMlaLatentDim / 8 ? src[cc] : rsrc[cc - kMlaLatentDim / 8];
+      };
+      uint4 v[18];
+      float amax = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 9; ++k) {
+        const int cc = part + 4 * k;  // e4m3 chunk: bf16 chunks 2cc, 2cc + 1
+        v[2 * k] = ok ? chunk(2 * cc) : make_uint4(0, 0, 0, 0);
+        v[2 * k + 1] = ok ? chunk(2 * cc + 1) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t w4[4] = {v[2 * k + e].x, v[2 * k + e].y, v[2 * k + e].z, v[2 * k + e].w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            amax = fmaxf(amax, fmaxf(fabsf(f8mma::Bf16Lo(w4[i])), fabsf(f8mma::Bf16Hi(w4[i]))));
+          }
+        }
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      const float qs = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+      if (part == 0) qscale[lr] = qs;
+#pragma unroll
+      for (int k = 0; k < 9; ++k) {
+        const int cc = part + 4 * k, kb = cc >> 3, ch = cc & 7;
+        uint32_t o4[4];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint4 x = v[2 * k + e];
+          o4[2 * e] =
+              f8mma::E4m3x4(__fdiv_rn(f8mma::Bf16Lo(x.x), qs), __fdiv_rn(f8mma::Bf16Hi(x.x), qs),
+                            __fdiv_rn(f8mma::Bf16Lo(x.y), qs), __fdiv_rn(f8mma::Bf16Hi(x.y), qs));
+          o4[2 * e + 1] =
+              f8mma::E4m3x4(__fdiv_rn(f8mma::Bf16Lo(x.z), qs), __fdiv_rn(f8mma::Bf16Hi(x.z), qs),
+                            __fdiv_rn(f8mma::Bf16Lo(x.w), qs), __fdiv_rn(f8mma::Bf16Hi(x.w), qs));
+        }
+        const uint32_t dst = q_smem + kb * (kRows * 128) + lr * 128 + ((ch ^ (lr & 7)) << 4);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(o4[0]),
+                     "r"(o4[1]), "r"(o4[2]), "r"(o4[3])
+                     : "memory");
+      }
+    }
+
+    const int lim_lo = min(row_lo < p.rows ? len - p.s_q + row_lo / p.heads : len - 1, tok_end - 1);
+    const int lim_hi = min(row_hi < p.rows ? len - p.s_q + row_hi / p.heads : len - 1, tok_end - 1);
+    const int lim_min = min(lim_lo, lim_hi);
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+    float qd_lo = 1.0f, qd_hi = 1.0f;
+    float4* const sx_base = reinterpret_cast<float4*>(smem + Cfg::kSxOff);
+
+    for (int it = 0; it < n_tiles; ++it) {
+      // Tile it landed; the previous tile's V^T reads (its P.V) and q.k are done everywhere.
+      ptx::CpAsyncWait<kStages - 2>();
+      wgmma::FenceProxyAsyncShared();
+      __syncthreads();
+      if (it == 0) {
+        qd_lo = qscale[lrow_lo];
+        qd_hi = qscale[lrow_hi];
+      }
+      const int slot = it % kStages;
+      const uint32_t kunits = static_cast<uint32_t>(slot * Cfg::kKBytes) >> 4;
+      // This warpgroup's partial S: latent groups 2g, 2g + 1 (fresh accumulators) and RoPE step g.
+      float s[16], a1[16], a2[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = a1[i] = a2[i] = 0.0f;
+      wgmma::FenceRegs(s);
+      wgmma::FenceRegs(a1);
+      wgmma::FenceRegs(a2);
+      wgmma::Fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int kb = 2 * wgi;
+        const uint32_t qoff = (kb * (kRows * 128) + 32 * k) >> 4;
+        const uint32_t koff = (kb * Cfg::kKBlockBytes + 32 * k) >> 4;
+        wgmma::WgmmaM64N32K32E4m3SS(s, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, k);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int kb = 2 * wgi + 1;
+        const uint32_t qoff = (kb * (kRows * 128) + 32 * k) >> 4;
+        const uint32_t koff = (kb * Cfg::kKBlockBytes + 32 * k) >> 4;
+        wgmma::WgmmaM64N32K32E4m3SS(a1, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, k);
+      }
+      {
+        const uint32_t qoff = (4 * (kRows * 128) + 32 * wgi) >> 4;
+        const uint32_t koff = (4 * Cfg::kKBlockBytes + 32 * wgi) >> 4;
+        wgmma::WgmmaM64N32K32E4m3SS(a2, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, 0);
+      }
+      wgmma::Commit();
+      // Beside the q.k: the next copy (into the slot tile it - 1 left) and this tile's V^T.
+      const int tn = it + kStages - 1;
+      if (tn < n_tiles) copy_tile(t_begin + tn, tn % kStages);
+      ptx::CpAsyncCommit();
+      transpose(slot);
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(s);
+      wgmma::FenceRegs(a1);
+      wgmma::FenceRegs(a2);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = s[i] + a1[i] + a2[i];
+#pragma unroll
+      for (int q4 = 0; q4 < 4; ++q4) {
+        sx_base[(wgi * 4 + q4) * 128 + tw] =
+            make_float4(s[4 * q4], s[4 * q4 + 1], s[4 * q4 + 2], s[4 * q4 + 3]);
+      }
+      wgmma::FenceProxyAsyncShared();  // V^T (generic writes) for the P.V's async reads
+      __syncthreads();
+#pragma unroll
+      for (int q4 = 0; q4 < 4; ++q4) {
+        const float4 v = sx_base[((1 - wgi) * 4 + q4) * 128 + tw];
+        s[4 * q4] += v.x;
+        s[4 * q4 + 1] += v.y;
+        s[4 * q4 + 2] += v.z;
+        s[4 * q4 + 3] += v.w;
+      }
+
+      // Online softmax (log2 domain, exact running max), identical in both warpgroups.
+      const int t = t_begin + it;
+      const float sl_lo = qd_lo * p.score_scale_log2, sl_hi = qd_hi * p.score_scale_log2;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s[4 * j + 0] *= sl_lo;
+        s[4 * j + 1] *= sl_lo;
+        s[4 * j + 2] *= sl_hi;
+        s[4 * j + 3] *= sl_hi;
+      }
+      if (!(t * kTile >= tok_begin && t * kTile + kTile - 1 <= lim_min)) {  // edge tiles only
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int pos = t * kTile + 8 * j + 2 * c + (e & 1);
+            if (pos < tok_begin || pos > (e >= 2 ? lim_hi : lim_lo)) s[4 * j + e] = -INFINITY;
+          }
+        }
+      }
+      float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        mx_lo = fmaxf(mx_lo, fmaxf(s[4 * j + 0], s[4 * j + 1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+      }
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      const float base_lo = mx_lo == -INFINITY ? 0.0f : mx_lo;
+      const float base_hi = mx_hi == -INFINITY ? 0.0f : mx_hi;
+      const float alpha_lo = exp2f(m_lo - base_lo), alpha_hi = exp2f(m_hi - base_hi);
+      m_lo = mx_lo;
+      m_hi = mx_hi;
+      float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        s[4 * j + 0] = exp2f(s[4 * j + 0] - base_lo);
+        s[4 * j + 1] = exp2f(s[4 * j + 1] - base_lo);
+        s[4 * j + 2] = exp2f(s[4 * j + 2] - base_hi);
+        s[4 * j + 3] = exp2f(s[4 * j + 3] - base_hi);
+        sum_lo += s[4 * j + 0] + s[4 * j + 1];
+        sum_hi += s[4 * j + 2] + s[4 * j + 3];
+      }
+      sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 1);
+      sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 2);
+      sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 1);
+      sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 2);
+      l_lo = l_lo * alpha_lo + sum_lo;
+      l_hi = l_hi * alpha_hi + sum_hi;
+      if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          o[4 * n + 0] *= alpha_lo;
+          o[4 * n + 1] *= alpha_lo;
+          o[4 * n + 2] *= alpha_hi;
+          o[4 * n + 3] *= alpha_hi;
+        }
+      }
+      // P x 256 in e4m3, in the A fragment's order (see the top): register 0 row lo columns
+      // {2c, 2c + 1, 8 + 2c, 9 + 2c}, register 1 the same of row hi, registers 2-3 at + 16.
+      uint32_t pa[1][4];
+      pa[0][0] = f8mma::E4m3x4(kPScale * s[0], kPScale * s[1], kPScale * s[4], kPScale * s[5]);
+      pa[0][1] = f8mma::E4m3x4(kPScale * s[2], kPScale * s[3], kPScale * s[6], kPScale * s[7]);
+      pa[0][2] = f8mma::E4m3x4(kPScale * s[8], kPScale * s[9], kPScale * s[12], kPScale * s[13]);
+      pa[0][3] = f8mma::E4m3x4(kPScale * s[10], kPScale * s[11], kPScale * s[14], kPScale * s[15]);
+      wgmma::FenceRegs(o);
+      wgmma::Fence();
+      wgmma::WgmmaM64N256K32E4m3RS(o, pa[0], dv.lo, dv.hi, 1);
+      wgmma::Commit();
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(o);
+      wgmma::UseRegs(pa);
+    }
+    ptx::CpAsyncWait<0>();
+    __syncthreads();  // The next piece's prologue reuses Q, the ring, V^T and the exchange.
+
+    const float inv_lo = l_lo > 0.0f ? p.out_scale / (kPScale * l_lo) : 0.0f;
+    const float inv_hi = l_hi > 0.0f ? p.out_scale / (kPScale * l_hi) : 0.0f;
+    const float lse2_lo = l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY;  // log2 units
+    const float lse2_hi = l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY;
+    constexpr float kLn2 = 0.693147180559945309f;
+    const size_t slot = static_cast<size_t>(worker) + b;  // Unique per (sequence, worker).
+    auto store_row = [&](int row, int half, float inv, float lse2) {
+      const int col0 = 256 * wgi + 2 * c;
+      if (whole) {
+        uint16_t* out = p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          const __nv_bfloat162 v =
+              __floats2bfloat162_rn(o[4 * n + 2 * half] * inv, o[4 * n + 2 * half + 1] * inv);
+          *reinterpret_cast<__nv_bfloat162*>(out + col0 + 8 * n) = v;
+        }
+        if (wgi == 0 && c == 0 && p.lse != nullptr) {
+          p.lse[static_cast<size_t>(b) * p.rows + row] = lse2 * kLn2;
+        }
+      } else {
+        float* part = p.o_part + (slot * p.rows + row) * kMlaLatentDim;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          *reinterpret_cast<float2*>(part + col0 + 8 * n) =
+              make_float2(o[4 * n + 2 * half] * inv, o[4 * n + 2 * half + 1] * inv);
+        }
+        if (wgi == 0 && c == 0) p.lse_part[slot * p.rows + row] = lse2;
+      }
+    };
+    if (row_lo < p.rows) store_row(row_lo, 0, inv_lo, lse2_lo);
+    if (row_hi < p.rows) store_row(row_hi, 1, inv_hi, lse2_hi);
+  }
+#endif
+}
+
+// 1 on an SM90 device (one block an SM), 0 elsewhere: the plan then refuses the variant.
+template <int kStages>
+int MlaDecodeFp8MmaBlocksPerSm() {
+  static const int blocks = [] {
+    if (!wgmma::CurrentDeviceIsSm90()) return 0;
+    return DecodeKernelBlocksPerSm(reinterpret_cast<const void*>(&MlaDecodeFp8MmaKernel<kStages>),
+                                   f8mma::kThreads, f8mma::Config<kStages>::kSmemBytes);
+  }();
+  return blocks;
+}
+
+template <int kStages>
+cudaError_t LaunchMlaDecodeFp8Mma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
+  if (MlaDecodeFp8MmaBlocksPerSm<kStages>() == 0) return cudaErrorInvalidConfiguration;
+  MlaDecodeFp8MmaKernel<kStages>
+      <<<grid, f8mma::kThreads, f8mma::Config<kStages>::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+#define MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA(STAGES)                                  \
+  template cudaError_t LaunchMlaDecodeFp8Mma<STAGES>(const MlaDecodeKernelParams&, int, \
+                                                     cudaStream_t);                     \
+  template int MlaDecodeFp8MmaBlocksPerSm<STAGES>();
+
+}  // namespace mlaserve::mla
