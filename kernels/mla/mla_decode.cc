@@ -144,13 +144,15 @@ const VariantEntry kSeesawEarly{
     {&mla::LaunchMlaDecodeSeesaw<true, 1>, &NotBuiltLaunch, &NotBuiltLaunch}};
 
 // q.k and P.V on e4m3 wgmma (mla_decode_fp8mma.cuh; kernels/mla/NOTES.md, session 33), the fp8
-// format: nothing converted, half the tensor work of the bf16-MMA kernels. Its arithmetic is the
+// formats: nothing converted, half the tensor work of the bf16-MMA kernels. Its arithmetic is the
 // emulated FP8 tensor-core form (MlaDecodeVariantFp8Mma), chosen by no rule until measured.
 const VariantEntry kFp8Mma{"wgmma_rows64_fp8mma",
                            64,
                            kSched,
-                           {&NotBuilt, &mla::MlaDecodeFp8MmaBlocksPerSm<4>, &NotBuilt},
-                           {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma<4>, &NotBuiltLaunch},
+                           {&NotBuilt, &mla::MlaDecodeFp8MmaBlocksPerSm<kFp8, 4>,
+                            &mla::MlaDecodeFp8MmaBlocksPerSm<kFp8Tiled, 4>},
+                           {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma<kFp8, 4>,
+                            &mla::LaunchMlaDecodeFp8Mma<kFp8Tiled, 4>},
                            {0, 0, 0},
                            true};
 

@@ -1,5 +1,6 @@
 // SM90a split-KV MLA decode kernel with q.k and P.V on e4m3 tensor cores (the FP8 tensor-core
-// form, kernels/mla/NOTES.md session 32): the fp8 cache format, 64 query rows a block. Same
+// form, kernels/mla/NOTES.md session 32): the fp8 and fp8_tiled cache formats, 64 query rows a
+// block. Same
 // schedule, pieces, partial outputs and combine as the other kernels (mla_decode_wgmma.cuh); the
 // arithmetic is the form MlaDecodeRef emulates with fp8_mma = kQkPv (mla_decode_ref.h), which the
 // accuracy test measured on the trained model (issue 18's bounds hold).
@@ -49,25 +50,29 @@ namespace f8mma {
 constexpr int kRows = 64;
 constexpr int kThreads = 256;  // Two warpgroups.
 constexpr int kTile = 32;
-constexpr int kQkBlocks = 5;       // 128-dim K-major blocks: 4 latent, 1 RoPE (64 dims used)
-constexpr int kRowBytes = 576;     // the fp8 format's cache row
+constexpr int kQkBlocks = 5;       // 128-B K-major blocks: 4 latent, 1 RoPE
 constexpr float kPScale = 256.0f;  // P in (0, 1] times this before the e4m3 rounding
 
-template <int kStages>
+template <KvCacheFormat kFormat, int kStages>
 struct Config {
+  static constexpr bool kTiled = kFormat == KvCacheFormat::kFp8Tiled;
+  static constexpr int kRowBytes = static_cast<int>(KvCacheBytesPerToken(kFormat));
   static constexpr int kQBytes = kQkBlocks * kRows * 128;   // 40,960
   static constexpr int kKBlockBytes = kTile * 128;          // 4,096
   static constexpr int kKBytes = kQkBlocks * kKBlockBytes;  // 20,480: one ring slot
   static constexpr int kVtBytes = kMlaLatentDim * kTile;    // 16,384
   static constexpr int kSxBytes = 2 * 16 * 128 * 4;         // both warpgroups' partial S
+  static constexpr int kScBytes = kTiled ? kTile * 16 : 0;  // fp8_tiled: a slot's tile scales
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVtOff = kKOff + kStages * kKBytes;
-  static constexpr int kSxOff = kVtOff + kVtBytes;
+  static constexpr int kScOff = kVtOff + kVtBytes;
+  static constexpr int kSxOff = kScOff + kStages * kScBytes;
   static constexpr int kQScaleOff = kSxOff + kSxBytes;  // 64 floats
   static constexpr int kSchedOff = kQScaleOff + 4 * kRows;
   static constexpr int kSchedBytes = 4 * (kInlineScheduleMaxBatch + 2);
   static constexpr int kSmemBytes = kSchedOff + kSchedBytes + 1024;  // + alignment slack
+  static_assert(kFormat == KvCacheFormat::kFp8 || kTiled, "the fp8 formats");
   static_assert(kStages >= 2, "need a ring");
   static_assert(kSmemBytes <= 227 * 1024, "H100 / H200: 227 KB per block");
 };
@@ -96,19 +101,21 @@ __device__ __forceinline__ void Sts64(uint32_t addr, uint32_t a, uint32_t b) {
 
 }  // namespace f8mma
 
-template <int kStages>
+template <KvCacheFormat kFormat, int kStages>
 __global__ void __launch_bounds__(f8mma::kThreads, 1)
     MlaDecodeFp8MmaKernel(const MlaDecodeKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl::AllowDependentLaunch();
   using namespace f8mma;
-  using Cfg = Config<kStages>;
+  using Cfg = Config<kFormat, kStages>;
+  constexpr bool kTiled = Cfg::kTiled;
+  constexpr int kRowBytes = Cfg::kRowBytes;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t smem_raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (smem_raw_addr + 1023u) & ~1023u;  // swizzle atoms 1024-B aligned
   uint8_t* smem = smem_raw + (base - smem_raw_addr);
   const uint32_t q_smem = base + Cfg::kQOff, k_smem = base + Cfg::kKOff;
-  const uint32_t vt_smem = base + Cfg::kVtOff;
+  const uint32_t vt_smem = base + Cfg::kVtOff, sc_smem = base + Cfg::kScOff;
   float* qscale = reinterpret_cast<float*>(smem + Cfg::kQScaleOff);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -171,7 +178,15 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       for (int kb = 0; kb < 4; ++kb) {
         ptx::CpAsync16(dst + kb * Cfg::kKBlockBytes, src + kb * 128, valid);
       }
-      if (cch < 4) ptx::CpAsync16(dst + 4 * Cfg::kKBlockBytes, src + 512, valid);
+      if constexpr (kTiled) {  // bf16 RoPE (128 B), and the 4 tile scales
+        ptx::CpAsync16(dst + 4 * Cfg::kKBlockBytes, src + kFp8TiledRopeOffset, valid);
+        if (cch == 0) {
+          ptx::CpAsync16(sc_smem + slot * Cfg::kScBytes + ct * 16, src + kFp8TiledScaleOffset,
+                         valid);
+        }
+      } else if (cch < 4) {  // e4m3 RoPE (64 B)
+        ptx::CpAsync16(dst + 4 * Cfg::kKBlockBytes, src + kMlaLatentDim, valid);
+      }
     };
     // V^T of ring slot `slot`'s latent dims (see above).
     auto transpose = [&](int slot) {
@@ -211,9 +226,10 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       ptx::CpAsyncCommit();
     }
 
-    // Q rows into shared memory as e4m3 with one scale a row (amax / 448 over all 576 dims, as
-    // MlaDecodeRef's emulation); the scale goes to qscale[] for the scores. 4 threads a row, each
-    // 9 of the row's 36 16-B e4m3 chunks (two bf16 chunks each).
+    // Q rows into shared memory as e4m3 with one scale a row (amax / 448 over the dims on e4m3
+    // MMAs, as MlaDecodeRef's emulation: all 576 in fp8, the 512 latent ones in fp8_tiled, whose
+    // RoPE block holds q's bf16 RoPE dims as they are); the scale goes to qscale[]. 4 threads a
+    // row, each 9 of the row's 36 16-B e4m3 chunks (two bf16 chunks each).
     {
       const uint16_t* qb = p.q + static_cast<size_t>(b) * p.rows * kMlaQkDim;
       const int lr = tid >> 2, part = tid & 3;
@@ -234,6 +250,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         v[2 * k + 1] = ok ? chunk(2 * cc + 1) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
+          if (kTiled && k == 8) continue;  // the RoPE dims (bf16 MMA)
           const uint32_t w4[4] = {v[2 * k + e].x, v[2 * k + e].y, v[2 * k + e].z, v[2 * k + e].w};
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -248,6 +265,18 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
 #pragma unroll
       for (int k = 0; k < 9; ++k) {
         const int cc = part + 4 * k, kb = cc >> 3, ch = cc & 7;
+        if (kTiled && k == 8) {  // bf16 chunks 2 (cc - 32) and + 1 of the RoPE block
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int bc = 2 * (cc - 32) + e;
+            const uint4 x = v[16 + e];
+            const uint32_t dst = q_smem + 4 * (kRows * 128) + lr * 128 + ((bc ^ (lr & 7)) << 4);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(x.x),
+                         "r"(x.y), "r"(x.z), "r"(x.w)
+                         : "memory");
+          }
+          continue;
+        }
         uint32_t o4[4];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -275,6 +304,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
     float qd_lo = 1.0f, qd_hi = 1.0f;
+    float rs[2] = {0.0f, 0.0f};  // fp8_tiled: running largest tile scale of the groups 2g, 2g + 1
     float4* const sx_base = reinterpret_cast<float4*>(smem + Cfg::kSxOff);
 
     for (int it = 0; it < n_tiles; ++it) {
@@ -288,7 +318,8 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       }
       const int slot = it % kStages;
       const uint32_t kunits = static_cast<uint32_t>(slot * Cfg::kKBytes) >> 4;
-      // This warpgroup's partial S: latent groups 2g, 2g + 1 (fresh accumulators) and RoPE step g.
+      // This warpgroup's partial S: latent groups 2g, 2g + 1 (fresh accumulators) and its half of
+      // the RoPE dims (fp8: e4m3 k-step g; fp8_tiled: bf16 k16 steps 2g, 2g + 1).
       float s[16], a1[16], a2[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) s[i] = a1[i] = a2[i] = 0.0f;
@@ -310,7 +341,14 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         const uint32_t koff = (kb * Cfg::kKBlockBytes + 32 * k) >> 4;
         wgmma::WgmmaM64N32K32E4m3SS(a1, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, k);
       }
-      {
+      if constexpr (kTiled) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const uint32_t qoff = (4 * (kRows * 128) + 32 * (2 * wgi + k)) >> 4;
+          const uint32_t koff = (4 * Cfg::kKBlockBytes + 32 * (2 * wgi + k)) >> 4;
+          wgmma::WgmmaM64N32K16SS<false>(a2, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, k);
+        }
+      } else {
         const uint32_t qoff = (4 * (kRows * 128) + 32 * wgi) >> 4;
         const uint32_t koff = (4 * Cfg::kKBlockBytes + 32 * wgi) >> 4;
         wgmma::WgmmaM64N32K32E4m3SS(a2, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, 0);
@@ -325,8 +363,33 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       wgmma::FenceRegs(s);
       wgmma::FenceRegs(a1);
       wgmma::FenceRegs(a2);
+      // fp8_tiled: this warpgroup's tile scales of the thread's 8 tokens (columns 8j + 2c + e)
+      // (zero-filled rows: 0), which also scale P below.
+      float2 sc[4][2];
+      if constexpr (kTiled) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) s[i] = s[i] + a1[i] + a2[i];
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int tk = 8 * j + 2 * c + e;
+            const float* scp =
+                reinterpret_cast<const float*>(smem + Cfg::kScOff + slot * Cfg::kScBytes + tk * 16);
+            sc[j][e] = *reinterpret_cast<const float2*>(scp + 2 * wgi);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 f = sc[j][e & 1];
+            s[4 * j + e] = (e < 2 ? qd_lo : qd_hi) * (s[4 * j + e] * f.x + a1[4 * j + e] * f.y) +
+                           a2[4 * j + e];
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s[i] = s[i] + a1[i] + a2[i];
+      }
 #pragma unroll
       for (int q4 = 0; q4 < 4; ++q4) {
         sx_base[(wgi * 4 + q4) * 128 + tw] =
@@ -345,7 +408,9 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
 
       // Online softmax (log2 domain, exact running max), identical in both warpgroups.
       const int t = t_begin + it;
-      const float sl_lo = qd_lo * p.score_scale_log2, sl_hi = qd_hi * p.score_scale_log2;
+      // (fp8_tiled's q scales are in S already.)
+      const float sl_lo = (kTiled ? 1.0f : qd_lo) * p.score_scale_log2;
+      const float sl_hi = (kTiled ? 1.0f : qd_hi) * p.score_scale_log2;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         s[4 * j + 0] *= sl_lo;
@@ -405,36 +470,88 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       }
       // P x 256 in e4m3, in the A fragment's order (see the top): register 0 row lo columns
       // {2c, 2c + 1, 8 + 2c, 9 + 2c}, register 1 the same of row hi, registers 2-3 at + 16.
-      uint32_t pa[1][4];
-      pa[0][0] = f8mma::E4m3x4(kPScale * s[0], kPScale * s[1], kPScale * s[4], kPScale * s[5]);
-      pa[0][1] = f8mma::E4m3x4(kPScale * s[2], kPScale * s[3], kPScale * s[6], kPScale * s[7]);
-      pa[0][2] = f8mma::E4m3x4(kPScale * s[8], kPScale * s[9], kPScale * s[12], kPScale * s[13]);
-      pa[0][3] = f8mma::E4m3x4(kPScale * s[10], kPScale * s[11], kPScale * s[14], kPScale * s[15]);
-      wgmma::FenceRegs(o);
-      wgmma::Fence();
-      wgmma::WgmmaM64N256K32E4m3RS(o, pa[0], dv.lo, dv.hi, 1);
-      wgmma::Commit();
-      wgmma::Wait<0>();
-      wgmma::FenceRegs(o);
-      wgmma::UseRegs(pa);
+      auto pack = [](const float(&w)[16], uint32_t(&a)[4]) {
+        a[0] = f8mma::E4m3x4(w[0], w[1], w[4], w[5]);
+        a[1] = f8mma::E4m3x4(w[2], w[3], w[6], w[7]);
+        a[2] = f8mma::E4m3x4(w[8], w[9], w[12], w[13]);
+        a[3] = f8mma::E4m3x4(w[10], w[11], w[14], w[15]);
+      };
+      if constexpr (kTiled) {
+        // One P a 128-column group: P x 256 x the token's tile scale / the group's running
+        // largest scale (rs, raised here with the group's O columns scaled down to match), so that
+        // O's columns hold sum P x V / rs; the epilogue multiplies rs back.
+        uint32_t pa[2][4];
+#pragma unroll
+        for (int gi = 0; gi < 2; ++gi) {
+          float tmax = 0.0f;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            tmax = fmaxf(tmax, gi ? fmaxf(sc[j][0].y, sc[j][1].y) : fmaxf(sc[j][0].x, sc[j][1].x));
+          }
+          tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+          tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));  // the tile's 32 tokens
+          if (tmax > rs[gi]) {  // the same in every thread of the warpgroup
+            const float f = rs[gi] / tmax;
+#pragma unroll
+            for (int i = 0; i < 64; ++i) o[64 * gi + i] *= f;
+            rs[gi] = tmax;
+          }
+          const float inv_rs = rs[gi] > 0.0f ? kPScale / rs[gi] : 0.0f;
+          float w[16];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float2 f = sc[j][e & 1];
+              w[4 * j + e] = s[4 * j + e] * (gi ? f.y : f.x) * inv_rs;
+            }
+          }
+          pack(w, pa[gi]);
+        }
+        wgmma::FenceRegs(o);
+        wgmma::Fence();
+        wgmma::WgmmaM64N128K32E4m3RS(*reinterpret_cast<float(*)[64]>(o), pa[0], dv.lo, dv.hi, 1);
+        wgmma::WgmmaM64N128K32E4m3RS(*reinterpret_cast<float(*)[64]>(o + 64), pa[1],
+                                     dv.lo + (((128 / 8) * 256) >> 4), dv.hi, 1);
+        wgmma::Commit();
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(o);
+        wgmma::UseRegs(pa);
+      } else {
+        uint32_t pa[1][4];
+        float w[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) w[i] = kPScale * s[i];
+        pack(w, pa[0]);
+        wgmma::FenceRegs(o);
+        wgmma::Fence();
+        wgmma::WgmmaM64N256K32E4m3RS(o, pa[0], dv.lo, dv.hi, 1);
+        wgmma::Commit();
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(o);
+        wgmma::UseRegs(pa);
+      }
     }
     ptx::CpAsyncWait<0>();
     __syncthreads();  // The next piece's prologue reuses Q, the ring, V^T and the exchange.
 
-    const float inv_lo = l_lo > 0.0f ? p.out_scale / (kPScale * l_lo) : 0.0f;
-    const float inv_hi = l_hi > 0.0f ? p.out_scale / (kPScale * l_hi) : 0.0f;
+    // (fp8_tiled: P x 256 / rs, rs multiplied back per column group in store_row.)
+    const float inv_lo = l_lo > 0.0f ? p.out_scale / ((kTiled ? 1.0f : kPScale) * l_lo) : 0.0f;
+    const float inv_hi = l_hi > 0.0f ? p.out_scale / ((kTiled ? 1.0f : kPScale) * l_hi) : 0.0f;
     const float lse2_lo = l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY;  // log2 units
     const float lse2_hi = l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY;
     constexpr float kLn2 = 0.693147180559945309f;
     const size_t slot = static_cast<size_t>(worker) + b;  // Unique per (sequence, worker).
     auto store_row = [&](int row, int half, float inv, float lse2) {
       const int col0 = 256 * wgi + 2 * c;
+      // fp8_tiled: O's columns of group 2g + n / 16 hold sum P x V / rs (see the P.V).
+      auto f = [&](int n) { return kTiled ? inv * rs[n >> 4] : inv; };
       if (whole) {
         uint16_t* out = p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim;
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
           const __nv_bfloat162 v =
-              __floats2bfloat162_rn(o[4 * n + 2 * half] * inv, o[4 * n + 2 * half + 1] * inv);
+              __floats2bfloat162_rn(o[4 * n + 2 * half] * f(n), o[4 * n + 2 * half + 1] * f(n));
           *reinterpret_cast<__nv_bfloat162*>(out + col0 + 8 * n) = v;
         }
         if (wgi == 0 && c == 0 && p.lse != nullptr) {
@@ -445,7 +562,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
           *reinterpret_cast<float2*>(part + col0 + 8 * n) =
-              make_float2(o[4 * n + 2 * half] * inv, o[4 * n + 2 * half + 1] * inv);
+              make_float2(o[4 * n + 2 * half] * f(n), o[4 * n + 2 * half + 1] * f(n));
         }
         if (wgi == 0 && c == 0) p.lse_part[slot * p.rows + row] = lse2;
       }
@@ -457,27 +574,28 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
 }
 
 // 1 on an SM90 device (one block an SM), 0 elsewhere: the plan then refuses the variant.
-template <int kStages>
+template <KvCacheFormat kFormat, int kStages>
 int MlaDecodeFp8MmaBlocksPerSm() {
   static const int blocks = [] {
     if (!wgmma::CurrentDeviceIsSm90()) return 0;
-    return DecodeKernelBlocksPerSm(reinterpret_cast<const void*>(&MlaDecodeFp8MmaKernel<kStages>),
-                                   f8mma::kThreads, f8mma::Config<kStages>::kSmemBytes);
+    return DecodeKernelBlocksPerSm(
+        reinterpret_cast<const void*>(&MlaDecodeFp8MmaKernel<kFormat, kStages>), f8mma::kThreads,
+        f8mma::Config<kFormat, kStages>::kSmemBytes);
   }();
   return blocks;
 }
 
-template <int kStages>
+template <KvCacheFormat kFormat, int kStages>
 cudaError_t LaunchMlaDecodeFp8Mma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  if (MlaDecodeFp8MmaBlocksPerSm<kStages>() == 0) return cudaErrorInvalidConfiguration;
-  MlaDecodeFp8MmaKernel<kStages>
-      <<<grid, f8mma::kThreads, f8mma::Config<kStages>::kSmemBytes, stream>>>(p);
+  if (MlaDecodeFp8MmaBlocksPerSm<kFormat, kStages>() == 0) return cudaErrorInvalidConfiguration;
+  MlaDecodeFp8MmaKernel<kFormat, kStages>
+      <<<grid, f8mma::kThreads, f8mma::Config<kFormat, kStages>::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-#define MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA(STAGES)                                  \
-  template cudaError_t LaunchMlaDecodeFp8Mma<STAGES>(const MlaDecodeKernelParams&, int, \
-                                                     cudaStream_t);                     \
-  template int MlaDecodeFp8MmaBlocksPerSm<STAGES>();
+#define MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA(FORMAT, STAGES)                                  \
+  template cudaError_t LaunchMlaDecodeFp8Mma<FORMAT, STAGES>(const MlaDecodeKernelParams&, int, \
+                                                             cudaStream_t);                     \
+  template int MlaDecodeFp8MmaBlocksPerSm<FORMAT, STAGES>();
 
 }  // namespace mlaserve::mla

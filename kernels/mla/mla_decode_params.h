@@ -121,12 +121,12 @@ cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cuda
 template <bool kTma, int kOrder>
 int MlaDecodeSeesawBlocksPerSm();
 
-// SM90a split decode kernel with q.k and P.V on e4m3 wgmma (mla_decode_fp8mma.cuh): the fp8 cache
-// format, 64 query rows per block, a kStages-deep ring of 32-token tiles. The arithmetic is
+// SM90a split decode kernel with q.k and P.V on e4m3 wgmma (mla_decode_fp8mma.cuh): the fp8
+// formats, 64 query rows per block, a kStages-deep ring of 32-token tiles. The arithmetic is
 // MlaDecodeRef's fp8_mma = kQkPv form, not the exact one. BlocksPerSm is 0 off SM 9.0.
-template <int kStages>
+template <KvCacheFormat kFormat, int kStages>
 cudaError_t LaunchMlaDecodeFp8Mma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <int kStages>
+template <KvCacheFormat kFormat, int kStages>
 int MlaDecodeFp8MmaBlocksPerSm();
 
 // Cache write: one warp per token (kv_cache_write.cu).

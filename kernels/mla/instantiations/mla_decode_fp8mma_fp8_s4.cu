@@ -2,5 +2,5 @@
 #include "kernels/mla/mla_decode_fp8mma.cuh"
 
 namespace mlaserve::mla {
-MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA(4)
+MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA(KvCacheFormat::kFp8, 4)
 }  // namespace mlaserve::mla
