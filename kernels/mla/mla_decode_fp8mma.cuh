@@ -10,8 +10,9 @@
 // heads x batch 64 x 32k on the H100, session 33). On e4m3 wgmma the tensor work halves and the
 // cache bytes are the MMA's operand as they are: nothing is converted.
 //
-// * Q (64 rows x 576) is rounded to e4m3 once a sequence piece, with one scale a row (amax / 448,
-//   the emulation's rule): [5 blocks of 128 dims][64 rows][128 B], 128-byte swizzle, K-major;
+// * Q (64 rows x 576) is rounded to e4m3 once a sequence piece, with one scale a row (the smallest
+//   power of two >= amax / 448, the emulation's rule: exact scaling, so ties round alike):
+//   [5 blocks of 128 dims][64 rows][128 B], 128-byte swizzle, K-major;
 //   block 4 holds the 64 RoPE dims in its rows' first 64 bytes.
 // * A tile is kTile = 32 cache rows of one 64-token block (contiguous bytes), copied by cp.async
 //   straight into the same 5-block K-major layout (the q.k's B operand): a kStages-deep ring.
@@ -184,8 +185,8 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
           ptx::CpAsync16(sc_smem + slot * Cfg::kScBytes + ct * 16, src + kFp8TiledScaleOffset,
                          valid);
         }
-      } else if (cch < 4) {  // e4m3 RoPE (64 B)
-        ptx::CpAsync16(dst + 4 * Cfg::kKBlockBytes, src + kMlaLatentDim, valid);
+      } else {  // e4m3 RoPE (64 B), the block's other 64 B zero-filled
+        ptx::CpAsync16(dst + 4 * Cfg::kKBlockBytes, src + kMlaLatentDim, valid && cch < 4);
       }
     };
     // V^T of ring slot `slot`'s latent dims (see above).
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       ptx::CpAsyncCommit();
     }
 
-    // Q rows into shared memory as e4m3 with one scale a row (amax / 448 over the dims on e4m3
+    // Q rows into shared memory as e4m3 with one scale a row (from amax over the dims on e4m3
     // MMAs, as MlaDecodeRef's emulation: all 576 in fp8, the 512 latent ones in fp8_tiled, whose
     // RoPE block holds q's bf16 RoPE dims as they are); the scale goes to qscale[]. 4 threads a
     // row, each 9 of the row's 36 16-B e4m3 chunks (two bf16 chunks each).
@@ -260,7 +261,15 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       }
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      const float qs = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+      // The smallest power of two >= amax / 448 (MlaDecodeRef's rule): q / qs is exact, so q's
+      // e4m3 roundings (ties included) are the reference's.
+      int qe = 0;  // qs = 2^qe
+      if (amax > 0.0f && isfinite(amax)) {
+        int e = 0;
+        const float f = frexpf(amax, &e);
+        qe = f <= 448.0f / 512.0f ? e - 9 : e - 8;
+      }
+      const float qs = ldexpf(1.0f, qe), qinv = ldexpf(1.0f, -qe);
       if (part == 0) qscale[lr] = qs;
 #pragma unroll
       for (int k = 0; k < 9; ++k) {
@@ -281,17 +290,19 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const uint4 x = v[2 * k + e];
-          o4[2 * e] =
-              f8mma::E4m3x4(__fdiv_rn(f8mma::Bf16Lo(x.x), qs), __fdiv_rn(f8mma::Bf16Hi(x.x), qs),
-                            __fdiv_rn(f8mma::Bf16Lo(x.y), qs), __fdiv_rn(f8mma::Bf16Hi(x.y), qs));
-          o4[2 * e + 1] =
-              f8mma::E4m3x4(__fdiv_rn(f8mma::Bf16Lo(x.z), qs), __fdiv_rn(f8mma::Bf16Hi(x.z), qs),
-                            __fdiv_rn(f8mma::Bf16Lo(x.w), qs), __fdiv_rn(f8mma::Bf16Hi(x.w), qs));
+          o4[2 * e] = f8mma::E4m3x4(f8mma::Bf16Lo(x.x) * qinv, f8mma::Bf16Hi(x.x) * qinv,
+                                    f8mma::Bf16Lo(x.y) * qinv, f8mma::Bf16Hi(x.y) * qinv);
+          o4[2 * e + 1] = f8mma::E4m3x4(f8mma::Bf16Lo(x.z) * qinv, f8mma::Bf16Hi(x.z) * qinv,
+                                        f8mma::Bf16Lo(x.w) * qinv, f8mma::Bf16Hi(x.w) * qinv);
         }
         const uint32_t dst = q_smem + kb * (kRows * 128) + lr * 128 + ((ch ^ (lr & 7)) << 4);
         asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(o4[0]),
                      "r"(o4[1]), "r"(o4[2]), "r"(o4[3])
                      : "memory");
+        if (k == 8) {  // fp8: the RoPE block's other 64 B zeroed
+          const uint32_t dz = q_smem + kb * (kRows * 128) + lr * 128 + (((ch + 4) ^ (lr & 7)) << 4);
+          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(dz), "r"(0u) : "memory");
+        }
       }
     }
 
@@ -536,8 +547,8 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     __syncthreads();  // The next piece's prologue reuses Q, the ring, V^T and the exchange.
 
     // (fp8_tiled: P x 256 / rs, rs multiplied back per column group in store_row.)
-    const float inv_lo = l_lo > 0.0f ? p.out_scale / ((kTiled ? 1.0f : kPScale) * l_lo) : 0.0f;
-    const float inv_hi = l_hi > 0.0f ? p.out_scale / ((kTiled ? 1.0f : kPScale) * l_hi) : 0.0f;
+    const float inv_lo = l_lo > 0.0f ? p.out_scale / (kPScale * l_lo) : 0.0f;
+    const float inv_hi = l_hi > 0.0f ? p.out_scale / (kPScale * l_hi) : 0.0f;
     const float lse2_lo = l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY;  // log2 units
     const float lse2_hi = l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY;
     constexpr float kLn2 = 0.693147180559945309f;

@@ -130,7 +130,12 @@ void DecodeOneQueryPositionFp8Mma(const MlaDecodeRefParams& p, int b, int i, int
     const float* q = p.q + qrow * kMlaQkDim;
     double amax = 0.0;
     for (int d = 0; d < fp8_dims; ++d) amax = std::max(amax, std::fabs(static_cast<double>(q[d])));
-    const double q_scale = amax > 0.0 ? amax / 448.0 : 1.0;
+    // The smallest power of two >= amax / 448 (amax = f 2^e, f in [0.5, 1): 2^(e - 9) when
+    // f <= 448 / 512, else 2^(e - 8)), so that q / q_scale is exact and its e4m3 rounding (ties
+    // included: bf16 inputs land on e4m3 midpoints often) is the same in every implementation.
+    int e = 0;
+    const double f = amax > 0.0 ? std::frexp(amax, &e) : 0.0;
+    const double q_scale = amax > 0.0 ? std::ldexp(1.0, f <= 448.0 / 512.0 ? e - 9 : e - 8) : 1.0;
     float q8[kMlaQkDim];
     for (int d = 0; d < fp8_dims; ++d) q8[d] = RoundE4m3(q[d] / q_scale);
     double max_score = -std::numeric_limits<double>::infinity();

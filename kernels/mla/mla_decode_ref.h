@@ -14,8 +14,11 @@ namespace mlaserve {
 // and P.V on Hopper's e4m3 MMAs, which halve the tensor work that bounds 64-128 heads?). For
 // accuracy studies (tests/model/accuracy_test.cc); the CPU backend and the GPU kernels' oracle
 // use kNone, the exact form. Only kFp8 and kFp8Tiled caches are affected. The form modelled:
-// - q.k: q rounded to e4m3 with one scale a query row (amax / 448; the row's latent dims, and for
-//   kFp8 its RoPE dims too, which that format also stores in e4m3), multiplied by the cache's raw
+// - q.k: q rounded to e4m3 with one scale a query row (the smallest power of two >= amax / 448,
+//   so the scaling is exact: with amax / 448 itself, bf16 q values that land on e4m3 midpoints
+//   round by how a division was done, a 2-3% score difference between two implementations; amax
+//   over the row's latent dims, and for kFp8 its RoPE dims too, which that format also stores in
+//   e4m3), multiplied by the cache's raw
 //   e4m3 values; each 128-dim group (fp8_tiled: each scale tile) summed in the tensor core's
 //   accumulator and promoted to fp32 after the group, times the group's scales. fp8_tiled's RoPE
 //   dims stay bf16 (bf16 MMA, exact here).

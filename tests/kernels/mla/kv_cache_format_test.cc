@@ -278,7 +278,7 @@ void WriteIntegerRow(PagedCache& c, KvCacheFormat format, int t, const float* la
 }
 
 TEST(MlaDecodeRefTest, Fp8MmaFormExactWhereItsArithmeticIs) {
-  // q in {-1, 0, 1} (its row scale 1 / 448 makes it +-448 in e4m3, exact) and cache values
+  // q in {-1, 0, 1} (its row scale 2^-8 makes it +-256 in e4m3, exact) and cache values
   // integers in [-4, 4] (exact in e4m3; fp8_tiled's tile scale is then a power of two, its RoPE
   // dims bf16): every product and k-step sum is a multiple of the step's quantum, so the emulated
   // scores equal the exact ones and, with one token, lse is the score itself.
@@ -314,10 +314,11 @@ TEST(MlaDecodeRefTest, Fp8MmaFormExactWhereItsArithmeticIs) {
 }
 
 TEST(MlaDecodeRefTest, Fp8MmaFormTruncatesAsModelled) {
-  // One large product beside 31 small ones in a k-step: q_0 = 1 (448 in e4m3), q_1..31 = 2^-6 /
-  // 448 (2^-6 in e4m3, the smallest normal), every cache value 1. The step's largest term is 448,
-  // so its quantum is 2^(8 - 13) = 2^-5 and the 2^-6 products are truncated away: the group sums
-  // to 448 (the exact q.k adds 31 x 2^-6 / 448). Dims 32..575 are 0.
+  // One large product beside 31 small ones in a k-step: q_0 = 1 (256 in e4m3: the row scale is
+  // 2^-8, the smallest power of two >= 1 / 448), q_1..31 = 2^-14 (2^-6 in e4m3, the smallest
+  // normal), every cache value 1. The step's largest term is 256, so its quantum is 2^(8 - 13) =
+  // 2^-5 and the 2^-6 products are truncated away: the group sums to 256, the score to 1 (the
+  // exact q.k adds 31 x 2^-14). Dims 32..575 are 0.
   std::mt19937 rng(32);
   const KvCacheFormat format = KvCacheFormat::kFp8;
   const int32_t len = 1;
@@ -328,14 +329,14 @@ TEST(MlaDecodeRefTest, Fp8MmaFormTruncatesAsModelled) {
   WriteIntegerRow(c, format, 0, latent, rope);
   std::vector<float> q(kMlaQkDim, 0.0f);
   q[0] = 1.0f;
-  for (int d = 1; d < 32; ++d) q[d] = std::ldexp(1.0f, -6) / 448.0f;
+  for (int d = 1; d < 32; ++d) q[d] = std::ldexp(1.0f, -14);
   std::vector<float> out(kMlaLatentDim), lse(1);
   MlaDecodeRef(OneSequence(q.data(), c, &len, 1, format, 1.0f, 1.0f, out.data(), lse.data(),
                            MlaFp8MmaEmulation::kQk));
   EXPECT_FLOAT_EQ(lse[0], 1.0f);
   MlaDecodeRef(OneSequence(q.data(), c, &len, 1, format, 1.0f, 1.0f, out.data(), lse.data(),
                            MlaFp8MmaEmulation::kNone));
-  EXPECT_NEAR(lse[0], 1.0 + 31.0 * std::ldexp(1.0, -6) / 448.0, 1e-6);
+  EXPECT_NEAR(lse[0], 1.0 + 31.0 * std::ldexp(1.0, -14), 1e-6);
 }
 
 TEST(MlaDecodeRefTest, Fp8MmaFormNearTheExactOne) {

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -72,6 +73,7 @@ struct DecodeCase {
   int combine_row_warps = -1;  // MlaDecodeParams::combine_row_warps (-1: the default rule)
   int kv_tma_l2 = 1;           // MlaDecodeParams::kv_tma_l2 (1: the default)
   bool combine_narrow = false;  // MlaDecodeParams::combine_narrow_chunks
+  bool one_step_rows = false;   // q row r is zero outside dims 32 (r % 18) .. + 31
 };
 
 std::string Name(const DecodeCase& c) {
@@ -128,6 +130,9 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   std::vector<float> q_f32(q_bf16.size());
   for (size_t i = 0; i < q_bf16.size(); ++i) {
     q_bf16[i] = FloatToBf16(normal(rng));
+    // One 32-dim k-step a row (row r: dims 32 (r % 18) ..): a wrong step shows in its rows alone.
+    const int qrow = static_cast<int>(i / kMlaQkDim % rows), dim = static_cast<int>(i % kMlaQkDim);
+    if (c.one_step_rows && dim / 32 != qrow % (kMlaQkDim / 32)) q_bf16[i] = 0;
     q_f32[i] = Bf16ToFloat(q_bf16[i]);
   }
 
@@ -256,6 +261,15 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), fp8_mma ? 0.1 : 5e-3);
 }
 
+// Variants the variant loops below run: every one available for the format on this device, or only
+// the one named by MLASERVE_MLA_TEST_VARIANT (a variant's name, MlaDecodeVariantName), so that one
+// new kernel's cases can be run alone on a lent GPU.
+bool RunVariant(int v, KvCacheFormat f) {
+  if (!MlaDecodeVariantAvailable(v, f)) return false;
+  const char* only = std::getenv("MLASERVE_MLA_TEST_VARIANT");
+  return only == nullptr || *only == '\0' || MlaDecodeVariantName(v) == only;
+}
+
 constexpr KvCacheFormat kFormats[] = {KvCacheFormat::kBf16, KvCacheFormat::kFp8,
                                       KvCacheFormat::kFp8Tiled};
 
@@ -264,7 +278,7 @@ TEST(MlaDecodeGpuTest, Small) {  // Also the compute-sanitizer case.
   uint32_t seed = 1;
   for (KvCacheFormat f : kFormats) {
     for (int v = 0; v < MlaDecodeVariantCount(); ++v) {  // every loop shape under the sanitizer
-      if (!MlaDecodeVariantAvailable(v, f)) continue;    // (the wgmma kernel needs SM 9.0)
+      if (!RunVariant(v, f)) continue;                   // (the wgmma kernels need SM 9.0)
       RunDecodeCase({f, 16, 2, {2, 63, 65, 130}, v}, seed++);
     }
   }
@@ -289,7 +303,7 @@ TEST(MlaDecodeGpuTest, EveryVariant) {
   uint32_t seed = 200;
   for (KvCacheFormat f : kFormats) {
     for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
-      if (!MlaDecodeVariantAvailable(v, f)) continue;
+      if (!RunVariant(v, f)) continue;
       RunDecodeCase({f, 64, 1, {300, 1000, 5}, v}, seed++);
       RunDecodeCase({f, 8, 3, {300, 1000, 5, 3000}, v}, seed++);
       RunDecodeCase({f, 16, 4, {9000}, v}, seed++);  // Batch 1: many pieces, 32-token tiles
@@ -305,7 +319,7 @@ TEST(MlaDecodeGpuTest, EveryVariantHeadsSq) {
   uint32_t seed = 500;
   for (KvCacheFormat f : kFormats) {
     for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
-      if (!MlaDecodeVariantAvailable(v, f)) continue;
+      if (!RunVariant(v, f)) continue;
       for (int heads : {1, 40, 128}) {
         for (int s_q : {1, 4}) {
           RunDecodeCase({f, heads, s_q, {1 + s_q, 63, 65, 2048 + 17}, v}, seed++);
@@ -319,13 +333,14 @@ TEST(MlaDecodeGpuTest, EveryVariantHeadsSq) {
 // The variants on e4m3 tensor cores (MlaDecodeVariantFp8Mma) against the emulated form, beyond
 // the cases every variant runs: head counts around the 64-row tile (1, 8, 40, 64, 65, 128), 1-4
 // query tokens, lengths around the 32-token tile and 64-token block, a sequence split over every
-// SM, and split pieces beside whole ones.
+// SM, split pieces beside whole ones, a batch past the in-kernel schedule, and rows whose q is one
+// k-step's 32 dims (a step's part of the scores alone).
 TEST(MlaDecodeGpuTest, Fp8MmaVariants) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 3000;
   for (KvCacheFormat f : kFormats) {
     for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
-      if (!MlaDecodeVariantFp8Mma(v) || !MlaDecodeVariantAvailable(v, f)) continue;
+      if (!MlaDecodeVariantFp8Mma(v) || !RunVariant(v, f)) continue;
       for (int heads : {1, 8, 40, 64, 65, 128}) {
         for (int s_q : {1, 2, 4}) {
           RunDecodeCase({f, heads, s_q, {s_q, 31, 32, 33, 63, 64, 65, 4113}, v}, seed++);
@@ -333,6 +348,12 @@ TEST(MlaDecodeGpuTest, Fp8MmaVariants) {
       }
       RunDecodeCase({f, 64, 1, {20000}, v}, seed++);
       RunDecodeCase({f, 128, 2, {3000, 17, 9000, 64}, v}, seed++);
+      std::vector<int32_t> many(600);  // past the in-kernel schedule's 512 sequences
+      for (int i = 0; i < 600; ++i) many[i] = 1 + (i * 37) % 97;
+      RunDecodeCase({f, 64, 1, many, v}, seed++);
+      DecodeCase one_step{f, 36, 1, {1, 1, 1, 1, 40}, v};  // each k-step's part of q.k alone
+      one_step.one_step_rows = true;
+      RunDecodeCase(one_step, seed++);
     }
   }
 }
@@ -343,7 +364,7 @@ template <class Cases, class Set>
 void ForEveryVariant(uint32_t seed, const Cases& cases, const Set& set) {
   for (KvCacheFormat f : kFormats) {
     for (int v = 0; v < MlaDecodeVariantCount(); ++v) {
-      if (!MlaDecodeVariantAvailable(v, f)) continue;
+      if (!RunVariant(v, f)) continue;
       for (DecodeCase c : cases(f, v)) {
         set(c);
         RunDecodeCase(c, seed++);
