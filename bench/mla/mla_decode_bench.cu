@@ -46,9 +46,6 @@ ABSL_FLAG(mlaserve::IntList, combine_row_warps, (mlaserve::IntList{{-1}}),
           "MlaDecodeParams::combine_row_warps values to run (-1: the default rule, 0: the "
           "per-chunk combine, suffix /cc, 1: one warp a row where the call has more than 16 rows, "
           "suffix /cw).");
-ABSL_FLAG(mlaserve::IntList, combine_narrow, (mlaserve::IntList{{0}}),
-          "MlaDecodeParams::combine_narrow_chunks values to run (1: 32-column combine blocks for "
-          "calls of at most 16 rows, suffix /cn).");
 ABSL_FLAG(std::vector<std::string>, format, std::vector<std::string>({"bf16", "fp8", "fp8_tiled"}),
           "KV cache formats.");
 
@@ -119,8 +116,7 @@ struct Result {
 };
 
 Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int variant,
-                  int max_workers, int min_share, int combine_row_warps, int kv_tma_l2,
-                  bool combine_narrow) {
+                  int max_workers, int min_share, int combine_row_warps, int kv_tma_l2) {
   const size_t row_bytes = KvCacheBytesPerToken(format);
   const int blocks_per_seq = (context + kKvBlockTokens - 1) / kKvBlockTokens;
   const size_t num_blocks = size_t(batch) * blocks_per_seq;
@@ -179,7 +175,6 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   p.min_share = min_share;
   p.combine_row_warps = combine_row_warps;
   p.kv_tma_l2 = kv_tma_l2;
-  p.combine_narrow_chunks = combine_narrow;
   // Warm-up outside the graph (module load, smem opt-in, occupancy query).
   p.kv_pool = pools[0];
   absl::Status st = InvokeMlaDecode(p, stream);
@@ -227,7 +222,6 @@ int Main(int argc, char** argv) {
   const std::vector<int> shares = FlagIntsInRange(FLAGS_min_share, 0, 1024);
   const std::vector<int> row_warps = FlagIntsInRange(FLAGS_combine_row_warps, -1, 1);
   const std::vector<int> l2_hints = FlagIntsInRange(FLAGS_kv_tma_l2, 0, 3);
-  const std::vector<int> narrow = FlagIntsInRange(FLAGS_combine_narrow, 0, 1);
   std::vector<KvCacheFormat> formats;
   for (const std::string& name : absl::GetFlag(FLAGS_format)) {
     absl::StatusOr<KvCacheFormat> f = ParseKvCacheFormat(name);
@@ -242,14 +236,14 @@ int Main(int argc, char** argv) {
   std::printf("impl,format,heads,batch,context,variant,us,bytes,gbps,frac_copy,copy_gbps\n");
   // Every combination of the tuning knobs, each timed in every configuration.
   struct Knobs {
-    int workers, share, cw, l2, narrow;
+    int workers, share, cw, l2;
   };
   std::vector<Knobs> knobs;
   for (int workers : workers_list) {
     for (int share : shares) {
       for (int cw : row_warps) {
         for (int l2 : l2_hints) {
-          for (int cn : narrow) knobs.push_back({workers, share, cw, l2, cn});
+          knobs.push_back({workers, share, cw, l2});
         }
       }
     }
@@ -260,8 +254,8 @@ int Main(int argc, char** argv) {
         for (int batch : batches) {
           for (int context : contexts) {
             for (const Knobs& k : knobs) {
-              const Result r = TimeConfig(f, heads, batch, context, variant, k.workers, k.share,
-                                          k.cw, k.l2, k.narrow != 0);
+              const Result r =
+                  TimeConfig(f, heads, batch, context, variant, k.workers, k.share, k.cw, k.l2);
               std::string vname = MlaDecodeVariantName(
                   variant >= 0 ? variant : PlanMlaDecode(batch, 1, heads, f)->variant);
               if (k.workers > 0) {
@@ -272,7 +266,6 @@ int Main(int argc, char** argv) {
               if (k.share > 0) vname += "/s" + std::to_string(k.share);
               if (k.cw >= 0) vname += k.cw == 1 ? "/cw" : "/cc";
               if (k.l2 != 1) vname += "/l2h" + std::to_string(k.l2);
-              if (k.narrow != 0) vname += "/cn";
               const double gbps = r.bytes / (r.us * 1e-6) / 1e9;
               std::printf("mlaserve,%s,%d,%d,%d,%s%s,%.2f,%.0f,%.1f,%.3f,%.1f\n",
                           std::string(KvCacheFormatName(f)).c_str(), heads, batch, context,

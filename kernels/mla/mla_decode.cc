@@ -145,7 +145,9 @@ const VariantEntry kSeesawEarly{
 
 // q.k and P.V on e4m3 wgmma (mla_decode_fp8mma.cuh; kernels/mla/NOTES.md, session 33), the fp8
 // formats: nothing converted, half the tensor work of the bf16-MMA kernels. Its arithmetic is the
-// emulated FP8 tensor-core form (MlaDecodeVariantFp8Mma), chosen by no rule until measured.
+// emulated FP8 tensor-core form (MlaDecodeVariantFp8Mma). No rule picks it: measured on the H100
+// (bench/RESULTS.md, session 33, one run, 2 reps) at 0.98-1.08x the ahead kernel in fp8 and
+// 0.85-1.00x in fp8_tiled (64-128 heads, batch 1-64, 4k-32k): issue-bound on its per-tile work.
 const VariantEntry kFp8Mma{"wgmma_rows64_fp8mma",
                            64,
                            kSched,
@@ -417,7 +419,6 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
           ? 1
           : 0;
   k.kv_tma_l2 = p.kv_tma_l2;
-  k.combine_narrow_chunks = p.combine_narrow_chunks ? 1 : 0;
   if (!k.inline_schedule) {
     if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
         !s.ok()) {

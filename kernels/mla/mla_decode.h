@@ -86,12 +86,6 @@ struct MlaDecodeParams {
   // at 32k, 0.57-0.94x at batch 1-4 (hundreds of partials a row, too few warps). The
   // batch-invariant schedule always takes form 0 (its combine order must not depend on the batch).
   int combine_row_warps = -1;
-  // Calls of at most 16 rows (batch x s_q x heads; batch 1 at 8-16 heads) combine with one block
-  // per (sequence, row, 32 columns) instead of 128 columns: 4x the blocks for rows of hundreds of
-  // partials. Session 32's ncu had the combine at 27% of batch 1 x 32k (fp8 8 heads: split 20.96
-  // us, combine 7.78 us on 32 blocks). Off until measured (mla_decode_bench --combine-narrow); the
-  // batch-invariant schedule ignores it.
-  bool combine_narrow_chunks = false;
   // L2 hints of the TMA cache copies (the seesaw variants; others ignore it), bit flags: 1: the
   // copies carry an L2::evict_first cache policy on calls of up to ~320k cached tokens
   // (seesaw::kEvictFirstMaxCost); 2: the pool's tensor map promotes L2 fills to 128 B instead of

@@ -69,58 +69,41 @@ __device__ __forceinline__ float RowLse(float mx, float wsum) {
   return wsum > 0.0f ? (mx + log2f(wsum)) * 0.693147180559945309f : -INFINITY;
 }
 
-// kVec consecutive fp32 columns of a lane: 4 (a float4, 128 columns a warp) or 1 (32 columns).
-template <int kVec>
+// A lane's 4 consecutive fp32 columns (128 columns a warp).
 struct Cols {
-  float v[kVec];
-  __device__ __forceinline__ static Cols Zero() {
-    Cols c;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) c.v[i] = 0.0f;
-    return c;
-  }
+  float v[4];
+  __device__ __forceinline__ static Cols Zero() { return {{0.0f, 0.0f, 0.0f, 0.0f}}; }
   __device__ __forceinline__ static Cols Load(const float* p) {
-    Cols c;
-    if constexpr (kVec == 4) {
-      const float4 x = *reinterpret_cast<const float4*>(p);
-      c.v[0] = x.x, c.v[1] = x.y, c.v[2] = x.z, c.v[3] = x.w;
-    } else {
-      c.v[0] = *p;
-    }
-    return c;
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    return {{x.x, x.y, x.z, x.w}};
   }
   __device__ __forceinline__ void Fma(float w, const Cols& x) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) v[i] += w * x.v[i];
+    for (int i = 0; i < 4; ++i) v[i] += w * x.v[i];
   }
   __device__ __forceinline__ void Add(const Cols& x) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) v[i] += x.v[i];
+    for (int i = 0; i < 4; ++i) v[i] += x.v[i];
   }
   // The columns times inv, as bf16, at out.
   __device__ __forceinline__ void StoreBf16(uint16_t* out, float inv) const {
-    if constexpr (kVec == 4) {
-      __nv_bfloat162 lo = __floats2bfloat162_rn(v[0] * inv, v[1] * inv);
-      __nv_bfloat162 hi = __floats2bfloat162_rn(v[2] * inv, v[3] * inv);
-      *reinterpret_cast<uint2*>(out) =
-          make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
-    } else {
-      __nv_bfloat16 x = __float2bfloat16_rn(v[0] * inv);
-      *out = *reinterpret_cast<uint16_t*>(&x);
-    }
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v[0] * inv, v[1] * inv);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(v[2] * inv, v[3] * inv);
+    *reinterpret_cast<uint2*>(out) =
+        make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
   }
 };
 
-// One block per (sequence, query row, column chunk of 32 * kVec columns); rows of unsplit
+// One block per (sequence, query row, column chunk of 128 columns); rows of unsplit
 // sequences were written by the split kernel and exit at once. The warps of a block stride over
-// the sequence's partials (kUnroll loads in flight each, kVec floats per lane), weight them by
-// 2^(lse - max), and reduce through shared memory. Splitting columns over 4 (kVec 4) or 16 (kVec
-// 1, MlaDecodeParams::combine_narrow_chunks) blocks keeps batch 1 (hundreds of partials per row)
-// from resting on batch * rows blocks.
-template <int kCombineWarps, int kCombineUnroll, int kVec>
+// the sequence's partials (kUnroll loads in flight each, 4 floats per lane), weight them by
+// 2^(lse - max), and reduce through shared memory. Splitting columns over 4 blocks keeps batch 1
+// (hundreds of partials per row) from resting on batch * rows blocks (16 blocks of 32 columns for
+// calls of at most 16 rows measured no faster: bench/RESULTS.md, session 33).
+template <int kCombineWarps, int kCombineUnroll>
 __global__ void __launch_bounds__(kCombineWarps * 32)
     MlaDecodeCombineKernel(const MlaDecodeKernelParams p) {
-  constexpr int kChunks = kMlaLatentDim / (32 * kVec);
+  constexpr int kChunks = kMlaLatentDim / 128;
   // Launched plainly or programmatically (MlaDecodeParams::programmatic_combine): nothing is
   // read before the split kernel has finished (its schedule, partials and outputs).
   pdl::WaitForPrerequisiteGrid();
@@ -132,7 +115,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   if (parts.n == 1) return;
   const int n = parts.n;
   const size_t slot0 = parts.slot0;
-  __shared__ Cols<kVec> acc_smem[kCombineWarps][32];
+  __shared__ Cols acc_smem[kCombineWarps][32];
   __shared__ float wsum_smem[kCombineWarps];
   __shared__ float mx_smem[kCombineWarps];
   float mx = -INFINITY;
@@ -147,12 +130,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
 #pragma unroll
   for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, mx_smem[w]);
 
-  Cols<kVec> acc = Cols<kVec>::Zero();
+  Cols acc = Cols::Zero();
   float wsum = 0.0f;
-  const int col = chunk * 32 * kVec + lane * kVec;
+  const int col = chunk * 128 + lane * 4;
   for (int s0 = warp; s0 < n; s0 += kCombineWarps * kCombineUnroll) {
     float w[kCombineUnroll];
-    Cols<kVec> v[kCombineUnroll];
+    Cols v[kCombineUnroll];
 #pragma unroll
     for (int u = 0; u < kCombineUnroll; ++u) {
       const int s = s0 + u * kCombineWarps;
@@ -160,7 +143,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
       if (s < n) {
         const float l = p.lse_part[(slot0 + s) * p.rows + row];
         w[u] = mx == -INFINITY ? 0.0f : exp2f(l - mx);  // Empty pieces (lse -inf) weigh 0.
-        v[u] = Cols<kVec>::Load(p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim + col);
+        v[u] = Cols::Load(p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim + col);
       }
     }
 #pragma unroll
@@ -279,15 +262,11 @@ cudaError_t LaunchMlaDecodeCombine(const MlaDecodeKernelParams& p, cudaStream_t 
                              dim3(kCombineRowWarps * 32), 0, stream, programmatic, p);
   }
   if (p.fixed_share == 0 && pairs <= kWideCombineRows) {
-    if (p.combine_narrow_chunks != 0) {
-      return pdl::LaunchKernel(MlaDecodeCombineKernel<16, 8, 1>, dim3(pairs * 16), dim3(16 * 32), 0,
-                               stream, programmatic, p);
-    }
-    return pdl::LaunchKernel(MlaDecodeCombineKernel<16, 8, 4>, dim3(pairs * 4), dim3(16 * 32), 0,
+    return pdl::LaunchKernel(MlaDecodeCombineKernel<16, 8>, dim3(pairs * 4), dim3(16 * 32), 0,
                              stream, programmatic, p);
   }
-  return pdl::LaunchKernel(MlaDecodeCombineKernel<8, 4, 4>, dim3(pairs * 4), dim3(8 * 32), 0,
-                           stream, programmatic, p);
+  return pdl::LaunchKernel(MlaDecodeCombineKernel<8, 4>, dim3(pairs * 4), dim3(8 * 32), 0, stream,
+                           programmatic, p);
 }
 
 }  // namespace mlaserve::mla

@@ -69,7 +69,6 @@ struct MlaDecodeKernelParams {
   int programmatic_combine;    // 1: the combine is launched programmatically (MlaDecodeParams).
   int min_share;               // MlaDecodeParams::min_share (0: MlaBalancedShare's rule)
   int combine_row_warps;       // 1: one warp a row (MlaDecodeParams::combine_row_warps, resolved)
-  int combine_narrow_chunks;   // 1: MlaDecodeParams::combine_narrow_chunks
   int kv_tma_l2;               // MlaDecodeParams::kv_tma_l2 (1: evict_first, 2: 128-B fills)
   float score_scale_log2;      // softmax_scale * log2(e) (* kv_scale for kFp8)
   float out_scale;             // kv_scale for kFp8, else 1

@@ -72,7 +72,6 @@ struct DecodeCase {
   int min_share = 0;  // MlaDecodeParams::min_share (0: the default)
   int combine_row_warps = -1;  // MlaDecodeParams::combine_row_warps (-1: the default rule)
   int kv_tma_l2 = 1;           // MlaDecodeParams::kv_tma_l2 (1: the default)
-  bool combine_narrow = false;  // MlaDecodeParams::combine_narrow_chunks
   bool one_step_rows = false;   // q row r is zero outside dims 32 (r % 18) .. + 31
 };
 
@@ -205,7 +204,6 @@ void RunDecodeCase(const DecodeCase& c, uint32_t seed) {
   p.min_share = c.min_share;
   p.combine_row_warps = c.combine_row_warps;
   p.kv_tma_l2 = c.kv_tma_l2;
-  p.combine_narrow_chunks = c.combine_narrow;
   if (c.separate_rope) {
     p.q_rope = d_rope.ptr + kRopeCol;
     p.q_rope_stride = kRopeStride;
@@ -430,23 +428,6 @@ TEST(MlaDecodeGpuTest, CombineForms) {
              v}};
       },
       [](DecodeCase&) {});
-}
-
-// The combine of calls of at most 16 rows in 32-column blocks (MlaDecodeParams::
-// combine_narrow_chunks), every variant and format: one sequence of hundreds of partials, split and
-// unsplit sequences, 1-4 query tokens; a call of more rows, which ignores the setting.
-TEST(MlaDecodeGpuTest, CombineNarrowChunks) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  ForEveryVariant(
-      1195,
-      [](KvCacheFormat f, int v) {
-        return std::vector<DecodeCase>{{f, 8, 1, {20000}, v},
-                                       {f, 16, 1, {9000}, v},
-                                       {f, 4, 2, {3000, 17}, v},
-                                       {f, 1, 4, {2, 65, 5000, 64}, v},
-                                       {f, 32, 1, {3000}, v}};
-      },
-      [](DecodeCase& c) { c.combine_narrow = true; });
 }
 
 // The L2 hints of the TMA cache copies (MlaDecodeParams::kv_tma_l2), each setting but the default
