@@ -151,7 +151,26 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
   // token 2c, and dq % 4). Stores: output word j goes to dim 4 dq + (j ^ r), so a store's lanes
   // cover all 8 rows of a core matrix x 4 words: 32 banks.
   const int tb = (lane >> 2) & 1, tr = lane >> 3;
+  // The byte permutes' selectors (lane constants: the rotation by r is in them).
+  const uint32_t sel1_a = (tr & 2) ? 0x7362u : 0x5140u, sel1_b = (tr & 2) ? 0x5140u : 0x7362u;
   const uint32_t sel_a = (tr & 1) ? 0x7632u : 0x5410u, sel_b = (tr & 1) ? 0x5410u : 0x7632u;
+  // Addresses (ring slot 0, h = 0) for the steps' two dim quads (s % 2 = 0, 1): the loads of
+  // tokens 2c + e (token u's swizzle XOR is that of u % 8 = 2c + e; the other tokens are at
+  // constant offsets), the stores' V^T row 8 (dq / 2) + 4b, word c. Computed once: the loop then
+  // adds constants (and the slot), no per-tile address arithmetic.
+  uint32_t t_ld[2][2], t_st[2];
+#pragma unroll
+  for (int sp = 0; sp < 2; ++sp) {
+    const int dqi = 8 * (2 * warp + sp) + 2 * tr + tb;  // 0..127
+    const int chunk = (dqi >> 2) & 7;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      t_ld[sp][e] = k_smem + (dqi >> 5) * Cfg::kKBlockBytes + (dqi & 3) * 4 + (2 * c + e) * 128 +
+                    ((chunk ^ (2 * c + e)) << 4);
+    }
+    t_st[sp] = vt_smem + (dqi >> 1) * 256 + tb * 64 + 4 * c;
+  }
+  const uint32_t t_x = tr * 16;  // row (j ^ r) of a core matrix: (16 j) ^ t_x
 
   const wgmma::Desc dq = wgmma::Desc128B(q_smem, 16, 1024);
   const wgmma::Desc dk = wgmma::Desc128B(k_smem, 16, 1024);
@@ -191,32 +210,23 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     };
     // V^T of ring slot `slot`'s latent dims (see above).
     auto transpose = [&](int slot) {
-      const uint32_t src0 = k_smem + slot * Cfg::kKBytes;
+      const uint32_t so = slot * Cfg::kKBytes;
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        const int dqi = 8 * (2 * warp + (s & 1)) + 2 * tr + tb;  // 0..127
-        const int h = s >> 1;
-        const uint32_t src = src0 + (dqi >> 5) * Cfg::kKBlockBytes + (dqi & 3) * 4;
-        const int chunk = (dqi >> 2) & 7;
+        const int sp = s & 1, h = s >> 1;
         uint32_t w[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int u = 16 * h + 2 * c + (i & 1) + 8 * (i >> 1);
-          w[i] = f8mma::Lds32(src + u * 128 + ((chunk ^ (u & 7)) << 4));
+          w[i] = f8mma::Lds32(t_ld[sp][i & 1] + so + (16 * h + 8 * (i >> 1)) * 128);
         }
         // 4 x 4 byte transpose: out word j = dim j ^ r's bytes of tokens w0..w3.
-        const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140),
-                       hi01 = __byte_perm(w[0], w[1], 0x7362);
-        const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140),
-                       hi23 = __byte_perm(w[2], w[3], 0x7362);
-        const uint32_t a01 = (tr & 2) ? hi01 : lo01, a23 = (tr & 2) ? hi23 : lo23;
-        const uint32_t b01 = (tr & 2) ? lo01 : hi01, b23 = (tr & 2) ? lo23 : hi23;
+        const uint32_t a01 = __byte_perm(w[0], w[1], sel1_a), b01 = __byte_perm(w[0], w[1], sel1_b);
+        const uint32_t a23 = __byte_perm(w[2], w[3], sel1_a), b23 = __byte_perm(w[2], w[3], sel1_b);
         const uint32_t out[4] = {__byte_perm(a01, a23, sel_a), __byte_perm(a01, a23, sel_b),
                                  __byte_perm(b01, b23, sel_a), __byte_perm(b01, b23, sel_b)};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const int n = 4 * dqi + (j ^ tr);
-          f8mma::Sts32(vt_smem + (n >> 3) * 256 + h * 128 + (n & 7) * 16 + 4 * c, out[j]);
+          f8mma::Sts32(t_st[sp] + h * 128 + ((16u * j) ^ t_x), out[j]);
         }
       }
     };
