@@ -338,7 +338,10 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         qd_hi = qscale[lrow_hi];
       }
       const int slot = it % kStages;
-      const uint32_t kunits = static_cast<uint32_t>(slot * Cfg::kKBytes) >> 4;
+      // Broadcast from lane 0 so the compiler sees it warp-uniform: the descriptors stay in
+      // uniform registers (as wgi above).
+      const uint32_t kunits =
+          __shfl_sync(0xffffffffu, static_cast<uint32_t>(slot * Cfg::kKBytes) >> 4, 0);
       // This warpgroup's partial S: latent groups 2g, 2g + 1 (fresh accumulators) and its half of
       // the RoPE dims (fp8: e4m3 k-step g; fp8_tiled: bf16 k16 steps 2g, 2g + 1).
       float s[16], a1[16], a2[16];
