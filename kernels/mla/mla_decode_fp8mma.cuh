@@ -1,9 +1,9 @@
 // SM90a split-KV MLA decode kernel with q.k and P.V on e4m3 tensor cores (the FP8 tensor-core
 // form, kernels/mla/NOTES.md session 32): the fp8 and fp8_tiled cache formats, 64 query rows a
-// block. Same
-// schedule, pieces, partial outputs and combine as the other kernels (mla_decode_wgmma.cuh); the
-// arithmetic is the form MlaDecodeRef emulates with fp8_mma = kQkPv (mla_decode_ref.h), which the
-// accuracy test measured on the trained model (issue 18's bounds hold).
+// block. Same schedule, pieces, partial outputs and combine as the other kernels
+// (mla_decode_wgmma.cuh); the arithmetic is the form MlaDecodeRef emulates with fp8_mma = kQkPv
+// (mla_decode_ref.h), which the accuracy test measured on the trained model (issue 18's bounds
+// hold).
 //
 // Why: at 64-128 heads every fp8 kernel here was bound by bf16-rate tensor work plus the e4m3 ->
 // f16 conversion of each cache byte (64-row kernel: 0.50 / 0.26 of copy bandwidth at 64 / 128
@@ -31,6 +31,11 @@
 //   (as the emulation; e4m3's normal range reaches 2^-6 / 256 of the row's largest weight); the
 //   row sums are fp32 over the unrounded weights. warpgroup g multiplies P by V^T's dims
 //   [256g, 256g + 256) with one m64n256k32 a tile.
+// * fp8_tiled: block 4 holds the bf16 RoPE dims (128 B a row; bf16 m64n32k16 steps 2g, 2g + 1);
+//   each group's promoted q.k is multiplied by its tokens' tile scale (and q's row scale); P.V runs
+//   one P a 128-column group (two m64n128k32): P x 256 x the token's tile scale / the group's
+//   running largest scale, the group's O columns rescaled when that grows and multiplied back at
+//   the end.
 #pragma once
 
 #include <cuda_fp8.h>
