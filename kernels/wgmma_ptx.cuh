@@ -361,4 +361,34 @@ __device__ __forceinline__ void WgmmaM64N128K32E4m3RS(float (&d)[64], const uint
 #endif
 }
 
+// D[64 x 256] (+)= A[64 x 32] * B[32 x 256], e4m3, A and B from shared memory (K-major).
+__device__ __forceinline__ void WgmmaM64N256K32E4m3SS(float (&d)[128], uint32_t a_lo, uint32_t a_hi,
+                                                      uint32_t b_lo, uint32_t b_hi,
+                                                      int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n .reg .pred p;\n .reg .b64 da, db;\n setp.ne.b32 p, %132, 0;\n"
+      " mov.b64 da, {%128, %129};\n mov.b64 db, {%130, %131};\n"
+      " wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 " MLASERVE_WGMMA_D128
+      ", da, db, p, 1, 1;\n}\n"
+      : MLASERVE_WGMMA_D128_OUT
+      : "r"(a_lo), "r"(a_hi), "r"(b_lo), "r"(b_hi), "r"(accumulate));
+#endif
+}
+
+// D[64 x 128] (+)= A[64 x 32] * B[32 x 128], e4m3, A and B from shared memory (K-major).
+__device__ __forceinline__ void WgmmaM64N128K32E4m3SS(float (&d)[64], uint32_t a_lo, uint32_t a_hi,
+                                                      uint32_t b_lo, uint32_t b_hi,
+                                                      int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n .reg .pred p;\n .reg .b64 da, db;\n setp.ne.b32 p, %68, 0;\n"
+      " mov.b64 da, {%64, %65};\n mov.b64 db, {%66, %67};\n"
+      " wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " MLASERVE_WGMMA_D64
+      ", da, db, p, 1, 1;\n}\n"
+      : MLASERVE_WGMMA_D64_OUT
+      : "r"(a_lo), "r"(a_hi), "r"(b_lo), "r"(b_hi), "r"(accumulate));
+#endif
+}
+
 }  // namespace mlaserve::wgmma

@@ -158,6 +158,19 @@ const VariantEntry kFp8Mma{"wgmma_rows64_fp8mma",
                            {0, 0, 0},
                            true};
 
+// The same form with 64-token tiles split by tokens between the warpgroups
+// (mla_decode_fp8mma64.cuh; kernels/mla/NOTES.md, session 34): no partial-score exchange, each
+// warpgroup's softmax on its own 32 tokens, three barriers a 64 tokens. Not measured yet.
+const VariantEntry kFp8Mma64{"wgmma_rows64_fp8mma_t64",
+                             64,
+                             kSched,
+                             {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 3>,
+                              &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 3>},
+                             {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 3>,
+                              &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 3>},
+                             {0, 0, 0},
+                             true};
+
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0, 0, 2),
     MLASERVE_MLA_SLICED("sliced_tile32_deep", 32, 2, 4, 3, 2, 2, 2),
@@ -168,6 +181,7 @@ const VariantEntry kVariants[] = {
     kSeesawTma,
     kSeesawEarly,
     kFp8Mma,
+    kFp8Mma64,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 

@@ -105,6 +105,132 @@ __device__ __forceinline__ void Sts64(uint32_t addr, uint32_t a, uint32_t b) {
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(a), "r"(b) : "memory");
 }
 
+// Q rows into shared memory as e4m3 with one scale a row (from amax over the dims on e4m3
+// MMAs, as MlaDecodeRef's emulation: all 576 in fp8, the 512 latent ones in fp8_tiled, whose
+// RoPE block holds q's bf16 RoPE dims as they are); the scale goes to qscale[]. 4 threads a
+// row, each 9 of the row's 36 16-B e4m3 chunks (two bf16 chunks each).
+// Row tile mt of sequence b; the block's 256 threads, tid = threadIdx.x.
+template <bool kTiled>
+__device__ __forceinline__ void StoreQ(const MlaDecodeKernelParams& p, int b, int mt,
+                                       uint32_t q_smem, float* qscale, int tid) {
+  const uint16_t* qb = p.q + static_cast<size_t>(b) * p.rows * kMlaQkDim;
+  const int lr = tid >> 2, part = tid & 3;
+  const int row = mt * kRows + lr;
+  const bool ok = row < p.rows;
+  const uint4* src = reinterpret_cast<const uint4*>(qb + static_cast<size_t>(row) * kMlaQkDim);
+  const uint4* rsrc = reinterpret_cast<const uint4*>(
+      p.q_rope + (static_cast<int64_t>(b) * p.rows + row) * p.q_rope_stride);
+  auto chunk = [&](int cc) {  // bf16 chunk cc (8 values) of the row
+    return cc < kMlaLatentDim / 8 ? src[cc] : rsrc[cc - kMlaLatentDim / 8];
+  };
+  uint4 v[18];
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 9; ++k) {
+    const int cc = part + 4 * k;  // e4m3 chunk: bf16 chunks 2cc, 2cc + 1
+    v[2 * k] = ok ? chunk(2 * cc) : make_uint4(0, 0, 0, 0);
+    v[2 * k + 1] = ok ? chunk(2 * cc + 1) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (kTiled && k == 8) continue;  // the RoPE dims (bf16 MMA)
+      const uint32_t w4[4] = {v[2 * k + e].x, v[2 * k + e].y, v[2 * k + e].z, v[2 * k + e].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        amax = fmaxf(amax, fmaxf(fabsf(f8mma::Bf16Lo(w4[i])), fabsf(f8mma::Bf16Hi(w4[i]))));
+      }
+    }
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  // The smallest power of two >= amax / 448 (MlaDecodeRef's rule): q / qs is exact, so q's
+  // e4m3 roundings (ties included) are the reference's.
+  int qe = 0;  // qs = 2^qe
+  if (amax > 0.0f && isfinite(amax)) {
+    int e = 0;
+    const float f = frexpf(amax, &e);
+    qe = f <= 448.0f / 512.0f ? e - 9 : e - 8;
+  }
+  const float qs = ldexpf(1.0f, qe), qinv = ldexpf(1.0f, -qe);
+  if (part == 0) qscale[lr] = qs;
+#pragma unroll
+  for (int k = 0; k < 9; ++k) {
+    const int cc = part + 4 * k, kb = cc >> 3, ch = cc & 7;
+    if (kTiled && k == 8) {  // bf16 chunks 2 (cc - 32) and + 1 of the RoPE block
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int bc = 2 * (cc - 32) + e;
+        const uint4 x = v[16 + e];
+        const uint32_t dst = q_smem + 4 * (kRows * 128) + lr * 128 + ((bc ^ (lr & 7)) << 4);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(x.x), "r"(x.y),
+                     "r"(x.z), "r"(x.w)
+                     : "memory");
+      }
+      continue;
+    }
+    uint32_t o4[4];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const uint4 x = v[2 * k + e];
+      o4[2 * e] = f8mma::E4m3x4(f8mma::Bf16Lo(x.x) * qinv, f8mma::Bf16Hi(x.x) * qinv,
+                                f8mma::Bf16Lo(x.y) * qinv, f8mma::Bf16Hi(x.y) * qinv);
+      o4[2 * e + 1] = f8mma::E4m3x4(f8mma::Bf16Lo(x.z) * qinv, f8mma::Bf16Hi(x.z) * qinv,
+                                    f8mma::Bf16Lo(x.w) * qinv, f8mma::Bf16Hi(x.w) * qinv);
+    }
+    const uint32_t dst = q_smem + kb * (kRows * 128) + lr * 128 + ((ch ^ (lr & 7)) << 4);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(o4[0]), "r"(o4[1]),
+                 "r"(o4[2]), "r"(o4[3])
+                 : "memory");
+    if (k == 8) {  // fp8: the RoPE block's other 64 B zeroed
+      const uint32_t dz = q_smem + kb * (kRows * 128) + lr * 128 + (((ch + 4) ^ (lr & 7)) << 4);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(dz), "r"(0u) : "memory");
+    }
+  }
+}
+
+// The epilogue: rows row_lo and row_hi (this thread's, lo = half 0) of O to the output (a
+// whole sequence) or to the piece's partial (slot worker + b). O's columns hold sum (256 P) x V
+// (fp8_tiled: / rs of their column group), l the sum of P, m the running max (log2 units).
+template <bool kTiled>
+__device__ __forceinline__ void StoreRows(const MlaDecodeKernelParams& p, const float (&o)[128],
+                                          const float (&rs)[2], int b, int worker, bool whole,
+                                          int row_lo, int row_hi, float m_lo, float m_hi,
+                                          float l_lo, float l_hi, int wgi, int c) {
+  // (fp8_tiled: P x 256 / rs, rs multiplied back per column group in store_row.)
+  const float inv_lo = l_lo > 0.0f ? p.out_scale / (kPScale * l_lo) : 0.0f;
+  const float inv_hi = l_hi > 0.0f ? p.out_scale / (kPScale * l_hi) : 0.0f;
+  const float lse2_lo = l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY;  // log2 units
+  const float lse2_hi = l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY;
+  constexpr float kLn2 = 0.693147180559945309f;
+  const size_t slot = static_cast<size_t>(worker) + b;  // Unique per (sequence, worker).
+  auto store_row = [&](int row, int half, float inv, float lse2) {
+    const int col0 = 256 * wgi + 2 * c;
+    // fp8_tiled: O's columns of group 2g + n / 16 hold sum P x V / rs (see the P.V).
+    auto f = [&](int n) { return kTiled ? inv * rs[n >> 4] : inv; };
+    if (whole) {
+      uint16_t* out = p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim;
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        const __nv_bfloat162 v =
+            __floats2bfloat162_rn(o[4 * n + 2 * half] * f(n), o[4 * n + 2 * half + 1] * f(n));
+        *reinterpret_cast<__nv_bfloat162*>(out + col0 + 8 * n) = v;
+      }
+      if (wgi == 0 && c == 0 && p.lse != nullptr) {
+        p.lse[static_cast<size_t>(b) * p.rows + row] = lse2 * kLn2;
+      }
+    } else {
+      float* part = p.o_part + (slot * p.rows + row) * kMlaLatentDim;
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        *reinterpret_cast<float2*>(part + col0 + 8 * n) =
+            make_float2(o[4 * n + 2 * half] * f(n), o[4 * n + 2 * half + 1] * f(n));
+      }
+      if (wgi == 0 && c == 0) p.lse_part[slot * p.rows + row] = lse2;
+    }
+  };
+  if (row_lo < p.rows) store_row(row_lo, 0, inv_lo, lse2_lo);
+  if (row_hi < p.rows) store_row(row_hi, 1, inv_hi, lse2_hi);
+}
+
 }  // namespace f8mma
 
 template <KvCacheFormat kFormat, int kStages>
@@ -242,84 +368,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       ptx::CpAsyncCommit();
     }
 
-    // Q rows into shared memory as e4m3 with one scale a row (from amax over the dims on e4m3
-    // MMAs, as MlaDecodeRef's emulation: all 576 in fp8, the 512 latent ones in fp8_tiled, whose
-    // RoPE block holds q's bf16 RoPE dims as they are); the scale goes to qscale[]. 4 threads a
-    // row, each 9 of the row's 36 16-B e4m3 chunks (two bf16 chunks each).
-    {
-      const uint16_t* qb = p.q + static_cast<size_t>(b) * p.rows * kMlaQkDim;
-      const int lr = tid >> 2, part = tid & 3;
-      const int row = mt * kRows + lr;
-      const bool ok = row < p.rows;
-      const uint4* src = reinterpret_cast<const uint4*>(qb + static_cast<size_t>(row) * kMlaQkDim);
-      const uint4* rsrc = reinterpret_cast<const uint4*>(
-          p.q_rope + (static_cast<int64_t>(b) * p.rows + row) * p.q_rope_stride);
-      auto chunk = [&](int cc) {  // bf16 chunk cc (8 values) of the row
-        return cc < kMlaLatentDim / 8 ? src[cc] : rsrc[cc - kMlaLatentDim / 8];
-      };
-      uint4 v[18];
-      float amax = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 9; ++k) {
-        const int cc = part + 4 * k;  // e4m3 chunk: bf16 chunks 2cc, 2cc + 1
-        v[2 * k] = ok ? chunk(2 * cc) : make_uint4(0, 0, 0, 0);
-        v[2 * k + 1] = ok ? chunk(2 * cc + 1) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (kTiled && k == 8) continue;  // the RoPE dims (bf16 MMA)
-          const uint32_t w4[4] = {v[2 * k + e].x, v[2 * k + e].y, v[2 * k + e].z, v[2 * k + e].w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            amax = fmaxf(amax, fmaxf(fabsf(f8mma::Bf16Lo(w4[i])), fabsf(f8mma::Bf16Hi(w4[i]))));
-          }
-        }
-      }
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      // The smallest power of two >= amax / 448 (MlaDecodeRef's rule): q / qs is exact, so q's
-      // e4m3 roundings (ties included) are the reference's.
-      int qe = 0;  // qs = 2^qe
-      if (amax > 0.0f && isfinite(amax)) {
-        int e = 0;
-        const float f = frexpf(amax, &e);
-        qe = f <= 448.0f / 512.0f ? e - 9 : e - 8;
-      }
-      const float qs = ldexpf(1.0f, qe), qinv = ldexpf(1.0f, -qe);
-      if (part == 0) qscale[lr] = qs;
-#pragma unroll
-      for (int k = 0; k < 9; ++k) {
-        const int cc = part + 4 * k, kb = cc >> 3, ch = cc & 7;
-        if (kTiled && k == 8) {  // bf16 chunks 2 (cc - 32) and + 1 of the RoPE block
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int bc = 2 * (cc - 32) + e;
-            const uint4 x = v[16 + e];
-            const uint32_t dst = q_smem + 4 * (kRows * 128) + lr * 128 + ((bc ^ (lr & 7)) << 4);
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(x.x),
-                         "r"(x.y), "r"(x.z), "r"(x.w)
-                         : "memory");
-          }
-          continue;
-        }
-        uint32_t o4[4];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const uint4 x = v[2 * k + e];
-          o4[2 * e] = f8mma::E4m3x4(f8mma::Bf16Lo(x.x) * qinv, f8mma::Bf16Hi(x.x) * qinv,
-                                    f8mma::Bf16Lo(x.y) * qinv, f8mma::Bf16Hi(x.y) * qinv);
-          o4[2 * e + 1] = f8mma::E4m3x4(f8mma::Bf16Lo(x.z) * qinv, f8mma::Bf16Hi(x.z) * qinv,
-                                        f8mma::Bf16Lo(x.w) * qinv, f8mma::Bf16Hi(x.w) * qinv);
-        }
-        const uint32_t dst = q_smem + kb * (kRows * 128) + lr * 128 + ((ch ^ (lr & 7)) << 4);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(o4[0]),
-                     "r"(o4[1]), "r"(o4[2]), "r"(o4[3])
-                     : "memory");
-        if (k == 8) {  // fp8: the RoPE block's other 64 B zeroed
-          const uint32_t dz = q_smem + kb * (kRows * 128) + lr * 128 + (((ch + 4) ^ (lr & 7)) << 4);
-          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(dz), "r"(0u) : "memory");
-        }
-      }
-    }
+    f8mma::StoreQ<kTiled>(p, b, mt, q_smem, qscale, tid);
 
     const int lim_lo = min(row_lo < p.rows ? len - p.s_q + row_lo / p.heads : len - 1, tok_end - 1);
     const int lim_hi = min(row_hi < p.rows ? len - p.s_q + row_hi / p.heads : len - 1, tok_end - 1);
@@ -564,40 +613,8 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     ptx::CpAsyncWait<0>();
     __syncthreads();  // The next piece's prologue reuses Q, the ring, V^T and the exchange.
 
-    // (fp8_tiled: P x 256 / rs, rs multiplied back per column group in store_row.)
-    const float inv_lo = l_lo > 0.0f ? p.out_scale / (kPScale * l_lo) : 0.0f;
-    const float inv_hi = l_hi > 0.0f ? p.out_scale / (kPScale * l_hi) : 0.0f;
-    const float lse2_lo = l_lo > 0.0f ? m_lo + log2f(l_lo) : -INFINITY;  // log2 units
-    const float lse2_hi = l_hi > 0.0f ? m_hi + log2f(l_hi) : -INFINITY;
-    constexpr float kLn2 = 0.693147180559945309f;
-    const size_t slot = static_cast<size_t>(worker) + b;  // Unique per (sequence, worker).
-    auto store_row = [&](int row, int half, float inv, float lse2) {
-      const int col0 = 256 * wgi + 2 * c;
-      // fp8_tiled: O's columns of group 2g + n / 16 hold sum P x V / rs (see the P.V).
-      auto f = [&](int n) { return kTiled ? inv * rs[n >> 4] : inv; };
-      if (whole) {
-        uint16_t* out = p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim;
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          const __nv_bfloat162 v =
-              __floats2bfloat162_rn(o[4 * n + 2 * half] * f(n), o[4 * n + 2 * half + 1] * f(n));
-          *reinterpret_cast<__nv_bfloat162*>(out + col0 + 8 * n) = v;
-        }
-        if (wgi == 0 && c == 0 && p.lse != nullptr) {
-          p.lse[static_cast<size_t>(b) * p.rows + row] = lse2 * kLn2;
-        }
-      } else {
-        float* part = p.o_part + (slot * p.rows + row) * kMlaLatentDim;
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          *reinterpret_cast<float2*>(part + col0 + 8 * n) =
-              make_float2(o[4 * n + 2 * half] * f(n), o[4 * n + 2 * half + 1] * f(n));
-        }
-        if (wgi == 0 && c == 0) p.lse_part[slot * p.rows + row] = lse2;
-      }
-    };
-    if (row_lo < p.rows) store_row(row_lo, 0, inv_lo, lse2_lo);
-    if (row_hi < p.rows) store_row(row_hi, 1, inv_hi, lse2_hi);
+    f8mma::StoreRows<kTiled>(p, o, rs, b, worker, whole, row_lo, row_hi, m_lo, m_hi, l_lo, l_hi,
+                             wgi, c);
   }
 #endif
 }

@@ -128,6 +128,13 @@ cudaError_t LaunchMlaDecodeFp8Mma(const MlaDecodeKernelParams& p, int grid, cuda
 template <KvCacheFormat kFormat, int kStages>
 int MlaDecodeFp8MmaBlocksPerSm();
 
+// The same form with 64-token tiles split by tokens between the warpgroups
+// (mla_decode_fp8mma64.cuh), a kStages-deep ring of whole cache blocks.
+template <KvCacheFormat kFormat, int kStages>
+cudaError_t LaunchMlaDecodeFp8Mma64(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
+template <KvCacheFormat kFormat, int kStages>
+int MlaDecodeFp8Mma64BlocksPerSm();
+
 // Cache write: one warp per token (kv_cache_write.cu).
 cudaError_t LaunchKvCacheWrite(KvCacheFormat format, float fp8_scale, const uint16_t* latent,
                                int64_t latent_stride, const uint16_t* rope, int64_t rope_stride,

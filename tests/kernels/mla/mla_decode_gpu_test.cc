@@ -330,7 +330,8 @@ TEST(MlaDecodeGpuTest, EveryVariantHeadsSq) {
 
 // The variants on e4m3 tensor cores (MlaDecodeVariantFp8Mma) against the emulated form, beyond
 // the cases every variant runs: head counts around the 64-row tile (1, 8, 40, 64, 65, 128), 1-4
-// query tokens, lengths around the 32-token tile and 64-token block, a sequence split over every
+// query tokens, lengths around the 32-token tile and the 64-token block (a tile of the
+// 64-token kernel), a sequence split over every
 // SM, split pieces beside whole ones, a batch past the in-kernel schedule, and rows whose q is one
 // k-step's 32 dims (a step's part of the scores alone).
 TEST(MlaDecodeGpuTest, Fp8MmaVariants) {
@@ -341,7 +342,7 @@ TEST(MlaDecodeGpuTest, Fp8MmaVariants) {
       if (!MlaDecodeVariantFp8Mma(v) || !RunVariant(v, f)) continue;
       for (int heads : {1, 8, 40, 64, 65, 128}) {
         for (int s_q : {1, 2, 4}) {
-          RunDecodeCase({f, heads, s_q, {s_q, 31, 32, 33, 63, 64, 65, 4113}, v}, seed++);
+          RunDecodeCase({f, heads, s_q, {s_q, 31, 32, 33, 63, 64, 65, 127, 129, 4113}, v}, seed++);
         }
       }
       RunDecodeCase({f, 64, 1, {20000}, v}, seed++);
