@@ -143,33 +143,19 @@ const VariantEntry kSeesawEarly{
     {&mla::MlaDecodeSeesawBlocksPerSm<true, 1>, &NotBuilt, &NotBuilt},
     {&mla::LaunchMlaDecodeSeesaw<true, 1>, &NotBuiltLaunch, &NotBuiltLaunch}};
 
-// q.k and P.V on e4m3 wgmma (mla_decode_fp8mma.cuh; kernels/mla/NOTES.md, session 33), the fp8
-// formats: nothing converted, half the tensor work of the bf16-MMA kernels. Its arithmetic is the
-// emulated FP8 tensor-core form (MlaDecodeVariantFp8Mma). No rule picks it: measured on the H100
-// (bench/RESULTS.md, session 33, one run, 2 reps) at 0.98-1.08x the ahead kernel in fp8 and
-// 0.85-1.00x in fp8_tiled (64-128 heads, batch 1-64, 4k-32k): issue-bound on its per-tile work.
-const VariantEntry kFp8Mma{"wgmma_rows64_fp8mma",
-                           64,
-                           kSched,
-                           {&NotBuilt, &mla::MlaDecodeFp8MmaBlocksPerSm<kFp8, 4>,
-                            &mla::MlaDecodeFp8MmaBlocksPerSm<kFp8Tiled, 4>},
-                           {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma<kFp8, 4>,
-                            &mla::LaunchMlaDecodeFp8Mma<kFp8Tiled, 4>},
-                           {0, 0, 0},
-                           true};
-
-// The same form with 64-token tiles split by tokens between the warpgroups
-// (mla_decode_fp8mma64.cuh; kernels/mla/NOTES.md, session 34): no partial-score exchange, each
-// warpgroup's softmax on its own 32 tokens, three barriers a 64 tokens. Not measured yet.
-const VariantEntry kFp8Mma64{"wgmma_rows64_fp8mma_t64",
-                             64,
-                             kSched,
-                             {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 3>,
-                              &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 3>},
-                             {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 3>,
-                              &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 3>},
-                             {0, 0, 0},
-                             true};
+// q.k and P.V on e4m3 wgmma (mla_decode_fp8mma64.cuh, the form of mla_decode_fp8mma.cuh;
+// kernels/mla/NOTES.md, sessions 33-34), the fp8 formats: nothing converted, half the tensor work
+// of the bf16-MMA kernels; 64-token tiles split by tokens between the warpgroups. Its arithmetic
+// is the emulated FP8 tensor-core form (MlaDecodeVariantFp8Mma).
+#define MLASERVE_MLA_FP8MMA64(NAME, EARLY)                               \
+  VariantEntry {                                                         \
+    NAME, 64, kSched,                                                    \
+        {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 3, EARLY>,  \
+         &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 3, EARLY>},       \
+        {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 3, EARLY>, \
+         &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 3, EARLY>},            \
+        {0, 0, 0}, true                                                  \
+  }
 
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0, 0, 2),
@@ -180,8 +166,10 @@ const VariantEntry kVariants[] = {
     kWgmmaAhead,
     kSeesawTma,
     kSeesawEarly,
-    kFp8Mma,
-    kFp8Mma64,
+    MLASERVE_MLA_FP8MMA64("wgmma_rows64_fp8mma_t64", false),
+    // The same with the next tile's q.k issued behind this tile's P.V (the tensor cores run both
+    // back to back; the barrier before the transpose waits for the P.V alone).
+    MLASERVE_MLA_FP8MMA64("wgmma_rows64_fp8mma_t64_early", true),
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
@@ -190,6 +178,7 @@ constexpr int kTwoBlocksFp8Variant = 3;
 constexpr int kSm120E4m3Variant = 4;
 constexpr int kWgmmaAheadVariant = 5;
 constexpr int kSeesawVariant = 6;
+constexpr int kFp8Mma64Variant = 8;
 
 // Measured on the H200 (bench/RESULTS.md):
 // * sliced kernels (2026-11-29 session 2): the deep ring (fp8: 4 stages, 2 blocks/SM) wins at
@@ -223,8 +212,17 @@ constexpr int kSeesawVariant = 6;
 //   128 heads 1.27-1.29x at batch 64 x 32k-128k (1,613.7 -> 1,272.7 us at 32k), 1.23x at batch 1 x
 //   128k, 0.98x at batch 1 x 32k; 64 heads 0.99-1.02x at batch 64 and 0.83-0.92x at batch 1. So
 //   bf16 with more than 64 rows (two row tiles) takes it; 64 rows keep the chained kernel.
-int DefaultVariant(int batch, int rows, KvCacheFormat format, int cc_major) {
+// * the e4m3 tensor-core kernel with 64-token tiles (2026-12-07 session 34, H200, one run, 2 reps,
+//   minimum; raw: bench/mla/results/h200_2026-12-07_s34_fp8mma64.csv), against the ahead kernel
+//   at 64 / 128 heads, batch 1 / 16 / 64, 4k / 32k: fp8 1.13-1.56x (128 heads batch 64 x 32k
+//   1,563.2 -> 1,000.2 us), fp8_tiled 0.98-1.09x (0.98-1.02x at batch 1, 1.05-1.09x from batch
+//   16). So the fp8 formats from 64 rows take it where the device has it (SM90); its arithmetic
+//   is the FP8 tensor-core form, within issue 18's accuracy bounds (accuracy_test).
+int DefaultVariant(int batch, int rows, KvCacheFormat format, int cc_major, bool fp8_mma) {
   if (rows > 64 && MlaDecodeVariantAvailable(kSeesawVariant, format)) return kSeesawVariant;
+  if (fp8_mma && rows >= 64 && MlaDecodeVariantAvailable(kFp8Mma64Variant, format)) {
+    return kFp8Mma64Variant;
+  }
   if (rows >= 64 && MlaDecodeVariantAvailable(kWgmmaAheadVariant, format)) {
     return kWgmmaAheadVariant;
   }
@@ -274,8 +272,8 @@ std::string MlaDecodeVariantName(int variant) {
 }
 
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
-                                            int variant, int max_workers,
-                                            int invariant_max_seq_len) {
+                                            int variant, int max_workers, int invariant_max_seq_len,
+                                            bool fp8_tensor_cores) {
   if (batch < 1)
     return absl::InvalidArgumentError(absl::StrCat("MLA decode: batch ", batch, " < 1"));
   if (format == KvCacheFormat::kF32) {
@@ -312,7 +310,9 @@ absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCac
   // The batch-invariant schedule takes one variant whatever the batch (the variants differ in
   // pipeline depth only, but one kernel is the simplest statement of invariance).
   if (variant < 0) {
-    variant = invariant_max_seq_len > 0 ? 0 : DefaultVariant(batch, rows, format, cc_major);
+    variant = invariant_max_seq_len > 0
+                  ? 0
+                  : DefaultVariant(batch, rows, format, cc_major, fp8_tensor_cores);
   }
   if (variant >= kNumVariants) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -108,9 +108,13 @@ struct MlaDecodePlan {
 };
 
 // The launch shape for the current device; depends on shapes, not on sequence lengths.
+// fp8_tensor_cores: with variant -1, the fp8 formats may take a kernel on e4m3 tensor cores
+// (MlaDecodeVariantFp8Mma: MlaDecodeRef's emulated FP8 form, within issue 18's accuracy bounds);
+// false keeps the exact form.
 absl::StatusOr<MlaDecodePlan> PlanMlaDecode(int batch, int s_q, int heads, KvCacheFormat format,
                                             int variant = -1, int max_workers = 0,
-                                            int invariant_max_seq_len = 0);
+                                            int invariant_max_seq_len = 0,
+                                            bool fp8_tensor_cores = true);
 
 // Kernel variants (sliced with two cp.async ring depths, wgmma), for tests and benchmarks that
 // cover each one.

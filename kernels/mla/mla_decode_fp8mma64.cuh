@@ -72,7 +72,7 @@ struct Config {
 
 }  // namespace f8mma64
 
-template <KvCacheFormat kFormat, int kStages>
+template <KvCacheFormat kFormat, int kStages, bool kEarly>
 __global__ void __launch_bounds__(f8mma::kThreads, 1)
     MlaDecodeFp8Mma64Kernel(const MlaDecodeKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -234,48 +234,84 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = a[i] = bb[i] = 0.0f;
 
-    for (int it = 0; it < n_tiles; ++it) {
-      // Tile it landed (kStages tiles were in flight); this warpgroup's P.V of tile it - 1 retired,
-      // and after the barrier both warpgroups' (V^T, P and the slot it read are free).
-      ptx::CpAsyncWait<kStages - 1>();
-      wgmma::Wait<0>();
-      wgmma::FenceRegs(o);
-      wgmma::UseRegs(pa);
-      wgmma::FenceProxyAsyncShared();
-      __syncthreads();
-      if (it == 0) {
-        qd_lo = qscale[lrow_lo];
-        qd_hi = qscale[lrow_hi];
+    // The ring slot's offset in 16-B units, broadcast from lane 0 so the compiler sees it
+    // warp-uniform: the descriptors stay in uniform registers (as wgi above).
+    auto slot_units = [&](int slot) {
+      return __shfl_sync(0xffffffffu, static_cast<uint32_t>(slot * Cfg::kKBytes) >> 4, 0);
+    };
+    auto qk_group = [&](float(&acc)[16], int kb, uint32_t kunits) {  // dims [128 kb, + 128)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t qoff = (kb * (kRows * 128) + 32 * k) >> 4;
+        const uint32_t koff = (kb * Cfg::kKBlockBytes + 32 * k) >> 4;
+        wgmma::WgmmaM64N32K32E4m3SS(acc, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, k);
       }
-      const int slot = it % kStages;
-      const uint32_t kunits =
-          __shfl_sync(0xffffffffu, static_cast<uint32_t>(slot * Cfg::kKBytes) >> 4, 0);
-      auto qk_group = [&](float(&acc)[16], int kb) {  // latent dims [128 kb, 128 kb + 128)
+    };
+    auto qk_rope = [&](float(&acc)[16], uint32_t kunits) {
+      if constexpr (kTiled) {  // bf16, 4 k16 steps
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const uint32_t qoff = (kb * (kRows * 128) + 32 * k) >> 4;
-          const uint32_t koff = (kb * Cfg::kKBlockBytes + 32 * k) >> 4;
+          const uint32_t qoff = (4 * (kRows * 128) + 32 * k) >> 4;
+          const uint32_t koff = (4 * Cfg::kKBlockBytes + 32 * k) >> 4;
+          wgmma::WgmmaM64N32K16SS<false>(acc, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, k);
+        }
+      } else {  // e4m3, 2 k32 steps (the block's other 64 B are zeros)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const uint32_t qoff = (4 * (kRows * 128) + 32 * k) >> 4;
+          const uint32_t koff = (4 * Cfg::kKBlockBytes + 32 * k) >> 4;
           wgmma::WgmmaM64N32K32E4m3SS(acc, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, k);
         }
-      };
-      auto qk_rope = [&](float(&acc)[16]) {
-        if constexpr (kTiled) {  // bf16, 4 k16 steps
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const uint32_t qoff = (4 * (kRows * 128) + 32 * k) >> 4;
-            const uint32_t koff = (4 * Cfg::kKBlockBytes + 32 * k) >> 4;
-            wgmma::WgmmaM64N32K16SS<false>(acc, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi,
-                                           k);
-          }
-        } else {  // e4m3, 2 k32 steps (the block's other 64 B are zeros)
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            const uint32_t qoff = (4 * (kRows * 128) + 32 * k) >> 4;
-            const uint32_t koff = (4 * Cfg::kKBlockBytes + 32 * k) >> 4;
-            wgmma::WgmmaM64N32K32E4m3SS(acc, dq.lo + qoff, dq.hi, dk.lo + kunits + koff, dk.hi, k);
-          }
+      }
+    };
+    // The q.k's first three groups (latent blocks 0-2 in S, A, B), one commit group each; the
+    // later groups wait for an accumulator's last sum.
+    auto issue_qk_first = [&](uint32_t kunits) {
+      wgmma::FenceRegs(s);
+      wgmma::FenceRegs(a);
+      wgmma::FenceRegs(bb);
+      wgmma::Fence();
+      qk_group(s, 0, kunits);
+      wgmma::Commit();
+      qk_group(a, 1, kunits);
+      wgmma::Commit();
+      qk_group(bb, 2, kunits);
+      wgmma::Commit();
+    };
+    if constexpr (kEarly) {  // tile 0 and Q visible; its q.k's first groups on the tensor cores
+      ptx::CpAsyncWait<kStages - 1>();
+      wgmma::FenceProxyAsyncShared();
+      __syncthreads();
+      qd_lo = qscale[lrow_lo];
+      qd_hi = qscale[lrow_hi];
+      if (n_tiles > 0) issue_qk_first(slot_units(0));
+    }
+
+    for (int it = 0; it < n_tiles; ++it) {
+      const int slot = it % kStages;
+      const uint32_t kunits = slot_units(slot);
+      if constexpr (kEarly) {
+        // This warpgroup's P.V of tile it - 1 retired (the three groups after it are this tile's
+        // q.k); after the barrier both warpgroups' have (V^T and P are free).
+        wgmma::Wait<3>();
+        wgmma::FenceRegs(o);
+        wgmma::UseRegs(pa);
+        __syncthreads();
+      } else {
+        // Tile it landed (kStages tiles were in flight); this warpgroup's P.V of tile it - 1
+        // retired, and after the barrier both warpgroups' (V^T, P and the slot it read are free).
+        ptx::CpAsyncWait<kStages - 1>();
+        wgmma::Wait<0>();
+        wgmma::FenceRegs(o);
+        wgmma::UseRegs(pa);
+        wgmma::FenceProxyAsyncShared();
+        __syncthreads();
+        if (it == 0) {
+          qd_lo = qscale[lrow_lo];
+          qd_hi = qscale[lrow_hi];
         }
-      };
+        issue_qk_first(kunits);
+      }
       // fp8_tiled: the tile scales of this thread's 8 tokens (columns 8j + 2c + e of its
       // warpgroup's 32; zero-filled rows: 0).
       const float* scs = reinterpret_cast<const float*>(smem + Cfg::kScOff + slot * Cfg::kScBytes) +
@@ -284,17 +320,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         return *reinterpret_cast<const float2*>(scs + (8 * j + e) * 4 + 2 * pair);
       };
 
-      // q.k: groups 0, 1, 2 in S, A, B; each later group waits for its accumulator's last sum.
-      wgmma::FenceRegs(s);
-      wgmma::FenceRegs(a);
-      wgmma::FenceRegs(bb);
-      wgmma::Fence();
-      qk_group(s, 0);
-      wgmma::Commit();
-      qk_group(a, 1);
-      wgmma::Commit();
-      qk_group(bb, 2);
-      wgmma::Commit();
       transpose(slot, 0);
       wgmma::Wait<1>();
       wgmma::FenceRegs(s);
@@ -314,7 +339,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       }
       wgmma::FenceRegs(a);
       wgmma::Fence();
-      qk_group(a, 3);
+      qk_group(a, 3, kunits);
       wgmma::Commit();
       transpose(slot, 1);
       wgmma::Wait<1>();
@@ -338,7 +363,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       }
       wgmma::FenceRegs(bb);
       wgmma::Fence();
-      qk_rope(bb);
+      qk_rope(bb, kunits);
       wgmma::Commit();
       transpose(slot, 2);
       wgmma::Wait<1>();
@@ -425,6 +450,10 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       }
       wgmma::FenceProxyAsyncShared();  // V^T (generic writes) for the P.V's async reads
       __syncthreads();
+      if constexpr (kEarly) {  // tile it + kStages into this tile's slot, free everywhere now
+        if (it + kStages < n_tiles) copy_tile(t_begin + it + kStages, slot);
+        ptx::CpAsyncCommit();
+      }
       const float mn_lo = fmaxf(m_lo, fmaxf(mx_lo, xm[(1 - wgi) * 64 + lrow_lo]));
       const float mn_hi = fmaxf(m_hi, fmaxf(mx_hi, xm[(1 - wgi) * 64 + lrow_hi]));
       const float base_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
@@ -510,6 +539,9 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         pack(s, pa[0]);
         store_p(pa[0], 0);
       }
+      // kEarly: tile it + 1 landed (kStages - 1 tiles stay in flight) and, after the barrier, is
+      // visible to the q.k issued behind this P.V.
+      if constexpr (kEarly) ptx::CpAsyncWait<kStages - 1>();
       wgmma::FenceProxyAsyncShared();  // P (generic writes) for the other warpgroup's P.V
       __syncthreads();
       wgmma::FenceRegs(o);
@@ -528,11 +560,15 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         wgmma::WgmmaM64N256K32E4m3SS(o, dp_oth.lo, dp_oth.hi, dv_oth.lo, dv_oth.hi, 1);
       }
       wgmma::Commit();
-      // Beside the P.V: tile it + kStages into this tile's slot (its q.k, V^T reads and scales
-      // were done everywhere before the last barrier).
-      const int tn = it + kStages;
-      if (tn < n_tiles) copy_tile(t_begin + tn, slot);
-      ptx::CpAsyncCommit();
+      if constexpr (kEarly) {  // the next tile's q.k queued behind this P.V
+        if (it + 1 < n_tiles) issue_qk_first(slot_units((it + 1) % kStages));
+      } else {
+        // Beside the P.V: tile it + kStages into this tile's slot (its q.k, V^T reads and scales
+        // were done everywhere before the last barrier).
+        const int tn = it + kStages;
+        if (tn < n_tiles) copy_tile(t_begin + tn, slot);
+        ptx::CpAsyncCommit();
+      }
     }
     wgmma::Wait<0>();
     wgmma::FenceRegs(o);
@@ -552,7 +588,8 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     l_lo += xl[(1 - wgi) * 64 + lrow_lo];
     l_hi += xl[(1 - wgi) * 64 + lrow_hi];
     // l summed P x 256; the epilogue takes the sum of P (an exact division).
-    const float rs_own[2] = {rs[2 * wgi], rs[2 * wgi + 1]};
+    // (Selected, not indexed by wgi: a register array indexed at run time goes to local memory.)
+    const float rs_own[2] = {wgi ? rs[2] : rs[0], wgi ? rs[3] : rs[1]};
     f8mma::StoreRows<kTiled>(p, o, rs_own, b, worker, whole, row_lo, row_hi, m_lo, m_hi,
                              l_lo * (1.0f / f8mma::kPScale), l_hi * (1.0f / f8mma::kPScale), wgi,
                              c);
@@ -561,28 +598,29 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
 }
 
 // 1 on an SM90 device (one block an SM), 0 elsewhere: the plan then refuses the variant.
-template <KvCacheFormat kFormat, int kStages>
+template <KvCacheFormat kFormat, int kStages, bool kEarly>
 int MlaDecodeFp8Mma64BlocksPerSm() {
   static const int blocks = [] {
     if (!wgmma::CurrentDeviceIsSm90()) return 0;
     return DecodeKernelBlocksPerSm(
-        reinterpret_cast<const void*>(&MlaDecodeFp8Mma64Kernel<kFormat, kStages>), f8mma::kThreads,
-        f8mma64::Config<kFormat, kStages>::kSmemBytes);
+        reinterpret_cast<const void*>(&MlaDecodeFp8Mma64Kernel<kFormat, kStages, kEarly>),
+        f8mma::kThreads, f8mma64::Config<kFormat, kStages>::kSmemBytes);
   }();
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kStages>
+template <KvCacheFormat kFormat, int kStages, bool kEarly>
 cudaError_t LaunchMlaDecodeFp8Mma64(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  if (MlaDecodeFp8Mma64BlocksPerSm<kFormat, kStages>() == 0) return cudaErrorInvalidConfiguration;
-  MlaDecodeFp8Mma64Kernel<kFormat, kStages>
+  if (MlaDecodeFp8Mma64BlocksPerSm<kFormat, kStages, kEarly>() == 0)
+    return cudaErrorInvalidConfiguration;
+  MlaDecodeFp8Mma64Kernel<kFormat, kStages, kEarly>
       <<<grid, f8mma::kThreads, f8mma64::Config<kFormat, kStages>::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-#define MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA64(FORMAT, STAGES)                                  \
-  template cudaError_t LaunchMlaDecodeFp8Mma64<FORMAT, STAGES>(const MlaDecodeKernelParams&, int, \
-                                                               cudaStream_t);                     \
-  template int MlaDecodeFp8Mma64BlocksPerSm<FORMAT, STAGES>();
+#define MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA64(FORMAT, STAGES, EARLY) \
+  template cudaError_t LaunchMlaDecodeFp8Mma64<FORMAT, STAGES, EARLY>(  \
+      const MlaDecodeKernelParams&, int, cudaStream_t);                 \
+  template int MlaDecodeFp8Mma64BlocksPerSm<FORMAT, STAGES, EARLY>();
 
 }  // namespace mlaserve::mla

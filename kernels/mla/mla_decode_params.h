@@ -120,19 +120,14 @@ cudaError_t LaunchMlaDecodeSeesaw(const MlaDecodeKernelParams& p, int grid, cuda
 template <bool kTma, int kOrder>
 int MlaDecodeSeesawBlocksPerSm();
 
-// SM90a split decode kernel with q.k and P.V on e4m3 wgmma (mla_decode_fp8mma.cuh): the fp8
-// formats, 64 query rows per block, a kStages-deep ring of 32-token tiles. The arithmetic is
-// MlaDecodeRef's fp8_mma = kQkPv form, not the exact one. BlocksPerSm is 0 off SM 9.0.
-template <KvCacheFormat kFormat, int kStages>
-cudaError_t LaunchMlaDecodeFp8Mma(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kStages>
-int MlaDecodeFp8MmaBlocksPerSm();
-
-// The same form with 64-token tiles split by tokens between the warpgroups
-// (mla_decode_fp8mma64.cuh), a kStages-deep ring of whole cache blocks.
-template <KvCacheFormat kFormat, int kStages>
+// SM90a split decode kernel with q.k and P.V on e4m3 wgmma (mla_decode_fp8mma64.cuh): the fp8
+// formats, 64 query rows per block, 64-token tiles (whole cache blocks) split by tokens between
+// the warpgroups, a kStages-deep ring. The arithmetic is MlaDecodeRef's fp8_mma = kQkPv form, not
+// the exact one. BlocksPerSm is 0 off SM 9.0.
+// kEarly: the next tile's q.k issued behind this tile's P.V.
+template <KvCacheFormat kFormat, int kStages, bool kEarly>
 cudaError_t LaunchMlaDecodeFp8Mma64(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kStages>
+template <KvCacheFormat kFormat, int kStages, bool kEarly>
 int MlaDecodeFp8Mma64BlocksPerSm();
 
 // Cache write: one warp per token (kv_cache_write.cu).

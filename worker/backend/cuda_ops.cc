@@ -107,6 +107,7 @@ struct CudaOps::Impl {
   bool shared_overlap = true;  // SetSharedExpertOverlap
   bool programmatic_mla_combine = true;  // SetProgrammaticMlaCombine
   int mla_min_share = 0;  // SetMlaMinShare
+  bool mla_fp8_tensor_cores = true;                // SetMlaFp8TensorCores
   int merged_rows = kDefaultMergedProjectionRows;  // SetMergedProjectionRows
   uint64_t merged_count = 0;                       // merged_projections()
   // Side branches: side_stream forks from `stream` at fork_event and joins it at join_event;
@@ -349,6 +350,7 @@ void CudaOps::SetProgrammaticDispatch(bool on) { impl_->programmatic_dispatch = 
 void CudaOps::SetSharedExpertOverlap(bool on) { impl_->shared_overlap = on; }
 void CudaOps::SetProgrammaticMlaCombine(bool on) { impl_->programmatic_mla_combine = on; }
 void CudaOps::SetMlaMinShare(int units) { impl_->mla_min_share = units; }
+void CudaOps::SetMlaFp8TensorCores(bool on) { impl_->mla_fp8_tensor_cores = on; }
 
 bool CudaOps::SideBranches() const { return impl_->shared_overlap && !impl_->phase_timing; }
 
@@ -1259,17 +1261,18 @@ void CudaOps::Impl::RunMlaDecode(const MlaDecodeCall& c, const KvCacheLayer& cac
   const bool invariant = batch_invariant;
   const int max_len = c.max_blocks * kKvBlockTokens;
   int slice = c.num_seqs;
-  absl::StatusOr<MlaDecodePlan> plan =
-      PlanMlaDecode(slice, c.s_q, c.heads, cache.format, -1, 0, invariant ? max_len : 0);
+  absl::StatusOr<MlaDecodePlan> plan = PlanMlaDecode(slice, c.s_q, c.heads, cache.format, -1, 0,
+                                                     invariant ? max_len : 0, mla_fp8_tensor_cores);
   if (invariant && plan.ok()) {
-    auto one = PlanMlaDecode(1, c.s_q, c.heads, cache.format, -1, 0, max_len);
+    auto one = PlanMlaDecode(1, c.s_q, c.heads, cache.format, -1, 0, max_len, mla_fp8_tensor_cores);
     if (!one.ok()) {
       plan = one.status();
     } else {
       slice = static_cast<int>(std::clamp<size_t>(
           kPerTokenAttentionWorkspaceBytes / std::max<size_t>(one->workspace_bytes, 1), 1,
           static_cast<size_t>(c.num_seqs)));
-      plan = PlanMlaDecode(slice, c.s_q, c.heads, cache.format, -1, 0, max_len);
+      plan =
+          PlanMlaDecode(slice, c.s_q, c.heads, cache.format, -1, 0, max_len, mla_fp8_tensor_cores);
     }
   }
   if (!plan.ok()) {
