@@ -72,7 +72,7 @@ struct Config {
 
 }  // namespace f8mma64
 
-template <KvCacheFormat kFormat, int kStages, bool kEarly>
+template <KvCacheFormat kFormat, int kStages>
 __global__ void __launch_bounds__(f8mma::kThreads, 1)
     MlaDecodeFp8Mma64Kernel(const MlaDecodeKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -278,40 +278,22 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       qk_group(bb, 2, kunits);
       wgmma::Commit();
     };
-    if constexpr (kEarly) {  // tile 0 and Q visible; its q.k's first groups on the tensor cores
-      ptx::CpAsyncWait<kStages - 1>();
-      wgmma::FenceProxyAsyncShared();
-      __syncthreads();
-      qd_lo = qscale[lrow_lo];
-      qd_hi = qscale[lrow_hi];
-      if (n_tiles > 0) issue_qk_first(slot_units(0));
-    }
-
     for (int it = 0; it < n_tiles; ++it) {
       const int slot = it % kStages;
       const uint32_t kunits = slot_units(slot);
-      if constexpr (kEarly) {
-        // This warpgroup's P.V of tile it - 1 retired (the three groups after it are this tile's
-        // q.k); after the barrier both warpgroups' have (V^T and P are free).
-        wgmma::Wait<3>();
-        wgmma::FenceRegs(o);
-        wgmma::UseRegs(pa);
-        __syncthreads();
-      } else {
-        // Tile it landed (kStages tiles were in flight); this warpgroup's P.V of tile it - 1
-        // retired, and after the barrier both warpgroups' (V^T, P and the slot it read are free).
-        ptx::CpAsyncWait<kStages - 1>();
-        wgmma::Wait<0>();
-        wgmma::FenceRegs(o);
-        wgmma::UseRegs(pa);
-        wgmma::FenceProxyAsyncShared();
-        __syncthreads();
-        if (it == 0) {
-          qd_lo = qscale[lrow_lo];
-          qd_hi = qscale[lrow_hi];
-        }
-        issue_qk_first(kunits);
+      // Tile it landed (kStages tiles were in flight); this warpgroup's P.V of tile it - 1
+      // retired, and after the barrier both warpgroups' (V^T, P and the slot it read are free).
+      ptx::CpAsyncWait<kStages - 1>();
+      wgmma::Wait<0>();
+      wgmma::FenceRegs(o);
+      wgmma::UseRegs(pa);
+      wgmma::FenceProxyAsyncShared();
+      __syncthreads();
+      if (it == 0) {
+        qd_lo = qscale[lrow_lo];
+        qd_hi = qscale[lrow_hi];
       }
+      issue_qk_first(kunits);
       // fp8_tiled: the tile scales of this thread's 8 tokens (columns 8j + 2c + e of its
       // warpgroup's 32; zero-filled rows: 0).
       const float* scs = reinterpret_cast<const float*>(smem + Cfg::kScOff + slot * Cfg::kScBytes) +
@@ -450,10 +432,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       }
       wgmma::FenceProxyAsyncShared();  // V^T (generic writes) for the P.V's async reads
       __syncthreads();
-      if constexpr (kEarly) {  // tile it + kStages into this tile's slot, free everywhere now
-        if (it + kStages < n_tiles) copy_tile(t_begin + it + kStages, slot);
-        ptx::CpAsyncCommit();
-      }
       const float mn_lo = fmaxf(m_lo, fmaxf(mx_lo, xm[(1 - wgi) * 64 + lrow_lo]));
       const float mn_hi = fmaxf(m_hi, fmaxf(mx_hi, xm[(1 - wgi) * 64 + lrow_hi]));
       const float base_lo = mn_lo == -INFINITY ? 0.0f : mn_lo;
@@ -539,9 +517,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         pack(s, pa[0]);
         store_p(pa[0], 0);
       }
-      // kEarly: tile it + 1 landed (kStages - 1 tiles stay in flight) and, after the barrier, is
-      // visible to the q.k issued behind this P.V.
-      if constexpr (kEarly) ptx::CpAsyncWait<kStages - 1>();
       wgmma::FenceProxyAsyncShared();  // P (generic writes) for the other warpgroup's P.V
       __syncthreads();
       wgmma::FenceRegs(o);
@@ -560,15 +535,11 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         wgmma::WgmmaM64N256K32E4m3SS(o, dp_oth.lo, dp_oth.hi, dv_oth.lo, dv_oth.hi, 1);
       }
       wgmma::Commit();
-      if constexpr (kEarly) {  // the next tile's q.k queued behind this P.V
-        if (it + 1 < n_tiles) issue_qk_first(slot_units((it + 1) % kStages));
-      } else {
-        // Beside the P.V: tile it + kStages into this tile's slot (its q.k, V^T reads and scales
-        // were done everywhere before the last barrier).
-        const int tn = it + kStages;
-        if (tn < n_tiles) copy_tile(t_begin + tn, slot);
-        ptx::CpAsyncCommit();
-      }
+      // Beside the P.V: tile it + kStages into this tile's slot (its q.k, V^T reads and scales
+      // were done everywhere before the last barrier).
+      const int tn = it + kStages;
+      if (tn < n_tiles) copy_tile(t_begin + tn, slot);
+      ptx::CpAsyncCommit();
     }
     wgmma::Wait<0>();
     wgmma::FenceRegs(o);
@@ -598,29 +569,28 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
 }
 
 // 1 on an SM90 device (one block an SM), 0 elsewhere: the plan then refuses the variant.
-template <KvCacheFormat kFormat, int kStages, bool kEarly>
+template <KvCacheFormat kFormat, int kStages>
 int MlaDecodeFp8Mma64BlocksPerSm() {
   static const int blocks = [] {
     if (!wgmma::CurrentDeviceIsSm90()) return 0;
     return DecodeKernelBlocksPerSm(
-        reinterpret_cast<const void*>(&MlaDecodeFp8Mma64Kernel<kFormat, kStages, kEarly>),
-        f8mma::kThreads, f8mma64::Config<kFormat, kStages>::kSmemBytes);
+        reinterpret_cast<const void*>(&MlaDecodeFp8Mma64Kernel<kFormat, kStages>), f8mma::kThreads,
+        f8mma64::Config<kFormat, kStages>::kSmemBytes);
   }();
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kStages, bool kEarly>
+template <KvCacheFormat kFormat, int kStages>
 cudaError_t LaunchMlaDecodeFp8Mma64(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  if (MlaDecodeFp8Mma64BlocksPerSm<kFormat, kStages, kEarly>() == 0)
-    return cudaErrorInvalidConfiguration;
-  MlaDecodeFp8Mma64Kernel<kFormat, kStages, kEarly>
+  if (MlaDecodeFp8Mma64BlocksPerSm<kFormat, kStages>() == 0) return cudaErrorInvalidConfiguration;
+  MlaDecodeFp8Mma64Kernel<kFormat, kStages>
       <<<grid, f8mma::kThreads, f8mma64::Config<kFormat, kStages>::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-#define MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA64(FORMAT, STAGES, EARLY) \
-  template cudaError_t LaunchMlaDecodeFp8Mma64<FORMAT, STAGES, EARLY>(  \
-      const MlaDecodeKernelParams&, int, cudaStream_t);                 \
-  template int MlaDecodeFp8Mma64BlocksPerSm<FORMAT, STAGES, EARLY>();
+#define MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA64(FORMAT, STAGES)                                  \
+  template cudaError_t LaunchMlaDecodeFp8Mma64<FORMAT, STAGES>(const MlaDecodeKernelParams&, int, \
+                                                               cudaStream_t);                     \
+  template int MlaDecodeFp8Mma64BlocksPerSm<FORMAT, STAGES>();
 
 }  // namespace mlaserve::mla

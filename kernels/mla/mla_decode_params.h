@@ -124,10 +124,9 @@ int MlaDecodeSeesawBlocksPerSm();
 // formats, 64 query rows per block, 64-token tiles (whole cache blocks) split by tokens between
 // the warpgroups, a kStages-deep ring. The arithmetic is MlaDecodeRef's fp8_mma = kQkPv form, not
 // the exact one. BlocksPerSm is 0 off SM 9.0.
-// kEarly: the next tile's q.k issued behind this tile's P.V.
-template <KvCacheFormat kFormat, int kStages, bool kEarly>
+template <KvCacheFormat kFormat, int kStages>
 cudaError_t LaunchMlaDecodeFp8Mma64(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kStages, bool kEarly>
+template <KvCacheFormat kFormat, int kStages>
 int MlaDecodeFp8Mma64BlocksPerSm();
 
 // Cache write: one warp per token (kv_cache_write.cu).
