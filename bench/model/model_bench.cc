@@ -42,13 +42,14 @@
 // --programmatic off: the skinny projections of batches of up to 4 rows launched
 // without the programmatic dependency on the previous kernel (CudaOps::SetProgrammaticLaunch).
 // --fused-mla-input off: MLA's latent norm, k RoPE and cache write as five ops, not one kernel
-// (CudaOps::SetFusedMlaInput). --moe-few-expert off: the routed experts' decode GEMMs always on
-// the tile kernel, not the few-expert kernel where few experts are active
-// (CudaOps::SetMoeFewExpert). --moe-few-expert-layer on: at 1-4 tokens the routed experts' layer
-// as one fused launch where the few-expert kernel runs (CudaOps::SetMoeFewExpertLayer; off by
-// default until measured). --fused-prologues on:
-// the q_a norm with q_b and the shared expert's SiLU with its down projection as one skinny
-// kernel each at batches of up to 4 (CudaOps::SetFusedPrologues; off by default).
+// (CudaOps::SetFusedMlaInput). --mla-fp8-tensor-cores off: the fp8 caches' MLA decode in the exact
+// form, not on e4m3 tensor cores from 64 query rows (CudaOps::SetMlaFp8TensorCores).
+// --moe-few-expert off: the routed experts' decode GEMMs always on the tile kernel, not the
+// few-expert kernel where few experts are active (CudaOps::SetMoeFewExpert). --moe-few-expert-layer
+// on: at 1-4 tokens the routed experts' layer as one fused launch where the few-expert kernel runs
+// (CudaOps::SetMoeFewExpertLayer; off by default until measured). --fused-prologues on: the q_a
+// norm with q_b and the shared expert's SiLU with its down projection as one skinny kernel each at
+// batches of up to 4 (CudaOps::SetFusedPrologues; off by default).
 // --programmatic-small off: the norms, RoPE, the fused MLA input, SiLU and the route kernel
 // launched plainly, not programmatically dependent on the previous kernel (CudaOps::
 // SetProgrammaticSmallKernels; on by default). --mla-q-fusion off: q's RoPE as its own kernel
@@ -114,6 +115,9 @@ ABSL_FLAG(mlaserve::OnOff, programmatic, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, fused_mla_input, mlaserve::OnOff{true},
           "Run MLA's input (latent norm, k RoPE, cache write) as one kernel "
           "(CudaOps::SetFusedMlaInput).");
+ABSL_FLAG(mlaserve::OnOff, mla_fp8_tensor_cores, mlaserve::OnOff{true},
+          "Run the fp8 caches' MLA decode on e4m3 tensor cores where the plan has such a kernel "
+          "(from 64 query rows on SM90; CudaOps::SetMlaFp8TensorCores); off: the exact form.");
 ABSL_FLAG(mlaserve::OnOff, fused_prologues, mlaserve::OnOff{false},
           "Run the q_a norm with q_b and the shared expert's SiLU with its down projection as one "
           "skinny kernel each at batches of up to 4 (CudaOps::SetFusedPrologues).");
@@ -349,6 +353,7 @@ int Run(int argc, char** argv) {
     }
     (*ops)->SetProgrammaticLaunch(absl::GetFlag(FLAGS_programmatic).on);
     (*ops)->SetFusedMlaInput(absl::GetFlag(FLAGS_fused_mla_input).on);
+    (*ops)->SetMlaFp8TensorCores(absl::GetFlag(FLAGS_mla_fp8_tensor_cores).on);
     (*ops)->SetMoeFewExpert(absl::GetFlag(FLAGS_moe_few_expert).on);
     (*ops)->SetMoeFewExpertLayer(absl::GetFlag(FLAGS_moe_few_expert_layer).on);
     (*ops)->SetMoeWaveTail(absl::GetFlag(FLAGS_moe_wave_tail).on);

@@ -32,8 +32,9 @@
 //   the end (StoreRows).
 //
 // The first kernel of the form (session 33: 32-token tiles, the q.k split by dims between the
-// warpgroups with partial scores exchanged) measured 0.93-1.10x the f16-converting kernel on the
-// H200 and lost to the 64-token kernel in all 24 cases (session 34, bench/RESULTS.md); removed.
+// warpgroups with partial scores exchanged) measured 0.91-1.14x the f16-converting kernel on the
+// H200 and lost to the 64-token kernel in 22 of 24 cases (session 34, bench/RESULTS.md; 2-5% faster
+// only in fp8_tiled at batch 1 x 4k); removed.
 #pragma once
 
 #include <cuda_fp8.h>
