@@ -171,6 +171,22 @@ TEST_F(LauncherChecksTest, GpuBindingOneRankPerGpu) {
   EXPECT_NE(r.out.find("local rank 2"), std::string::npos) << r.out;
 }
 
+// The fp8 KV formats' attention form reaches every worker: on e4m3 tensor cores by default, the
+// exact form with --mla-fp8-tensor-cores off; anything else is refused before any check runs.
+TEST_F(LauncherChecksTest, Fp8TensorCoresSwitchReachesTheWorkers) {
+  Outcome r = Launch("--model " + Model() + Bin() + " --dry-run", "FAKE_GPUS=2", true);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("--mla-fp8-tensor-cores on"), std::string::npos) << r.out;
+  r = Launch("--model " + Model() + Bin() + " --mla-fp8-tensor-cores off --dry-run", "FAKE_GPUS=2",
+             true);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("--mla-fp8-tensor-cores off"), std::string::npos) << r.out;
+  r = Launch("--model " + Model() + Bin() + " --mla-fp8-tensor-cores maybe --dry-run",
+             "FAKE_GPUS=2", true);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--mla-fp8-tensor-cores must be on or off"), std::string::npos) << r.out;
+}
+
 TEST_F(LauncherChecksTest, HostfileMustStartWithThisHost) {
   std::ofstream(dir_ / "hosts")
       << "# two boxes\ngpu-box-elsewhere.invalid slots=8\nlocalhost slots=8\n";

@@ -198,7 +198,7 @@ class CudaOps : public Ops {
   // The MLA decode of the fp8 cache formats on e4m3 tensor cores where the plan has such a kernel
   // (from 64 query rows on SM90: PlanMlaDecode's fp8_tensor_cores, the FP8 tensor-core form that
   // MlaDecodeRef emulates, within issue 18's accuracy bounds). On by default; off: the exact form.
-  void SetMlaFp8TensorCores(bool on);
+  void SetMlaFp8TensorCores(bool on) override;
   // RmsNormLinear and SiluMulLinear as one skinny kernel each at 1-4 rows
   // (LinearGemm::RunWithPrologue): the q_a norm with q_b, the shared expert's SiLU with its down
   // projection. Off by default: slower at batches 2-4 on the H200 (sessions 7 and 11).

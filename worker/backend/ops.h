@@ -383,6 +383,10 @@ class Ops {
     (void)on;
     return absl::OkStatus();
   }
+  // Whether the fp8 caches' MLA decode may run on e4m3 tensor cores where the backend has such a
+  // kernel (the FP8 tensor-core form MlaDecodeRef emulates; on by default). Off: the exact form.
+  // The CPU backend's attention is always the exact form.
+  virtual void SetMlaFp8TensorCores(bool on) { (void)on; }
 };
 
 }  // namespace mlaserve

@@ -399,6 +399,7 @@ absl::StatusOr<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const Ten
     m->dcp_comm_ = m->dcp_group_.get();
   }
   if (auto s = ops.SetBatchInvariant(options.deterministic); !s.ok()) return s;
+  ops.SetMlaFp8TensorCores(options.mla_fp8_tensor_cores);
   if (auto s = m->LoadWeights(source); !s.ok()) return s;
   return m;
 }

@@ -45,6 +45,9 @@ struct ModelOptions {
   // per_token_attention) and the backend's ops are batch-invariant (Ops::SetBatchInvariant).
   // Prefill then costs O(prompt x context) attention through the decode kernel.
   bool deterministic = false;
+  // The fp8 caches' MLA decode on e4m3 tensor cores where the backend has such a kernel (SM90,
+  // 64+ query rows: Ops::SetMlaFp8TensorCores); false keeps the exact form.
+  bool mla_fp8_tensor_cores = true;
   // Decode context parallelism (issue 20): the ranks split the latent cache by blocks (global
   // block g on rank g % dcp) instead of each holding all of it, and each attends with every head
   // over its own rows; partial outputs are merged by log-sum-exp (StepLayoutOptions::dcp_size,

@@ -5,7 +5,7 @@
 //       [--gpu-memory-fraction F] [--max-step-tokens N] [--max-seqs N]
 //       [--moe expert|tensor] [--threads N] [--cuda-graphs on|off] [--cuda-graphs-multi-rank
 //       on|off]
-//       [--deterministic on|off]
+//       [--deterministic on|off] [--mla-fp8-tensor-cores on|off]
 //       [--coordinator-curve-key FILE] [--dcp N] [--metrics-host H --metrics-port N]
 //       [--name NAME] [--coordinator-timeout-s S]   (--help lists every flag)
 //
@@ -15,6 +15,9 @@
 // --deterministic on (issue 23): a request's tokens do not depend on what it is batched with nor
 // on preemption: batch-invariant kernels and every token's attention through the decode path
 // (ModelOptions::deterministic; its cost is in bench/RESULTS.md).
+// --mla-fp8-tensor-cores off: the fp8 KV formats' attention in the exact form; on (the default)
+// lets the GPU's decode kernel run q.k and P.V on e4m3 tensor cores where it has such a kernel
+// (SM90, 64+ query rows; kernels/mla/mla_decode_fp8mma64.cuh; within issue 18's accuracy bounds).
 // --device defaults to cuda where the build has the CUDA backend and a GPU is visible, else cpu.
 // On a GPU the memory plan (worker/model/memory_plan.h) is made before loading: the KV pool gets
 // what the weights and the largest step's workspace leave of the free memory times
@@ -92,6 +95,9 @@ ABSL_FLAG(mlaserve::OnOff, cuda_graphs_multi_rank, mlaserve::OnOff{false},
           "graphs. Not yet run on several GPUs.");
 ABSL_FLAG(mlaserve::OnOff, deterministic, mlaserve::OnOff{false},
           "Tokens independent of batching and preemption (README, Deterministic serving).");
+ABSL_FLAG(mlaserve::OnOff, mla_fp8_tensor_cores, mlaserve::OnOff{true},
+          "The fp8 KV formats' attention on e4m3 tensor cores where the GPU kernel has that form "
+          "(SM90, 64+ query rows); off: the exact form.");
 ABSL_FLAG(int32_t, dcp, 1,
           "Decode context parallelism: groups of N ranks split the KV cache, N in [1, 1024] "
           "dividing the rank count.");
@@ -122,6 +128,7 @@ struct Args {
   bool cuda_graphs = true;
   bool cuda_graphs_multi_rank = false;
   bool deterministic = false;
+  bool mla_fp8_tensor_cores = true;
   int dcp = 1;
   std::string metrics_host;
   int metrics_port = 0;
@@ -176,6 +183,7 @@ int main(int argc, char** argv) {
   a.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs).on;
   a.cuda_graphs_multi_rank = absl::GetFlag(FLAGS_cuda_graphs_multi_rank).on;
   a.deterministic = absl::GetFlag(FLAGS_deterministic).on;
+  a.mla_fp8_tensor_cores = absl::GetFlag(FLAGS_mla_fp8_tensor_cores).on;
   a.dcp = FlagInRange(FLAGS_dcp, 1, 1024);
   a.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   a.metrics_port = FlagInRange(FLAGS_metrics_port, 0, 65535);
@@ -195,6 +203,7 @@ int main(int argc, char** argv) {
   ModelOptions options;
   options.moe = a.moe == "tensor" ? MoeParallelism::kTensor : MoeParallelism::kExpert;
   options.deterministic = a.deterministic;
+  options.mla_fp8_tensor_cores = a.mla_fp8_tensor_cores;
   options.dcp = a.dcp;
   std::unique_ptr<Ops> ops;
   std::string plan_note;
