@@ -330,10 +330,9 @@ TEST(MlaDecodeGpuTest, EveryVariantHeadsSq) {
 
 // The variants on e4m3 tensor cores (MlaDecodeVariantFp8Mma) against the emulated form, beyond
 // the cases every variant runs: head counts around the 64-row tile (1, 8, 40, 64, 65, 128), 1-4
-// query tokens, lengths around the 32-token tile and the 64-token block (a tile of the
-// 64-token kernel), a sequence split over every
-// SM, split pieces beside whole ones, a batch past the in-kernel schedule, and rows whose q is one
-// k-step's 32 dims (a step's part of the scores alone).
+// query tokens, lengths around 32 tokens and around one and two 64-token blocks (the e4m3
+// kernel's tile), a sequence split over every SM, split pieces beside whole ones, a batch past the
+// in-kernel schedule, and rows whose q is one k-step's 32 dims (a step's part of the scores alone).
 TEST(MlaDecodeGpuTest, Fp8MmaVariants) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 3000;
