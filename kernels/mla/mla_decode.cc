@@ -150,12 +150,34 @@ const VariantEntry kSeesawEarly{
 const VariantEntry kFp8Mma64{"wgmma_rows64_fp8mma_t64",
                              64,
                              kSched,
-                             {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 3>,
-                              &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 3>},
-                             {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 3>,
-                              &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 3>},
+                             {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 3, false>,
+                              &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 3, false>},
+                             {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 3, false>,
+                              &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 3, false>},
                              {0, 0, 0},
                              true};
+// The same with the P.V as O^T = V^T P^T (kernels/mla/NOTES.md, session 35): V's A fragments
+// loaded from the tile into registers by a 4 x 4 byte transpose, P^T from shared memory, so no
+// V^T is stored to shared memory and read back.
+const VariantEntry kFp8Mma64VRegs{"wgmma_rows64_fp8mma_t64_vregs",
+                                  64,
+                                  kSched,
+                                  {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 3, true>,
+                                   &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 3, true>},
+                                  {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 3, true>,
+                                   &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 3, true>},
+                                  {0, 0, 0},
+                                  true};
+// Its 4-deep ring (the 32 KB of V^T it does not keep make room for a fourth tile).
+const VariantEntry kFp8Mma64VRegsS4{"wgmma_rows64_fp8mma_t64_vregs_s4",
+                                    64,
+                                    kSched,
+                                    {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 4, true>,
+                                     &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 4, true>},
+                                    {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 4, true>,
+                                     &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 4, true>},
+                                    {0, 0, 0},
+                                    true};
 // (Its form with the next tile's q.k issued behind this tile's P.V, the barrier before the
 // transpose waiting for the P.V alone, lost on the H100 in all 24 cases of session 34's sweep:
 // fp8 0.87-0.98x, fp8_tiled 0.82-0.97x this one; bench/mla/results/
@@ -171,6 +193,8 @@ const VariantEntry kVariants[] = {
     kSeesawTma,
     kSeesawEarly,
     kFp8Mma64,
+    kFp8Mma64VRegs,
+    kFp8Mma64VRegsS4,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
