@@ -361,21 +361,6 @@ __device__ __forceinline__ void WgmmaM64N128K32E4m3RS(float (&d)[64], const uint
 #endif
 }
 
-// D[64 x 64] (+)= A[64 x 32] * B[32 x 64], e4m3, A from registers, B from shared memory
-// (K-major).
-__device__ __forceinline__ void WgmmaM64N64K32E4m3RS(float (&d)[32], const uint32_t (&a)[4],
-                                                     uint32_t b_lo, uint32_t b_hi, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n .reg .pred p;\n .reg .b64 db;\n setp.ne.b32 p, %38, 0;\n"
-      " mov.b64 db, {%36, %37};\n"
-      " wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " MLASERVE_WGMMA_D32
-      ", {%32, %33, %34, %35}, db, p, 1, 1;\n}\n"
-      : MLASERVE_WGMMA_D32_OUT
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b_lo), "r"(b_hi), "r"(accumulate));
-#endif
-}
-
 // D[64 x 256] (+)= A[64 x 32] * B[32 x 256], e4m3, A and B from shared memory (K-major).
 __device__ __forceinline__ void WgmmaM64N256K32E4m3SS(float (&d)[128], uint32_t a_lo, uint32_t a_hi,
                                                       uint32_t b_lo, uint32_t b_hi,

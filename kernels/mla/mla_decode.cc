@@ -150,38 +150,20 @@ const VariantEntry kSeesawEarly{
 const VariantEntry kFp8Mma64{"wgmma_rows64_fp8mma_t64",
                              64,
                              kSched,
-                             {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 3, false>,
-                              &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 3, false>},
-                             {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 3, false>,
-                              &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 3, false>},
+                             {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 3>,
+                              &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 3>},
+                             {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 3>,
+                              &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 3>},
                              {0, 0, 0},
                              true};
-// The same with the P.V as O^T = V^T P^T (kernels/mla/NOTES.md, session 35): V's A fragments
-// loaded from the tile into registers by a 4 x 4 byte transpose, P^T from shared memory, so no
-// V^T is stored to shared memory and read back.
-const VariantEntry kFp8Mma64VRegs{"wgmma_rows64_fp8mma_t64_vregs",
-                                  64,
-                                  kSched,
-                                  {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 3, true>,
-                                   &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 3, true>},
-                                  {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 3, true>,
-                                   &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 3, true>},
-                                  {0, 0, 0},
-                                  true};
-// Its 4-deep ring (the 32 KB of V^T it does not keep make room for a fourth tile).
-const VariantEntry kFp8Mma64VRegsS4{"wgmma_rows64_fp8mma_t64_vregs_s4",
-                                    64,
-                                    kSched,
-                                    {&NotBuilt, &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8, 4, true>,
-                                     &mla::MlaDecodeFp8Mma64BlocksPerSm<kFp8Tiled, 4, true>},
-                                    {&NotBuiltLaunch, &mla::LaunchMlaDecodeFp8Mma64<kFp8, 4, true>,
-                                     &mla::LaunchMlaDecodeFp8Mma64<kFp8Tiled, 4, true>},
-                                    {0, 0, 0},
-                                    true};
 // (Its form with the next tile's q.k issued behind this tile's P.V, the barrier before the
 // transpose waiting for the P.V alone, lost on the H100 in all 24 cases of session 34's sweep:
 // fp8 0.87-0.98x, fp8_tiled 0.82-0.97x this one; bench/mla/results/
-// h100_2026-12-07_s34_fp8mma64_early.csv; removed.)
+// h100_2026-12-07_s34_fp8mma64_early.csv; removed.) Its P.V as O^T = V^T P^T, V's A fragments
+// loaded from the tile into registers (no V^T stored to shared memory and read back), with a 3-
+// and a 4-deep ring (session 35, 6b3bbc2, H100): 0.97-1.10x this one, a wash at batch 64 (ncu:
+// the short-scoreboard stalls went, MIO-throttle ones came); bench/mla/results/
+// h100_2026-12-07_s35_vregs_s4.csv; removed.
 
 const VariantEntry kVariants[] = {
     MLASERVE_MLA_SLICED("sliced_tile32_shallow", 32, 2, 3, 2, 0, 0, 2),
@@ -193,8 +175,6 @@ const VariantEntry kVariants[] = {
     kSeesawTma,
     kSeesawEarly,
     kFp8Mma64,
-    kFp8Mma64VRegs,
-    kFp8Mma64VRegsS4,
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 

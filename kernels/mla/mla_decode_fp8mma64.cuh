@@ -41,7 +41,7 @@ namespace f8mma64 {
 constexpr int kTile = 64;  // One cache block.
 static_assert(kTile == kKvBlockTokens, "a tile is a cache block");
 
-template <KvCacheFormat kFormat, int kStages, bool kVRegs>
+template <KvCacheFormat kFormat, int kStages>
 struct Config {
   static constexpr bool kTiled = kFormat == KvCacheFormat::kFp8Tiled;
   static constexpr int kRowBytes = static_cast<int>(KvCacheBytesPerToken(kFormat));
@@ -50,23 +50,17 @@ struct Config {
   static constexpr int kKBytes = f8mma::kQkBlocks * kKBlockBytes;        // 40,960: a ring slot
   static constexpr int kScBytes = kTiled ? kTile * 16 : 0;  // fp8_tiled: a slot's tile scales
   static constexpr int kVtHalfBytes = kMlaLatentDim * 32;   // V^T of a warpgroup's 32 tokens
-  static constexpr int kVtBytes = kVRegs ? 0 : 2 * kVtHalfBytes;
-  static constexpr int kPBytes = f8mma::kRows * 32;  // a 64 x 32 e4m3 P tile
-  static constexpr int kPCount = kTiled ? 2 : 1;     // P tiles a warpgroup hands over
-  // P tiles in shared memory: kVRegs, one a (column group, warpgroup) (every P is read from here);
-  // else the kPCount a warpgroup hands over.
-  static constexpr int kPTiles = kVRegs ? 2 * (kTiled ? 4 : 1) : 2 * kPCount;
+  static constexpr int kPBytes = f8mma::kRows * 32;         // a 64 x 32 e4m3 P tile
+  static constexpr int kPCount = kTiled ? 2 : 1;            // P tiles a warpgroup hands over
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kScOff = kKOff + kStages * kKBytes;
   static constexpr int kVtOff = kScOff + kStages * kScBytes;
-  static constexpr int kPOff = kVtOff + kVtBytes;
-  static constexpr int kXOff = kPOff + kPTiles * kPBytes;
-  // Exchange floats: row maxima [2][64], tile-scale maxima [2][4], row sums [2][64]; kVRegs: the
-  // rows' O factors a warpgroup [2][64] and the final row maxima [64].
+  static constexpr int kPOff = kVtOff + 2 * kVtHalfBytes;
+  static constexpr int kXOff = kPOff + 2 * kPCount * kPBytes;
+  // Exchange floats: row maxima [2][64], tile-scale maxima [2][4], row sums [2][64].
   static constexpr int kXmOff = kXOff, kXsOff = kXmOff + 2 * 64 * 4, kXlOff = kXsOff + 2 * 4 * 4;
-  static constexpr int kXaOff = kXlOff + 2 * 64 * 4, kXfOff = kXaOff + 2 * 64 * 4;
-  static constexpr int kQScaleOff = kXfOff + 64 * 4;  // 64 floats
+  static constexpr int kQScaleOff = kXlOff + 2 * 64 * 4;  // 64 floats
   static constexpr int kSchedOff = kQScaleOff + 4 * f8mma::kRows;
   static constexpr int kSchedBytes = 4 * (kInlineScheduleMaxBatch + 2);
   static constexpr int kSmemBytes = kSchedOff + kSchedBytes + 1024;  // + alignment slack
@@ -76,69 +70,16 @@ struct Config {
   static_assert(kSmemBytes <= 227 * 1024, "H100 / H200: 227 KB per block");
 };
 
-// The epilogue of the kVRegs form, whose accumulators are O^T: for the tile's rows n = 8j + 2c +
-// x (j < 8, x < 2) and column group 2 wgi + gh, this thread holds dims 128 (2 wgi + gh) + 32 wq +
-// 4 g + e (e < 4) at o[32 (2 gh + e / 2) + 4 j + 2 (e % 2) + x] (m-tile 2 gh + e / 2, M row
-// 16 wq + g + 8 (e % 2)). Their sums of 256 P are xl[n] + xl[64 + n] (the two warpgroups' tokens),
-// their running maxima xf[n]; O's columns hold sum (256 P) x V (fp8_tiled: / rs of the group).
-template <bool kTiled>
-__device__ __forceinline__ void StoreColumns(const MlaDecodeKernelParams& p, const float (&o)[128],
-                                             const float (&rs)[2], int b, int worker, bool whole,
-                                             int mt, const float* xl, const float* xf, int wgi,
-                                             int wq, int g, int c) {
-  constexpr float kLn2 = 0.693147180559945309f;
-  const size_t slot = static_cast<size_t>(worker) + b;  // Unique per (sequence, worker).
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      const int n = 8 * j + 2 * c + x, row = mt * f8mma::kRows + n;
-      if (row >= p.rows) continue;
-      const float l = xl[n] + xl[64 + n];  // sum of 256 P
-      const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
-      const float lse2 = l > 0.0f ? xf[n] + log2f(l * (1.0f / f8mma::kPScale)) : -INFINITY;
-#pragma unroll
-      for (int gh = 0; gh < 2; ++gh) {
-        const float f = kTiled ? inv * rs[gh] : inv;
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          v[e] = o[32 * (2 * gh + (e >> 1)) + 4 * j + 2 * (e & 1) + x] * f;
-        const int col = 128 * (2 * wgi + gh) + 32 * wq + 4 * g;
-        if (whole) {
-          uint16_t* out = p.out + (static_cast<size_t>(b) * p.rows + row) * kMlaLatentDim + col;
-          const __nv_bfloat162 v01 = __floats2bfloat162_rn(v[0], v[1]);
-          const __nv_bfloat162 v23 = __floats2bfloat162_rn(v[2], v[3]);
-          uint2 u;
-          u.x = *reinterpret_cast<const uint32_t*>(&v01);
-          u.y = *reinterpret_cast<const uint32_t*>(&v23);
-          *reinterpret_cast<uint2*>(out) = u;
-        } else {
-          float* part = p.o_part + (slot * p.rows + row) * kMlaLatentDim + col;
-          *reinterpret_cast<float4*>(part) = make_float4(v[0], v[1], v[2], v[3]);
-        }
-      }
-      if (wgi == 0 && wq == 0 && g == 0) {
-        if (whole) {
-          if (p.lse != nullptr) p.lse[static_cast<size_t>(b) * p.rows + row] = lse2 * kLn2;
-        } else {
-          p.lse_part[slot * p.rows + row] = lse2;
-        }
-      }
-    }
-  }
-}
-
 }  // namespace f8mma64
 
-template <KvCacheFormat kFormat, int kStages, bool kVRegs>
+template <KvCacheFormat kFormat, int kStages>
 __global__ void __launch_bounds__(f8mma::kThreads, 1)
     MlaDecodeFp8Mma64Kernel(const MlaDecodeKernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl::AllowDependentLaunch();
   using f8mma::kRows;
   using f8mma::kThreads;
-  using Cfg = f8mma64::Config<kFormat, kStages, kVRegs>;
+  using Cfg = f8mma64::Config<kFormat, kStages>;
   constexpr int kTile = f8mma64::kTile;
   constexpr bool kTiled = Cfg::kTiled;
   constexpr int kRowBytes = Cfg::kRowBytes;
@@ -152,8 +93,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
   float* xm = reinterpret_cast<float*>(smem + Cfg::kXmOff);
   float* xs = reinterpret_cast<float*>(smem + Cfg::kXsOff);
   float* xl = reinterpret_cast<float*>(smem + Cfg::kXlOff);
-  float* xa = reinterpret_cast<float*>(smem + Cfg::kXaOff);
-  float* xf = reinterpret_cast<float*>(smem + Cfg::kXfOff);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wgi = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform (uniform registers)
@@ -202,22 +141,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
   }
   const uint32_t t_x = tr * 16;
 
-  // kVRegs: V's A fragments loaded from the tile itself (f8mma64::StoreColumns has the layout):
-  // this thread's dims in column group 2 wgi + gh are 128 (2 wgi + gh) + 32 wq + 4 g + e (e < 4,
-  // one 32-bit word of a token's row), for tokens 2c + x (+ 8 y + 16 kh + 32 kk) of the tile; the
-  // token's row is 128 B of its K block with 16-B chunks swizzled by token & 7 (= 2c + x). A
-  // warp's 32 loads of one instruction cover four token rows' eight chunks: conflict-free.
-  uint32_t v_ld[2][2];
-#pragma unroll
-  for (int gh = 0; gh < 2; ++gh) {
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      const int r = 2 * c + x, chunk = 2 * wq + (g >> 2);
-      v_ld[gh][x] =
-          k_smem + (2 * wgi + gh) * Cfg::kKBlockBytes + r * 128 + ((chunk ^ r) << 4) + 4 * (g & 3);
-    }
-  }
-
   // This thread's P fragment words in a 64 x 32 no-swizzle K-major A tile (8-row x 16-B core
   // matrices, 128 B apart in K, 256 B apart in rows): register r is row group 2 wq + (r & 1), K
   // half r >> 1, row g, bytes 4c .. 4c + 3.
@@ -233,7 +156,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       vt_smem + (1 - wgi) * Cfg::kVtHalfBytes + wgi * (256 / 8) * 256, 128, 256);
   const wgmma::Desc dp_oth =
       wgmma::DescNoSwizzle(p_smem + (1 - wgi) * Cfg::kPCount * Cfg::kPBytes, 128, 256);
-  const wgmma::Desc dpt = wgmma::DescNoSwizzle(p_smem, 128, 256);  // kVRegs: P^T tiles
 
   for (int b = first_seq; b < p.batch && prefix[b] < cost_end; ++b) {
     const SeqPiece piece = PieceOfSequence(p, prefix, b, cost_begin, cost_end);
@@ -270,7 +192,8 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     };
     // V^T of the slot's 16-token quarter q4 (V^T half q4 / 2, K chunk q4 % 2). All 8 words are
     // loaded before the first store: Lds32 / Sts32 are volatile with a memory clobber, so the
-    // compiler keeps their source order, and loads written after a store wait behind it.
+    // compiler keeps their source order, and loads written after a store wait behind it (session
+    // 35, H100: 0.98-1.06x the store-between form, median 1.014).
     auto transpose = [&](int slot, int q4) {
       const uint32_t so = slot * Cfg::kKBytes + 16 * q4 * 128;
       const uint32_t vo = (q4 >> 1) * Cfg::kVtHalfBytes + (q4 & 1) * 128;
@@ -292,32 +215,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
                                  __byte_perm(b01, b23, sel_a), __byte_perm(b01, b23, sel_b)};
 #pragma unroll
         for (int j = 0; j < 4; ++j) f8mma::Sts32(t_st[sp] + vo + ((16u * j) ^ t_x), out[j]);
-      }
-    };
-    // kVRegs: V's A fragments of the slot's 16-token quarter q4 (k-step kk = q4 / 2, K half kh =
-    // q4 % 2) into va[4 kk + 2 gh + kh][e]: byte b of register e is dim e of token 2c + (b & 1) +
-    // 8 (b >> 1) of the quarter (the P pack's token order), a 4 x 4 byte transpose of 4 words.
-    auto vload = [&](uint32_t(&va)[8][4], int slot, int q4) {
-      const uint32_t so = slot * Cfg::kKBytes + 16 * q4 * 128;
-      uint32_t w[2][4];
-#pragma unroll
-      for (int gh = 0; gh < 2; ++gh) {
-#pragma unroll
-        for (int b4 = 0; b4 < 4; ++b4) {
-          w[gh][b4] = f8mma::Lds32(v_ld[gh][b4 & 1] + so + 8 * (b4 >> 1) * 128);
-        }
-      }
-#pragma unroll
-      for (int gh = 0; gh < 2; ++gh) {
-        const uint32_t x0 = __byte_perm(w[gh][0], w[gh][1], 0x5140u);
-        const uint32_t x1 = __byte_perm(w[gh][0], w[gh][1], 0x7362u);
-        const uint32_t y0 = __byte_perm(w[gh][2], w[gh][3], 0x5140u);
-        const uint32_t y1 = __byte_perm(w[gh][2], w[gh][3], 0x7362u);
-        uint32_t(&r)[4] = va[4 * (q4 >> 1) + 2 * gh + (q4 & 1)];
-        r[0] = __byte_perm(x0, y0, 0x5410u);
-        r[1] = __byte_perm(x0, y0, 0x7632u);
-        r[2] = __byte_perm(x1, y1, 0x5410u);
-        r[3] = __byte_perm(x1, y1, 0x7632u);
       }
     };
 
@@ -343,9 +240,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     uint32_t pa[Cfg::kPCount][4];            // own P, live until its P.V retires
 #pragma unroll
     for (int i = 0; i < Cfg::kPCount; ++i) pa[i][0] = pa[i][1] = pa[i][2] = pa[i][3] = 0u;
-    uint32_t va[8][4];  // kVRegs: V's A fragments, live until the P.V retires
-#pragma unroll
-    for (int i = 0; i < 8; ++i) va[i][0] = va[i][1] = va[i][2] = va[i][3] = 0u;
     float s[16], a[16], bb[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = a[i] = bb[i] = 0.0f;
@@ -403,7 +297,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       wgmma::Wait<0>();
       wgmma::FenceRegs(o);
       wgmma::UseRegs(pa);
-      wgmma::UseRegs(va);
       wgmma::FenceProxyAsyncShared();
       __syncthreads();
       if (it == 0) {
@@ -419,11 +312,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         return *reinterpret_cast<const float2*>(scs + (8 * j + e) * 4 + 2 * pair);
       };
 
-      if constexpr (kVRegs) {
-        vload(va, slot, 0);
-      } else {
-        transpose(slot, 0);
-      }
+      transpose(slot, 0);
       wgmma::Wait<1>();
       wgmma::FenceRegs(s);
       wgmma::FenceRegs(a);
@@ -444,13 +333,24 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       wgmma::Fence();
       qk_group(a, 3, kunits);
       wgmma::Commit();
-      if constexpr (kVRegs) {
-        vload(va, slot, 1);
-      } else {
-        transpose(slot, 1);
-      }
+      transpose(slot, 1);
       wgmma::Wait<1>();
       wgmma::FenceRegs(bb);
+      // S += a group's sums (fp8_tiled: times scale(j, token parity), the tokens' tile scales of
+      // the group; fp8: as they are, scale unused).
+      auto add_scaled = [&](const float(&acc)[16], auto scale) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if constexpr (kTiled) {
+              s[4 * j + e] = fmaf(acc[4 * j + e], scale(j, e & 1), s[4 * j + e]);
+            } else {
+              s[4 * j + e] += acc[4 * j + e];
+            }
+          }
+        }
+      };
       float2 f23[4][2];  // fp8_tiled: groups 2 and 3's scales
       if constexpr (kTiled) {
 #pragma unroll
@@ -458,43 +358,17 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) f23[j][e] = scale2(j, e, 1);
         }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            s[4 * j + e] = fmaf(bb[4 * j + e], f23[j][e & 1].x, s[4 * j + e]);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s[i] += bb[i];
       }
+      add_scaled(bb, [&](int j, int e) { return f23[j][e].x; });
       wgmma::FenceRegs(bb);
       wgmma::Fence();
       qk_rope(bb, kunits);
       wgmma::Commit();
-      if constexpr (kVRegs) {
-        vload(va, slot, 2);
-      } else {
-        transpose(slot, 2);
-      }
+      transpose(slot, 2);
       wgmma::Wait<1>();
       wgmma::FenceRegs(a);
-      if constexpr (kTiled) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            s[4 * j + e] = fmaf(a[4 * j + e], f23[j][e & 1].y, s[4 * j + e]);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s[i] += a[i];
-      }
-      if constexpr (kVRegs) {
-        vload(va, slot, 3);
-      } else {
-        transpose(slot, 3);
-      }
+      add_scaled(a, [&](int j, int e) { return f23[j][e].y; });
+      transpose(slot, 3);
       wgmma::Wait<0>();
       wgmma::FenceRegs(bb);
       if constexpr (kTiled) {  // q's row scale times the latent sum, plus the bf16 RoPE sum
@@ -586,12 +460,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
       }
       l_lo = fmaf(l_lo, alpha_lo, sum_lo);
       l_hi = fmaf(l_hi, alpha_hi, sum_hi);
-      if constexpr (kVRegs) {  // O^T's columns are rows: their factors go by shared memory
-        if (c == 0) {
-          xa[wgi * 64 + lrow_lo] = alpha_lo;
-          xa[wgi * 64 + lrow_hi] = alpha_hi;
-        }
-      } else if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f)) {
+      if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f)) {
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
           o[4 * n + 0] *= alpha_lo;
@@ -613,13 +482,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
         for (int q = 0; q < 4; ++q) {
           f8mma::Sts32(p_st + pi * Cfg::kPBytes + (q & 1) * 256 + (q >> 1) * 128, r[q]);
         }
-      };
-      // kVRegs: P^T tile (group gi, k-step wgi), the B operand of O^T's P.V (N = rows, K-major:
-      // the same bytes as the A tile above).
-      auto store_pt = [&](const uint32_t(&r)[4], int gi) {
-        const uint32_t at = p_smem + (2 * gi + wgi) * Cfg::kPBytes + 2 * wq * 256 + g * 16 + 4 * c;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) f8mma::Sts32(at + (q & 1) * 256 + (q >> 1) * 128, r[q]);
       };
       if constexpr (kTiled) {
         // One P a 128-column group: P x 256 x the token's tile scale / the group's running
@@ -650,11 +512,7 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
               w[4 * j + e] = s[4 * j + e] * (f * inv_rs);
             }
           }
-          if constexpr (kVRegs) {
-            uint32_t r[4];
-            pack(w, r);
-            store_pt(r, gi);
-          } else if (gi >> 1 == wgi) {
+          if (gi >> 1 == wgi) {
             pack(w, pa[gi & 1]);
           } else {
             uint32_t r[4];
@@ -662,57 +520,15 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
             store_p(r, gi & 1);
           }
         }
-      } else if constexpr (kVRegs) {
-        uint32_t r[4];
-        pack(s, r);
-        store_pt(r, 0);
       } else {
         pack(s, pa[0]);
         store_p(pa[0], 0);
       }
       wgmma::FenceProxyAsyncShared();  // P (generic writes) for the other warpgroup's P.V
       __syncthreads();
-      if constexpr (kVRegs) {
-        // O^T's columns n = 8j + 2c + x: their rows' factors (this warpgroup's copy).
-        float2 al[8];
-        bool rescale = false;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          al[j] = *reinterpret_cast<const float2*>(xa + wgi * 64 + 8 * j + 2 * c);
-          rescale |= al[j].x != 1.0f || al[j].y != 1.0f;
-        }
-        if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              o[32 * i + 4 * j + 0] *= al[j].x;
-              o[32 * i + 4 * j + 1] *= al[j].y;
-              o[32 * i + 4 * j + 2] *= al[j].x;
-              o[32 * i + 4 * j + 3] *= al[j].y;
-            }
-          }
-        }
-      }
       wgmma::FenceRegs(o);
       wgmma::Fence();
-      if constexpr (kVRegs) {
-        // O^T (+)= V^T P^T: m-tile i (32 accumulators at o + 32 i) holds column group 2 wgi + i /
-        // 2; k-step kk is warpgroup kk's 32 tokens.
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int gh = i >> 1, ih = i & 1;
-            const uint32_t(&v0)[4] = va[4 * kk + 2 * gh];
-            const uint32_t(&v1)[4] = va[4 * kk + 2 * gh + 1];
-            const uint32_t af[4] = {v0[2 * ih], v0[2 * ih + 1], v1[2 * ih], v1[2 * ih + 1]};
-            const int tile = kTiled ? 2 * (2 * wgi + gh) + kk : kk;
-            float(&oi)[32] = *reinterpret_cast<float(*)[32]>(o + 32 * i);
-            wgmma::WgmmaM64N64K32E4m3RS(oi, af, dpt.lo + ((tile * Cfg::kPBytes) >> 4), dpt.hi, 1);
-          }
-        }
-      } else if constexpr (kTiled) {
+      if constexpr (kTiled) {
         constexpr uint32_t kHalfCols = ((128 / 8) * 256) >> 4;  // 128 columns of V^T, 16-B units
         float(&o0)[64] = *reinterpret_cast<float(*)[64]>(o);
         float(&o1)[64] = *reinterpret_cast<float(*)[64]>(o + 64);
@@ -735,7 +551,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     wgmma::Wait<0>();
     wgmma::FenceRegs(o);
     wgmma::UseRegs(pa);
-    wgmma::UseRegs(va);
     ptx::CpAsyncWait<0>();
     // Row sums: the quad's, then the other warpgroup's tokens. The barrier also ends the piece:
     // the next piece's prologue reuses Q, the ring, V^T and P.
@@ -746,10 +561,6 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     if (c == 0) {
       xl[wgi * 64 + lrow_lo] = l_lo;
       xl[wgi * 64 + lrow_hi] = l_hi;
-      if (kVRegs && wgi == 0) {  // (both warpgroups hold the same m)
-        xf[lrow_lo] = m_lo;
-        xf[lrow_hi] = m_hi;
-      }
     }
     __syncthreads();
     l_lo += xl[(1 - wgi) * 64 + lrow_lo];
@@ -757,42 +568,36 @@ __global__ void __launch_bounds__(f8mma::kThreads, 1)
     // l summed P x 256; the epilogue takes the sum of P (an exact division).
     // (Selected, not indexed by wgi: a register array indexed at run time goes to local memory.)
     const float rs_own[2] = {wgi ? rs[2] : rs[0], wgi ? rs[3] : rs[1]};
-    if constexpr (kVRegs) {
-      f8mma64::StoreColumns<kTiled>(p, o, rs_own, b, worker, whole, mt, xl, xf, wgi, wq, g, c);
-    } else {
-      f8mma::StoreRows<kTiled>(p, o, rs_own, b, worker, whole, row_lo, row_hi, m_lo, m_hi,
-                               l_lo * (1.0f / f8mma::kPScale), l_hi * (1.0f / f8mma::kPScale), wgi,
-                               c);
-    }
+    f8mma::StoreRows<kTiled>(p, o, rs_own, b, worker, whole, row_lo, row_hi, m_lo, m_hi,
+                             l_lo * (1.0f / f8mma::kPScale), l_hi * (1.0f / f8mma::kPScale), wgi,
+                             c);
   }
 #endif
 }
 
 // 1 on an SM90 device (one block an SM), 0 elsewhere: the plan then refuses the variant.
-template <KvCacheFormat kFormat, int kStages, bool kVRegs>
+template <KvCacheFormat kFormat, int kStages>
 int MlaDecodeFp8Mma64BlocksPerSm() {
   static const int blocks = [] {
     if (!wgmma::CurrentDeviceIsSm90()) return 0;
     return DecodeKernelBlocksPerSm(
-        reinterpret_cast<const void*>(&MlaDecodeFp8Mma64Kernel<kFormat, kStages, kVRegs>),
-        f8mma::kThreads, f8mma64::Config<kFormat, kStages, kVRegs>::kSmemBytes);
+        reinterpret_cast<const void*>(&MlaDecodeFp8Mma64Kernel<kFormat, kStages>), f8mma::kThreads,
+        f8mma64::Config<kFormat, kStages>::kSmemBytes);
   }();
   return blocks;
 }
 
-template <KvCacheFormat kFormat, int kStages, bool kVRegs>
+template <KvCacheFormat kFormat, int kStages>
 cudaError_t LaunchMlaDecodeFp8Mma64(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream) {
-  if (MlaDecodeFp8Mma64BlocksPerSm<kFormat, kStages, kVRegs>() == 0) {
-    return cudaErrorInvalidConfiguration;
-  }
-  MlaDecodeFp8Mma64Kernel<kFormat, kStages, kVRegs>
-      <<<grid, f8mma::kThreads, f8mma64::Config<kFormat, kStages, kVRegs>::kSmemBytes, stream>>>(p);
+  if (MlaDecodeFp8Mma64BlocksPerSm<kFormat, kStages>() == 0) return cudaErrorInvalidConfiguration;
+  MlaDecodeFp8Mma64Kernel<kFormat, kStages>
+      <<<grid, f8mma::kThreads, f8mma64::Config<kFormat, kStages>::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-#define MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA64(FORMAT, STAGES, VREGS) \
-  template cudaError_t LaunchMlaDecodeFp8Mma64<FORMAT, STAGES, VREGS>(  \
-      const MlaDecodeKernelParams&, int, cudaStream_t);                 \
-  template int MlaDecodeFp8Mma64BlocksPerSm<FORMAT, STAGES, VREGS>();
+#define MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA64(FORMAT, STAGES)                                  \
+  template cudaError_t LaunchMlaDecodeFp8Mma64<FORMAT, STAGES>(const MlaDecodeKernelParams&, int, \
+                                                               cudaStream_t);                     \
+  template int MlaDecodeFp8Mma64BlocksPerSm<FORMAT, STAGES>();
 
 }  // namespace mlaserve::mla

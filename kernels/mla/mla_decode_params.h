@@ -123,11 +123,10 @@ int MlaDecodeSeesawBlocksPerSm();
 // SM90a split decode kernel with q.k and P.V on e4m3 wgmma (mla_decode_fp8mma64.cuh): the fp8
 // formats, 64 query rows per block, 64-token tiles (whole cache blocks) split by tokens between
 // the warpgroups, a kStages-deep ring. The arithmetic is MlaDecodeRef's fp8_mma = kQkPv form, not
-// the exact one. kVRegs: the P.V as O^T = V^T P^T with V's A fragments loaded from the tile
-// into registers (no V^T in shared memory). BlocksPerSm is 0 off SM 9.0.
-template <KvCacheFormat kFormat, int kStages, bool kVRegs>
+// the exact one. BlocksPerSm is 0 off SM 9.0.
+template <KvCacheFormat kFormat, int kStages>
 cudaError_t LaunchMlaDecodeFp8Mma64(const MlaDecodeKernelParams& p, int grid, cudaStream_t stream);
-template <KvCacheFormat kFormat, int kStages, bool kVRegs>
+template <KvCacheFormat kFormat, int kStages>
 int MlaDecodeFp8Mma64BlocksPerSm();
 
 // Cache write: one warp per token (kv_cache_write.cu).

@@ -2,5 +2,5 @@
 #include "kernels/mla/mla_decode_fp8mma64.cuh"
 
 namespace mlaserve::mla {
-MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA64(KvCacheFormat::kFp8, 3, false)
+MLASERVE_INSTANTIATE_MLA_DECODE_FP8MMA64(KvCacheFormat::kFp8, 3)
 }  // namespace mlaserve::mla
