@@ -217,6 +217,14 @@ constexpr int kFp8Mma64Variant = 8;
 //   128 heads 1.27-1.29x at batch 64 x 32k-128k (1,613.7 -> 1,272.7 us at 32k), 1.23x at batch 1 x
 //   128k, 0.98x at batch 1 x 32k; 64 heads 0.99-1.02x at batch 64 and 0.83-0.92x at batch 1. So
 //   bf16 with more than 64 rows (two row tiles) takes it; 64 rows keep the chained kernel.
+// * the seesaw kernel at exactly 64 rows (2026-12-07 session 36; raw:
+//   bench/mla/results/h100_2026-12-07_s36_bf16_64_128_variants.log, H100, two runs, minimum):
+//   against the chained kernel at 64 heads, batch 16 1.13 / 0.99 / 1.05x (4k / 32k / 128k),
+//   batch 64 1.01 / 1.02 / 1.08x, batch 4 0.84-1.07x, batch 1 0.95-0.96x. On the H200 the same
+//   session measured FlashMLA's seesaw-order kernel at 0.90-0.995 of copy bandwidth at 64 heads
+//   x batch 64 where the chained kernel reads 0.68-0.70 (h200_2026-12-07_s36_table.log,
+//   h200_2026-12-07_s36_flashmla.csv); our seesaw kernel there is unmeasured. So 64 rows take the
+//   seesaw kernel from batch 16 (kSeesaw64RowsMinBatch), the chained one below.
 // * the e4m3 tensor-core kernel with 64-token tiles (2026-12-07 session 34, H200, one run, 2 reps,
 //   minimum; raw: bench/mla/results/h200_2026-12-07_s34_fp8mma64.csv), against the ahead kernel
 //   at 64 / 128 heads, batch 1 / 16 / 64, 4k / 32k: fp8 1.13-1.56x (128 heads batch 64 x 32k
@@ -224,8 +232,12 @@ constexpr int kFp8Mma64Variant = 8;
 //   16); on the H100 the same day (h100_2026-12-07_s34_fp8mma64_early.csv) fp8 1.04-1.52x,
 //   fp8_tiled 0.98-1.09x. So the fp8 formats from 64 rows take it where the device has it (SM90);
 //   its arithmetic is the FP8 tensor-core form, within issue 18's accuracy bounds (accuracy_test).
+constexpr int kSeesaw64RowsMinBatch = 16;
 int DefaultVariant(int batch, int rows, KvCacheFormat format, int cc_major, bool fp8_mma) {
-  if (rows > 64 && MlaDecodeVariantAvailable(kSeesawVariant, format)) return kSeesawVariant;
+  if ((rows > 64 || (rows == 64 && batch >= kSeesaw64RowsMinBatch)) &&
+      MlaDecodeVariantAvailable(kSeesawVariant, format)) {
+    return kSeesawVariant;
+  }
   if (fp8_mma && rows >= 64 && MlaDecodeVariantAvailable(kFp8Mma64Variant, format)) {
     return kFp8Mma64Variant;
   }

@@ -484,6 +484,8 @@ TEST(MlaDecodeGpuTest, SkewedAndLargeBatches) {
     // and pieces of the long one.
     RunDecodeCase({f, 16, 2, skewed, -1, 3}, seed++);
     RunDecodeCase({f, 64, 1, {5000, 17, 700}, -1, 1}, seed++);
+    // 64 rows from batch 16: bf16 takes the seesaw kernel there (kSeesaw64RowsMinBatch).
+    RunDecodeCase({f, 64, 1, skewed}, seed++);
   }
 }
 
