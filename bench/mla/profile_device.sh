@@ -7,7 +7,9 @@
 #   bench/mla/profile_device.sh BENCH FLASHMLA_PEER|- OUT_DIR VARIANT HEADS BATCH CONTEXT
 # BENCH: mla_decode_bench; FLASHMLA_PEER: the binary bench/mla/flashmla_peer.sh builds, or - to
 # skip it. Writes OUT_DIR/ours.ncu-rep, ours_details.txt, ours_sass.csv, fm.txt and prints the
-# durations and the largest stall reasons. Takes ~2 minutes on an H100.
+# durations and the largest stall reasons. Takes ~2 minutes on an H100. FORMAT=fp8 or fp8_tiled
+# profiles our kernel in that cache format instead of bf16 (FlashMLA's peer stays bf16), e.g. the
+# batch-1 fp8 split kernel: FORMAT=fp8 profile_device.sh BENCH - OUT -1 8 1 32768.
 set -uo pipefail
 bench="${1:?usage: profile_device.sh BENCH FLASHMLA_PEER|- OUT_DIR VARIANT HEADS BATCH CONTEXT}"
 peer="${2:?}"
@@ -18,7 +20,7 @@ batch="${6:?}"
 context="${7:?}"
 mkdir -p "$out"
 stalls='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
-shape=(--format bf16 --heads "$heads" --batch "$batch" --context "$context" --variant "$variant")
+shape=(--format "${FORMAT:-bf16}" --heads "$heads" --batch "$batch" --context "$context" --variant "$variant")
 # The split kernel once, after the bench's warm-up launches, with source-level sampling.
 timeout 150 ncu --kernel-name-base demangled -k 'regex:MlaDecode(Seesaw|Wgmma|Sliced)Kernel' \
   --launch-skip 6 -c 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters \
