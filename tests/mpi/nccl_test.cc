@@ -193,6 +193,44 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NcclAllReduceTest,
                                            Case{DType::kF32, (1 << 20) + 5}),
                          CaseName);
 
+// MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES: bf16 all-reduces up to that size take the one-shot kernel
+// (worker/comm/peer_all_reduce.h) and must give the exact sums NCCL gives (integer inputs, exact
+// in any order); larger ones stay on NCCL. One rank has nothing to exchange: the path stays off.
+TEST_F(NcclCommunicatorTest, OneShotPathSumsLikeNccl) {
+  setenv("MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES", "65536", 1);
+  auto comm = NcclCommunicator::Create(MPI_COMM_WORLD, g_stream);
+  setenv("MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES", "64k", 1);
+  auto refused = NcclCommunicator::Create(MPI_COMM_WORLD, g_stream);
+  unsetenv("MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  const int n = (*comm)->size();
+  if (n == 1) {
+    EXPECT_EQ((*comm)->one_shot_max_bytes(), 0u);
+  } else if ((*comm)->one_shot_max_bytes() == 0) {
+    GTEST_SKIP() << "these GPUs cannot map each other's memory (the reason is on stderr)";
+  } else {
+    EXPECT_EQ((*comm)->one_shot_max_bytes(), 65536u);
+  }
+  // 7168 and 32768 elements take the one-shot path, 32769 NCCL.
+  for (int64_t numel : {int64_t{7168}, int64_t{32768}, int64_t{32769}, int64_t{7168}}) {
+    const uint32_t seed = static_cast<uint32_t>(numel) * 3u + 11u;
+    std::vector<float> sum(numel, 0.0f);
+    for (int r = 0; r < n; ++r) {
+      const std::vector<float> in = ReduceInput(DType::kBF16, numel, r, seed);
+      for (int64_t i = 0; i < numel; ++i) sum[i] += in[i];
+    }
+    DeviceBuffer b =
+        ToDevice(DType::kBF16, numel,
+                 Encode(DType::kBF16, ReduceInput(DType::kBF16, numel, (*comm)->rank(), seed)));
+    absl::Status s = (*comm)->AllReduceSum(b.tensor);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_TRUE((*comm)->WaitForStream().ok());
+    EXPECT_TRUE(ToHost(b) == Encode(DType::kBF16, sum))
+        << numel << " elements on rank " << (*comm)->rank() << " of " << n;
+  }
+}
+
 // Rank r's all-gather input: distinct, exactly representable values.
 std::vector<uint8_t> GatherInput(DType dtype, int64_t numel, int rank) {
   if (dtype == DType::kI32) {

@@ -3,6 +3,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "worker/comm/mpi_communicator.h"
+#include "worker/comm/peer_all_reduce.h"
 
 namespace mlaserve {
 namespace {
@@ -33,6 +35,19 @@ absl::StatusOr<double> TimeoutFromEnv() {
         absl::StrCat("MLASERVE_NCCL_TIMEOUT_S=\"", env, "\": expected a number of seconds > 0"));
   }
   return s;
+}
+
+// MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES: the largest bf16 all-reduce for the one-shot path, 0 (the
+// default) for none.
+absl::StatusOr<size_t> OneShotBytesFromEnv() {
+  const char* env = std::getenv("MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES");
+  if (env == nullptr || *env == '\0') return 0;
+  uint64_t bytes = 0;
+  if (!absl::SimpleAtoi(env, &bytes) || bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES=\"", env,
+                                                   "\": expected bytes in 0..2^30"));
+  }
+  return static_cast<size_t>(bytes);
 }
 
 // The NCCL type of a tensor's dtype, for the dtypes the collective takes.
@@ -104,6 +119,10 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MPI_C
   if (!timeout_s.ok()) {
     return timeout_s.status();
   }
+  absl::StatusOr<size_t> one_shot_bytes = OneShotBytesFromEnv();
+  if (!one_shot_bytes.ok()) {
+    return one_shot_bytes.status();
+  }
   MpiCommunicator mpi(comm);
   const int rank = mpi.rank();
   const int size = mpi.size();
@@ -153,11 +172,39 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MPI_C
   if (absl::Status s = mpi.AgreeOnStatus(mine); !s.ok()) {
     return s;
   }
+  // The smallest setting of any rank, so that every rank takes the same path (the setup below is
+  // collective).
+  uint64_t one_shot_setting = *one_shot_bytes;
+  if (MPI_Allreduce(MPI_IN_PLACE, &one_shot_setting, 1, MPI_UINT64_T, MPI_MIN, comm) !=
+      MPI_SUCCESS) {
+    return absl::InternalError(absl::StrCat(
+        "rank ", rank, ": MPI_Allreduce of MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES failed"));
+  }
+  *one_shot_bytes = static_cast<size_t>(one_shot_setting);
+  if (*one_shot_bytes >= 2 && size > 1) {
+    // Collective; every rank gets the same outcome.
+    absl::StatusOr<std::unique_ptr<PeerAllReduce>> one_shot =
+        PeerAllReduce::Create(comm, static_cast<int64_t>(*one_shot_bytes / 2), *timeout_s);
+    if (one_shot.ok()) {
+      self->one_shot_ = *std::move(one_shot);
+      self->one_shot_max_bytes_ = *one_shot_bytes / 2 * 2;
+    } else if (absl::IsUnavailable(one_shot.status())) {
+      if (rank == 0) {
+        std::fprintf(stderr, "mlaserve: one-shot all-reduce off, every all-reduce on NCCL: %s\n",
+                     std::string(one_shot.status().message()).c_str());
+      }
+    } else {
+      return one_shot.status();
+    }
+  }
   return self;
 }
 
+size_t NcclCommunicator::one_shot_max_bytes() const { return one_shot_max_bytes_; }
+
 NcclCommunicator::~NcclCommunicator() {
   std::lock_guard<std::mutex> lock(mu_);
+  one_shot_.reset();
   if (owns_mpi_) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -269,8 +316,17 @@ absl::Status NcclCommunicator::AllReduceSum(Tensor& t) {
   if (t.numel() == 0) {
     return absl::OkStatus();
   }
-  last_op_ = what;
   const size_t count = static_cast<size_t>(t.numel());
+  if (one_shot_ != nullptr && t.dtype() == DType::kBF16 && 2 * count <= one_shot_max_bytes_ &&
+      reinterpret_cast<uintptr_t>(t.data<void>()) % 16 == 0) {
+    last_op_ = absl::StrCat(what, " (one-shot)");
+    if (absl::Status s = one_shot_->Run(t.data<void>(), static_cast<int64_t>(count), stream_);
+        !s.ok()) {
+      return FailLocked(absl::InternalError(absl::StrCat("rank ", rank_, ": ", s.message())));
+    }
+    return absl::OkStatus();
+  }
+  last_op_ = what;
   return EnqueuedLocked(
       ncclAllReduce(t.data<void>(), t.data<void>(), count, *type, ncclSum, comm_, stream_));
 }
@@ -377,10 +433,12 @@ absl::Status NcclCommunicator::WaitForStream(double timeout_s) {
       }
       if (e != cudaErrorNotReady) {
         // A kernel fault or launch error: the context is unusable, the peers must not wait.
+        const std::string diagnosis = one_shot_ != nullptr ? one_shot_->Diagnosis() : "";
         return FailLocked(absl::InternalError(
             absl::StrCat("rank ", rank_, ": CUDA error on the stream after NCCL ",
                          last_op_.empty() ? "(no collective yet)" : last_op_, ": ",
-                         cudaGetErrorString(e), "; the communicator was aborted")));
+                         cudaGetErrorString(e), diagnosis.empty() ? "" : " (", diagnosis,
+                         diagnosis.empty() ? "" : ")", "; the communicator was aborted")));
       }
       if (Clock::now() >= deadline) {
         return FailLocked(absl::DeadlineExceededError(absl::StrCat(

@@ -14,7 +14,14 @@
 //     waiting for data): WaitForStream returns DeadlineExceeded after the timeout;
 //   - in both cases the communicator is aborted (ncclCommAbort), which also ends the spinning
 //     kernel so that the stream drains; every later call returns the first error.
-// What is not handled: a hang detected only by a caller that waits on the stream some other way
+// Small bf16 all-reduces may take the one-shot path instead (peer_all_reduce.h): with
+// MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES=B (> 0) at Create, an AllReduceSum of a bf16 tensor of at most
+// B bytes runs our one-shot kernel through CUDA IPC, where every pair of GPUs can map each other's
+// memory (else Create says so on stderr and every all-reduce stays on NCCL). Off (0) by default
+// until measured on several GPUs (issue 22; bench/comm/all_reduce_bench.cc). Its sums are fp32 in
+// rank order, rounded once (NCCL's are bf16 at each hop), so the two paths' bits differ. A peer
+// that never arrives makes the kernel trap after MLASERVE_NCCL_TIMEOUT_S; WaitForStream then names
+// it. What is not handled: a hang detected only by a caller that waits on the stream some other way
 // (cudaStreamSynchronize in CudaOps::Synchronize blocks forever): such a caller needs a watchdog
 // thread calling CheckAsyncError, and CheckAsyncError sees only errors NCCL reports, not silent
 // hangs; recovery (shrinking or re-creating the communicator) is left to the caller, which is
@@ -36,6 +43,8 @@
 struct ncclComm;  // nccl.h's ncclComm_t is ncclComm*; nccl.h stays out of this header.
 
 namespace mlaserve {
+
+class PeerAllReduce;
 
 class NcclCommunicator : public Communicator {
  public:
@@ -91,6 +100,8 @@ class NcclCommunicator : public Communicator {
   cudaStream_t stream() const { return stream_; }
   // MLASERVE_NCCL_TIMEOUT_S (seconds, > 0) at Create, default 60.
   double timeout_s() const { return timeout_s_; }
+  // The largest bf16 all-reduce (bytes) that takes the one-shot path; 0 when it is off.
+  size_t one_shot_max_bytes() const;
 
  private:
   NcclCommunicator(ncclComm* comm, int rank, int size, cudaStream_t stream, double timeout_s,
@@ -116,6 +127,8 @@ class NcclCommunicator : public Communicator {
   const double timeout_s_;
   MPI_Comm const mpi_;   // the same ranks over MPI: agreeing on outcomes, splitting
   const bool owns_mpi_;  // made by Split: freed with the object
+  std::unique_ptr<PeerAllReduce> one_shot_;  // null when the one-shot path is off
+  size_t one_shot_max_bytes_ = 0;
 };
 
 }  // namespace mlaserve
