@@ -20,6 +20,22 @@
 // gather are skipped, so the times are one rank's compute without its communication, and the
 // logits are the rank's vocabulary slice (prompt tokens are drawn from that slice).
 //
+// --mpi on: one rank of an `mpirun -np N` job (issue 22; needs NCCL): rank R loads rank R's shard
+// of the N-rank deployment on GPU local_rank % device count, the ranks run every step in lockstep
+// and exchange activations through NcclCommunicator (and the one-shot all-reduce where
+// MLASERVE_ONE_SHOT_ALL_REDUCE_BYTES enables it), rank 0 prints, and every time is the slowest
+// rank's. Prompt tokens span the whole vocabulary and the logits are the gathered whole rows.
+// --dcp G: decode context parallelism in groups of G ranks (ModelOptions::dcp; each rank holds
+// 1/G of the KV blocks). --multi-rank-graphs on (the default here; the worker's is off): decode
+// steps captured into CUDA graphs with the collectives inside (ModelOptions::multi_rank_graphs);
+// the decode lines say whether graphs were captured. --compare-single on: before the job loads,
+// rank 0 loads the whole model alone (the same weights: synthetic weights depend only on the seed
+// and the tensor's name) and decodes 3 prompts of 48 tokens plus 32 greedy tokens; the job then
+// decodes the same, and the line "compare" gives the largest |logit difference| / max |logit| over
+// every position where the two greedy sequences still agree, and how many greedy tokens agree
+// (issue 22: logits against N = 1, greedy identical in bf16 KV). The whole model must fit on one
+// GPU for it (cut the layers of a full-size config, e.g. 4 of Kimi-K2.5's).
+//
 // Decode roofline: the bytes a step must read (every non-expert weight once, the routed experts
 // the batch is expected to touch: E * (1 - (1 - k/E)^B) per MoE layer for uniform routing, and
 // the KV cache of every sequence in its format) over the device-to-device copy bandwidth measured
@@ -68,6 +84,7 @@
 // no longer does the routed experts' dispatch in one-token steps (CudaOps::
 // SetMoeRouteDispatchFusion; on by default).
 #include <cuda_runtime_api.h>
+#include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
@@ -85,6 +102,11 @@
 #include "common/safetensors.h"
 #include "kernels/linear/linear.h"
 #include "worker/backend/cuda_ops.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/mpi_communicator.h"
+#if MLASERVE_HAVE_NCCL
+#include "worker/comm/nccl_communicator.h"
+#endif
 #include "worker/model/deepseek_v3.h"
 #include "worker/model/synthetic_checkpoint.h"
 
@@ -183,6 +205,17 @@ ABSL_FLAG(std::string, moe, "expert",
 ABSL_FLAG(int32_t, rank, 0, "Load this rank's shard of a --ranks N deployment, in [0, N).");
 ABSL_FLAG(int32_t, ranks, 0, "The deployment's rank count, in [0, 65536] (0: the whole model).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the synthetic weights.");
+ABSL_FLAG(mlaserve::OnOff, mpi, mlaserve::OnOff{false},
+          "Run as one rank of an mpirun job: rank R loads shard R of N and the ranks exchange "
+          "activations over NCCL (needs NCCL).");
+ABSL_FLAG(int32_t, dcp, 1,
+          "With --mpi on: decode context parallelism in groups of this many ranks.");
+ABSL_FLAG(mlaserve::OnOff, multi_rank_graphs, mlaserve::OnOff{true},
+          "With --mpi on: capture decode steps with their collectives into CUDA graphs "
+          "(ModelOptions::multi_rank_graphs).");
+ABSL_FLAG(mlaserve::OnOff, compare_single, mlaserve::OnOff{false},
+          "With --mpi on: compare the job's logits and greedy tokens with the whole model on rank "
+          "0 alone.");
 
 namespace mlaserve {
 namespace {
@@ -288,6 +321,54 @@ StepBatch Step(Sequences& s, const std::vector<int>& which,
   return b;
 }
 
+// The slowest rank's value in an MPI job (the value itself otherwise).
+double MaxOverRanks(double v, bool mpi) {
+  if (!mpi) return v;
+  double m = v;
+  MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+
+// What --compare-single decodes: 3 prompts of kComparePrompt tokens (a fixed draw over the whole
+// vocabulary), then kCompareSteps greedy tokens each, one sequence at a time; every position's
+// logits row is kept.
+constexpr int kComparePrompts = 3, kComparePrompt = 48, kCompareSteps = 32;
+struct GreedyRun {
+  std::vector<std::vector<int32_t>> tokens;             // [prompt][step]
+  std::vector<std::vector<std::vector<float>>> logits;  // [prompt][step][vocab]
+};
+
+absl::StatusOr<GreedyRun> DecodeForCompare(DeepseekV3Model& m, int vocab) {
+  GreedyRun run;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  for (int p = 0; p < kComparePrompts; ++p) {
+    Sequences s;
+    s.tables.emplace_back();
+    for (int b = 0; b < (kComparePrompt + kCompareSteps + kKvBlockTokens) / kKvBlockTokens; ++b)
+      s.tables[0].push_back(b);
+    s.lengths.push_back(0);
+    std::vector<int32_t> prompt(kComparePrompt);
+    for (auto& x : prompt) x = tok(rng);
+    run.tokens.emplace_back();
+    run.logits.emplace_back();
+    std::vector<int32_t> feed = prompt;
+    for (int step = 0; step < kCompareSteps; ++step) {
+      std::vector<float> logits;
+      if (auto st = m.Forward(Step(s, {0}, {feed}), &logits); !st.ok()) return st;
+      if (logits.size() != static_cast<size_t>(vocab)) {
+        return absl::InternalError("compare: the logits row is not the whole vocabulary");
+      }
+      const int32_t g =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      run.tokens.back().push_back(g);
+      run.logits.back().push_back(std::move(logits));
+      feed = {g};
+    }
+  }
+  return run;
+}
+
 // Each value of a list of on/off modes (--graphs on,off), checked.
 std::vector<std::string> Modes(const absl::Flag<std::vector<std::string>>& flag) {
   std::vector<std::string> modes = absl::GetFlag(flag);
@@ -324,12 +405,49 @@ int Run(int argc, char** argv) {
   if (!synthetic_dir.empty() && !oracle.empty())
     UsageError("--oracle needs the real weights (--model)");
   if (shard_world > 0 && shard_rank >= shard_world) UsageError("--rank must be in [0, --ranks)");
+  const bool mpi = absl::GetFlag(FLAGS_mpi).on;
+  const int dcp = FlagInRange(FLAGS_dcp, 1, 1 << 16);
+  const bool compare_single = absl::GetFlag(FLAGS_compare_single).on;
+  if (!mpi && (dcp > 1 || compare_single)) UsageError("--dcp and --compare-single need --mpi on");
+  if (mpi && shard_world > 0) UsageError("--rank / --ranks and --mpi on exclude each other");
+  int world_rank = 0, world_size = 1;
+  if (mpi) {
+#if !MLASERVE_HAVE_NCCL
+    UsageError("--mpi on needs NCCL, which this build has not found");
+#endif
+    MPI_Init(&argc, &argv);
+    FinalizeMpiAtExit();
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    if (world_size % dcp != 0) UsageError("--dcp must divide the number of ranks");
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    int local_rank = 0;
+    MPI_Comm_rank(local, &local_rank);
+    MPI_Comm_free(&local);
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
+        cudaSetDevice(local_rank % devices) != cudaSuccess) {
+      std::fprintf(stderr, "rank %d: no usable CUDA device\n", world_rank);
+      return 1;
+    }
+    // Rank 0 speaks for the job; the others' errors still reach stderr.
+    if (world_rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 1;
+  }
+  int device = 0;
+  cudaGetDevice(&device);
   cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
+  cudaGetDeviceProperties(&prop, device);
   const double bw = CopyBandwidth();
   const double rate = GemmRate();
   std::printf("device %s: copy bandwidth %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured here)\n",
               prop.name, bw / 1e9, rate / 1e12);
+  if (mpi) {
+    std::printf(
+        "mpi: %d ranks, one GPU each, NCCL between them; decode context parallelism in "
+        "groups of %d; multi-rank graphs %s; times are the slowest rank's\n",
+        world_size, dcp, absl::GetFlag(FLAGS_multi_rank_graphs).on ? "on" : "off");
+  }
   auto config = LoadModelConfig(synthetic_dir.empty() ? model_dir : synthetic_dir);
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
@@ -343,6 +461,8 @@ int Run(int argc, char** argv) {
       (std::max(context + steps + 64, 0) + kKvBlockTokens - 1) / kKvBlockTokens;
   const int blocks =
       max_batch * per_seq_blocks + (max_prefill + kKvBlockTokens) / kKvBlockTokens + 2;
+  // With decode context parallelism a rank holds 1/dcp of the blocks (block g on rank g % dcp).
+  const int rank_blocks = (blocks + dcp - 1) / dcp;
   for (const std::string& kv : kvs) {
     auto fmt = ParseKvCacheFormat(kv);
     if (!fmt.ok()) return 2;
@@ -373,31 +493,77 @@ int Run(int argc, char** argv) {
     (*ops)->SetSharedExpertOverlap(absl::GetFlag(FLAGS_shared_expert_overlap).on);
     (*ops)->SetProgrammaticMlaCombine(absl::GetFlag(FLAGS_programmatic_mla_combine).on);
     (*ops)->SetMlaMinShare(FlagInRange(FLAGS_mla_min_share, 0, 1024));
-    SingleRankCommunicator comm;
+    SingleRankCommunicator single;
     ModelOptions o;
     o.kv_format = *fmt;
-    o.num_kv_blocks = blocks;
+    o.num_kv_blocks = mpi ? rank_blocks : blocks;
     o.shard_rank = shard_rank;
     o.shard_world = shard_world;
     o.moe = moe_tensor ? MoeParallelism::kTensor : MoeParallelism::kExpert;
-    const double t_load = Now();
+    // Loads the model of options `opts` over `comm` (synthetic weights, a checkpoint's shard or
+    // the whole checkpoint).
     std::unique_ptr<SyntheticCheckpoint> synthetic;
-    absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model;
-    if (!synthetic_dir.empty()) {
-      SyntheticCheckpointOptions so;
-      so.seed = seed;
-      synthetic = std::make_unique<SyntheticCheckpoint>(c, so);
-      model = DeepseekV3Model::Load(*synthetic, c, o, **ops, comm);
-    } else if (shard_world > 0) {
-      auto ckpt = Checkpoint::Open(model_dir);
-      if (!ckpt.ok()) {
-        std::fprintf(stderr, "%s\n", std::string(ckpt.status().message()).c_str());
+    auto load = [&](const ModelOptions& opts, Ops& ops_ref,
+                    Communicator& with) -> absl::StatusOr<std::unique_ptr<DeepseekV3Model>> {
+      if (!synthetic_dir.empty()) {
+        SyntheticCheckpointOptions so;
+        so.seed = seed;
+        synthetic = std::make_unique<SyntheticCheckpoint>(c, so);
+        return DeepseekV3Model::Load(*synthetic, c, opts, ops_ref, with);
+      }
+      if (opts.shard_world > 0) {
+        auto ckpt = Checkpoint::Open(model_dir);
+        if (!ckpt.ok()) return ckpt.status();
+        return DeepseekV3Model::Load(*ckpt, c, opts, ops_ref, with);
+      }
+      return DeepseekV3Model::Load(model_dir, opts, ops_ref, with);
+    };
+    // --compare-single: rank 0 decodes with the whole model alone first (then frees it).
+    absl::StatusOr<GreedyRun> single_run = absl::UnknownError("not run");
+    if (compare_single) {
+      if (world_rank == 0) {
+        auto whole_ops = CudaOps::Create();
+        if (!whole_ops.ok()) return 1;
+        ModelOptions whole = o;
+        whole.num_kv_blocks = (kComparePrompt + kCompareSteps) / kKvBlockTokens + 2;
+        auto whole_model = load(whole, **whole_ops, single);
+        if (!whole_model.ok()) {
+          std::fprintf(stderr, "compare: loading the whole model on one GPU: %s\n",
+                       std::string(whole_model.status().message()).c_str());
+          return 1;
+        }
+        synthetic.reset();
+        single_run = DecodeForCompare(**whole_model, c.vocab_size);
+        if (!single_run.ok()) {
+          std::fprintf(stderr, "compare: %s\n", std::string(single_run.status().message()).c_str());
+          return 1;
+        }
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    std::unique_ptr<Communicator> job_comm;
+    Communicator* comm = &single;
+#if MLASERVE_HAVE_NCCL
+    if (mpi) {
+      o.dcp = dcp;
+      o.multi_rank_graphs = absl::GetFlag(FLAGS_multi_rank_graphs).on;
+      auto nccl = NcclCommunicator::Create(MPI_COMM_WORLD, (*ops)->stream());
+      if (!nccl.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", world_rank,
+                     std::string(nccl.status().message()).c_str());
         return 1;
       }
-      model = DeepseekV3Model::Load(*ckpt, c, o, **ops, comm);
-    } else {
-      model = DeepseekV3Model::Load(model_dir, o, **ops, comm);
+      std::printf("kv %s: NCCL communicator of %d ranks; one-shot all-reduce %s\n", kv.c_str(),
+                  (*nccl)->size(),
+                  (*nccl)->one_shot_max_bytes() > 0
+                      ? ("up to " + std::to_string((*nccl)->one_shot_max_bytes()) + " B").c_str()
+                      : "off");
+      job_comm = *std::move(nccl);
+      comm = job_comm.get();
     }
+#endif
+    const double t_load = Now();
+    absl::StatusOr<std::unique_ptr<DeepseekV3Model>> model = load(o, **ops, *comm);
     if (!model.ok()) {
       std::fprintf(stderr, "load: %s\n", std::string(model.status().message()).c_str());
       return 1;
@@ -417,12 +583,54 @@ int Run(int argc, char** argv) {
     int moe_layers = 0;
     for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l);
     const ShardRange vocab = m.vocab_shard();
-    std::printf("kv %s: rank %d of %d loaded in %.1f s, weights %.2f GB (routed experts %.2f GB), "
-                "%d heads, %d experts, KV %d blocks\n",
-                kv.c_str(), shard_rank, std::max(shard_world, 1), load_s, weights / 1e9,
-                experts / 1e9, m.heads_shard().count, m.experts_shard().count, blocks);
+    std::printf(
+        "kv %s: rank %d of %d loaded in %.1f s, weights %.2f GB (routed experts %.2f GB), "
+        "%d heads, %d experts, KV %d blocks\n",
+        kv.c_str(), mpi ? world_rank : shard_rank, mpi ? world_size : std::max(shard_world, 1),
+        load_s, weights / 1e9, experts / 1e9, m.heads_shard().count, m.experts_shard().count,
+        o.num_kv_blocks);
+    if (compare_single) {
+      auto job_run = DecodeForCompare(m, c.vocab_size);
+      if (!job_run.ok()) {
+        std::fprintf(stderr, "rank %d: compare: %s\n", world_rank,
+                     std::string(job_run.status().message()).c_str());
+        return 1;
+      }
+      if (world_rank == 0) {
+        // Over the positions where both greedy sequences still agree (after a difference the two
+        // decode different text).
+        double worst = 0;
+        int agree = 0, total = 0;
+        for (int p = 0; p < kComparePrompts; ++p) {
+          bool same = true;
+          for (int step = 0; step < kCompareSteps; ++step) {
+            ++total;
+            if (!same) continue;
+            const auto& a = single_run->logits[p][step];
+            const auto& b = job_run->logits[p][step];
+            double max_abs = 0, diff = 0;
+            for (size_t j = 0; j < a.size(); ++j) {
+              max_abs = std::max(max_abs, std::fabs(double(a[j])));
+              diff = std::max(diff, std::fabs(double(a[j]) - b[j]));
+            }
+            worst = std::max(worst, diff / std::max(max_abs, 1e-30));
+            same = single_run->tokens[p][step] == job_run->tokens[p][step];
+            agree += same;
+          }
+        }
+        std::printf(
+            "compare kv=%s: %d ranks against the whole model on one GPU: greedy %d of %d "
+            "tokens identical; max |logit difference| / max |logit| %.3g (positions up to "
+            "each prompt's first greedy difference)\n",
+            kv.c_str(), world_size, agree, total, worst);
+      }
+    }
     std::mt19937 rng(7);
-    std::uniform_int_distribution<int> tok(vocab.begin, vocab.begin + vocab.count - 1);
+    // Prompt tokens: the rank's vocabulary slice when it runs alone (other tokens embed to zeros
+    // there), the whole vocabulary in an MPI job (the embedding's partial rows are all-reduced).
+    const int token_base = mpi ? 0 : vocab.begin;
+    std::uniform_int_distribution<int> tok(token_base,
+                                           mpi ? c.vocab_size - 1 : vocab.begin + vocab.count - 1);
     for (const std::string& det : det_modes) {
     if (auto st = m.set_deterministic(det == "on"); !st.ok()) {
       std::fprintf(stderr, "deterministic %s: %s\n", det.c_str(), std::string(st.message()).c_str());
@@ -451,7 +659,7 @@ int Run(int argc, char** argv) {
         }
         if (rep > 0) t.push_back(Now() - t0);
       }
-      const double sec = Median(t);
+      const double sec = MaxOverRanks(Median(t), mpi);
       const double active = (weights - experts) / 2 +
                             experts / 2 * c.num_experts_per_tok / std::max(c.n_routed_experts, 1);
       const double attn = 2.0 * m.heads_shard().count * (c.qk_head_dim() + c.v_head_dim) * P / 2.0 *
@@ -495,7 +703,7 @@ int Run(int argc, char** argv) {
         }
         std::vector<int> all(B);
         for (int q = 0; q < B; ++q) all[q] = q;
-        std::vector<std::vector<int32_t>> next(B, std::vector<int32_t>(1, vocab.begin));
+        std::vector<std::vector<int32_t>> next(B, std::vector<int32_t>(1, token_base));
         SequenceSampling greedy;
         std::vector<int32_t> hist;
         SamplingBatch sb;
@@ -511,10 +719,11 @@ int Run(int argc, char** argv) {
             std::fprintf(stderr, "decode failed: %s\n", std::string(st.message()).c_str());
             return 1;
           }
-          for (int q = 0; q < B; ++q) next[q][0] = vocab.begin + out[q].token;
+          for (int q = 0; q < B; ++q) next[q][0] = token_base + out[q].token;
           if (step >= 2) t.push_back(Now() - t0);
         }
-        const double sec = Median(t);
+        const double sec = MaxOverRanks(Median(t), mpi);
+        const int captured = m.captured_graphs();
         if (phases) {
           m.set_graphs(false);
           (*ops)->SetPhaseTiming(true);
@@ -525,7 +734,7 @@ int Run(int argc, char** argv) {
             std::vector<SampledOutput> out;
             absl::Status st = logits.ok() ? (*ops)->Sample(*logits, sb, &out) : logits.status();
             if (!st.ok()) return 1;
-            for (int q = 0; q < B; ++q) next[q][0] = vocab.begin + out[q].token;
+            for (int q = 0; q < B; ++q) next[q][0] = token_base + out[q].token;
             for (const auto& [name, ms] : (*ops)->PhaseTimes()) {
               auto it = std::find_if(sum.begin(), sum.end(), [&](const auto& p) { return p.first == name; });
               if (it == sum.end()) sum.push_back({name, ms / 3});
@@ -545,18 +754,22 @@ int Run(int argc, char** argv) {
         }
         const double E = std::max(c.n_routed_experts, 1), k = c.num_experts_per_tok;
         const double touched = moe_layers > 0 ? E * (1 - std::pow(1 - k / E, B)) / E : 0;
-        const double kv_bytes =
-            double(B) * (context + steps / 2) * c.num_hidden_layers * KvCacheBytesPerToken(*fmt);
+        // Each rank reads the whole cache of its heads' latent, or 1/dcp of it under decode
+        // context parallelism.
+        const double kv_bytes = double(B) * (context + steps / 2) * c.num_hidden_layers *
+                                KvCacheBytesPerToken(*fmt) / dcp;
         const double bytes = (weights - experts) + experts * touched + kv_bytes;
         // HBM moves about the same bytes per second whichever way they go: the copy's read +
         // write rate is also the ceiling of a read-only step.
         const double floor = bytes / bw;
         std::printf(
-            "decode kv=%s det=%s graphs=%s batch=%d context=%d: step %.2f ms, %.0f tok/s; reads "
-            "%.2f GB (weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f ms, ratio %.2f\n",
-            kv.c_str(), det.c_str(), graphs.c_str(), B, context, sec * 1e3, B / sec, bytes / 1e9,
-            (weights - experts) / 1e9, experts * touched / 1e9, kv_bytes / 1e9, floor * 1e3,
-            sec / floor);
+            "decode kv=%s det=%s graphs=%s%s batch=%d context=%d: step %.2f ms, %.0f tok/s "
+            "(%.1f a user); reads %.2f GB (weights %.2f, experts %.2f, KV %.3f) -> roofline %.2f "
+            "ms, ratio %.2f\n",
+            kv.c_str(), det.c_str(), graphs.c_str(),
+            graphs == "on" && captured == 0 ? " (none captured: ran eagerly)" : "", B, context,
+            sec * 1e3, B / sec, 1 / sec, bytes / 1e9, (weights - experts) / 1e9,
+            experts * touched / 1e9, kv_bytes / 1e9, floor * 1e3, sec / floor);
       }
     }  // det_modes
     if (auto st = m.set_deterministic(false); !st.ok()) return 1;
