@@ -136,6 +136,11 @@ ABSL_FLAG(std::string, l2_flush, "read",
           "How L2 is emptied before every timed run: read (a 256 MB read, clean lines left) or "
           "memset (a 256 MB memset, the method before session 26: its dirty lines' write-back "
           "slows the timed kernels).");
+ABSL_FLAG(bool, timeline, false,
+          "Decode, 1-4 tokens: after the timings, one graph replay of the fused layer with a "
+          "timeline of each block's phases (FewExpertLayerEvent), printed as min / median / max "
+          "over blocks. Needs kernels built with MLASERVE_MOE_TIMELINE "
+          "(bench/moe/build_variants.sh TIMELINE); other builds leave it empty and say so.");
 ABSL_FLAG(int, decode_active, 0,
           "Decode steps: redraw the routing until this rank's local experts hold exactly this many "
           "active ones (0: the first draw, as before; -1: the expected number, round(tokens x "
@@ -189,6 +194,13 @@ int main(int argc, char** argv) {
   int* layer_counters;
   CK(cudaMalloc(&layer_counters, 2 * sizeof(int)));
   CK(cudaMemset(layer_counters, 0, 2 * sizeof(int)));
+  // --timeline: the fused layer's per-block stamps (a grid is at most the resident blocks).
+  const bool want_timeline = absl::GetFlag(FLAGS_timeline);
+  constexpr int kTimelineBlocks = 4096;
+  uint64_t* timeline = nullptr;
+  if (want_timeline) {
+    CK(cudaMalloc(&timeline, kTimelineBlocks * kFewExpertLayerTimelineEvents * sizeof(uint64_t)));
+  }
 
   // Copy bandwidth: device-to-device copy of 2 GiB, bytes read + written.
   float copy_gbps;
@@ -541,6 +553,76 @@ int main(int argc, char** argv) {
           });
         }
       }
+      // The fused layer's phases, from one graph replay after an L2 flush (the timed replays'
+      // conditions).
+      std::string timeline_line;
+      if (want_timeline && layer_ok) {
+        const size_t tl_bytes = kTimelineBlocks * kFewExpertLayerTimelineEvents * sizeof(uint64_t);
+        Nvfp4MoeParams p_tl = p_fused;
+        Int4MoeParams q_tl = q_fused;
+        Fp8MoeParams f_tl = f_fused;
+        p_tl.few_expert_layer_timeline = q_tl.few_expert_layer_timeline =
+            f_tl.few_expert_layer_timeline = timeline;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        CK(is_fp8    ? InvokeFp8Moe(f_tl, s)
+           : is_int4 ? InvokeInt4Moe(q_tl, s)
+                     : InvokeNvfp4Moe(p_tl, s));
+        CK(cudaStreamEndCapture(s, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int it = 0; it < 3; ++it) {  // the last replay's stamps are kept
+          CK(cudaMemsetAsync(timeline, 0, tl_bytes, s));
+          flush_l2(it);
+          CK(cudaEventRecord(ev[0], s));
+          CK(cudaGraphLaunch(exec, s));
+          CK(cudaEventRecord(ev[1], s));
+          CK(cudaEventSynchronize(ev[1]));
+        }
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        std::vector<uint64_t> h(kTimelineBlocks * kFewExpertLayerTimelineEvents);
+        CK(cudaMemcpy(h.data(), timeline, tl_bytes, cudaMemcpyDeviceToHost));
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+        uint64_t t0 = UINT64_MAX;
+        int blocks = 0;
+        for (int b = 0; b < kTimelineBlocks; ++b) {
+          const uint64_t e = h[b * kFewExpertLayerTimelineEvents + kLayerEntry];
+          if (e != 0) {
+            ++blocks;
+            t0 = std::min(t0, e);
+          }
+        }
+        static const char* const kNames[kFewExpertLayerTimelineEvents] = {
+            "entry",           "prerequisite",  "staged",         "gate_up_done",
+            "down_wait_begin", "down_wait_end", "last_item_done", "exit"};
+        if (blocks == 0) {
+          timeline_line =
+              "  timeline: no stamps (kernels built without MLASERVE_MOE_TIMELINE: "
+              "bench/moe/build_variants.sh TIMELINE)\n";
+        } else {
+          char buf[256];
+          std::snprintf(buf, sizeof(buf),
+                        "  timeline (fused, one graph replay of %.1f us, %d blocks; us after the "
+                        "first block's entry, min / median / max over the blocks that reach it):",
+                        ms * 1e3, blocks);
+          timeline_line = buf;
+          for (int e = 0; e < kFewExpertLayerTimelineEvents; ++e) {
+            std::vector<double> v;
+            for (int b = 0; b < kTimelineBlocks; ++b) {
+              const uint64_t x = h[b * kFewExpertLayerTimelineEvents + e];
+              if (x != 0 && x >= t0) v.push_back((x - t0) * 1e-3);
+            }
+            if (v.empty()) continue;
+            std::sort(v.begin(), v.end());
+            std::snprintf(buf, sizeof(buf), " %s %.1f/%.1f/%.1f (%zu)", kNames[e], v.front(),
+                          v[v.size() / 2], v.back(), v.size());
+            timeline_line += buf;
+          }
+          timeline_line += "\n";
+        }
+      }
       const double us_total = Median(t_total), us_gemm = Median(t_gu) + Median(t_dn);
       const double bytes = bytes_per_expert * active;
       auto pct = [&](double us) {
@@ -563,6 +645,7 @@ int main(int argc, char** argv) {
           few_auto ? "(auto) " : "", us_few_graph, pct(us_few_graph), us_fused, pct(us_fused),
           us_mma, us_mma > 0 ? flop_per_row * rows / (us_mma * 1e-6) / 1e12 : 0.0, us_tail_graph,
           pct(us_tail_graph));
+      std::fputs(timeline_line.c_str(), stdout);
       std::fflush(stdout);
       CK(cudaFree(ws));
       CK(cudaFree(d_ids));

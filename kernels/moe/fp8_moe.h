@@ -61,6 +61,8 @@ struct Fp8MoeParams {
   // applies, with these two device ints as its counters (0 between calls; one pair per stream);
   // nullptr keeps the four launches.
   int* few_expert_layer_counters = nullptr;
+  // Diagnostics for that launch (moe_few_expert_layer.h, FewExpertLayerArgs::timeline), or null.
+  uint64_t* few_expert_layer_timeline = nullptr;
 };
 
 // Each stage alone, launched plainly; InvokeFp8Moe runs all four.

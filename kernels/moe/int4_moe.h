@@ -61,6 +61,8 @@ struct Int4MoeParams {
   // applies, with these two device ints as its counters (0 between calls; one pair per stream);
   // nullptr keeps the four launches.
   int* few_expert_layer_counters = nullptr;
+  // Diagnostics for that launch (moe_few_expert_layer.h, FewExpertLayerArgs::timeline), or null.
+  uint64_t* few_expert_layer_timeline = nullptr;
   // 128-token tiles on the SM90 warpgroup-MMA kernel where the device has it (as
   // Nvfp4MoeParams::prefill_wgmma; false: the mma.sync kernel, bit-identical to decode tiles).
   bool prefill_wgmma = true;

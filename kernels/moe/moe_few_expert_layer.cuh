@@ -100,9 +100,24 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
   int* s_act_begin = s_act_e + kFewExpertLayerMaxRows;     // [n_active + 1] sorted-row offsets
   int* s_misc = s_act_begin + kFewExpertLayerMaxRows + 1;  // n_active, valid-assignment mask
 
+  // Diagnostics (FewExpertLayerArgs::timeline): thread 0's %globaltimer at each event, in builds
+  // with MLASERVE_MOE_TIMELINE only (bench/moe/build_variants.sh TIMELINE): at 80 registers (3
+  // blocks an SM) even these few stores moved ptxas's allocation to 4-12 bytes of spills.
+  auto stamp = [&](int event) {
+#ifdef MLASERVE_MOE_TIMELINE
+    if (A.timeline != nullptr && tid == 0) {
+      A.timeline[blockIdx.x * kFewExpertLayerTimelineEvents + event] = GlobalTimerNs();
+    }
+#else
+    (void)event;
+#endif
+  };
+  stamp(kLayerEntry);
+
   // topk_ids, topk_weights and x come from predecessors.
   pdl::WaitForPrerequisiteGrid();
   pdl::AllowDependentLaunch();
+  stamp(kLayerPrerequisite);
 
   // The dispatch's layout, in every block: lane i holds assignment i's local expert (-1: another
   // rank's); its sorted row counts the valid assignments before it in (expert, index) order.
@@ -234,6 +249,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
   }
   ptx::CpAsyncWait<0>();
   __syncthreads();
+  stamp(kLayerStaged);
 
   bool down_started = false;
   int hbuf = 0;
@@ -243,6 +259,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
       // h is complete once every gate_up item has counted itself (this block's own included).
       // Gate_up items never wait, so this ends; should a fault break that, the kernel traps after
       // 20 s and the launch fails with an error instead of hanging the stream.
+      stamp(kLayerDownWaitBegin);
       if (tid == 0) {
         const uint64_t t0 = GlobalTimerNs();
         while (LoadAcquireGpu(A.counters) < G) {
@@ -255,6 +272,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
       ptx::CpAsyncWait<0>();
       __syncthreads();
       down_started = true;
+      stamp(kLayerDownWaitEnd);
     }
     // B fragments by ldmatrix x4 as in FewExpertMoeGemmKernel; gate_up's rows are the tokens of
     // the expert's assignments, down's the rows of its h buffer. Rows past the unit's read its
@@ -324,6 +342,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
     if (gate_up && tid == 0) {
       __threadfence();
       atomicAdd(A.counters, 1);
+      stamp(kLayerGateUpDone);
     }
     if (!gate_up && item_ends) {
       // The item's outputs: each token's experts in slot order, then shared_out (MoeCombine's).
@@ -345,6 +364,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
     if (!gate_up) hbuf ^= 1;
     u = nu;
   }
+  stamp(kLayerLastItemDone);
 
   // The last block out sets the counters back to 0 for the next launch (every other block has
   // finished waiting by then).
@@ -357,6 +377,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
       __threadfence();
     }
   }
+  stamp(kLayerExit);
 }
 
 // Persistent grid: as many blocks as the device holds at once, at most one an item (items bounded

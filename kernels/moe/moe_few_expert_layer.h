@@ -28,6 +28,23 @@
 
 namespace mlaserve {
 
+// Diagnostics (moe_bench --timeline on, with a build whose kernels have MLASERVE_MOE_TIMELINE:
+// bench/moe/build_variants.sh TIMELINE): where a call passes a timeline, thread 0 of every block
+// writes the %globaltimer (ns) at these points of its run into
+// [block][kFewExpertLayerTimelineEvents] (an event a block never reaches stays as it was: the
+// caller zeroes the buffer). Other builds write nothing.
+enum FewExpertLayerEvent {
+  kLayerEntry = 0,      // first instruction
+  kLayerPrerequisite,   // after the wait for the previous kernel (programmatic launches)
+  kLayerStaged,         // assignments laid out, x rows and the first item's weights requested
+  kLayerGateUpDone,     // the block's last gate_up item counted
+  kLayerDownWaitBegin,  // the block starts waiting for every gate_up item
+  kLayerDownWaitEnd,    // ... and has its h rows
+  kLayerLastItemDone,   // the block's last item finished
+  kLayerExit,           // after the counters' reset
+  kFewExpertLayerTimelineEvents
+};
+
 // Where the fused layer applies: 1..kFewExpertLayerMaxTokens tokens (each active expert then has
 // at most 4 rows, one pass of the few-expert kernel's activation rows), tokens * top_k <= 32 (one
 // warp lays out the assignments), and its shared memory within the few-expert kernel's budget.
@@ -57,6 +74,8 @@ struct FewExpertLayerArgs {
   // resets them). One pair per stream of launches: launches sharing a pair must not overlap.
   int* counters = nullptr;
   bool programmatic = false;  // launched programmatically dependent on the stream's previous kernel
+  // Diagnostics: [grid][kFewExpertLayerTimelineEvents] stamps (see FewExpertLayerEvent), or null.
+  uint64_t* timeline = nullptr;
 };
 
 // One instantiation per weight format; the gate_up / down parameters are those the format's
@@ -106,6 +125,7 @@ cudaError_t RunFewExpertLayer(const MoeParams& p, const GemmParams& gate_up, con
   a.h = ws.h;
   a.counters = p.few_expert_layer_counters;
   a.programmatic = programmatic;
+  a.timeline = p.few_expert_layer_timeline;
   if (p.shared_ready == nullptr) {
     a.shared_out = p.shared_out;
     a.out = p.out;

@@ -63,6 +63,8 @@ struct Nvfp4MoeParams {
   // applies, with these two device ints as its counters (0 between calls; one pair per stream);
   // nullptr keeps the four launches.
   int* few_expert_layer_counters = nullptr;
+  // Diagnostics for that launch (moe_few_expert_layer.h, FewExpertLayerArgs::timeline), or null.
+  uint64_t* few_expert_layer_timeline = nullptr;
   // 128-token tiles: both GEMMs on the SM90 warpgroup-MMA kernel where the device has it
   // (moe_weight_only_wgmma.cuh); false keeps them on the mma.sync kernel, whose results are
   // bit-identical to the decode tiles' (the batch-invariant mode sets false).
