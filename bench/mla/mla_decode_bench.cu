@@ -24,6 +24,7 @@
 #include "common/command_line.h"
 #include "kernels/mla/kv_cache_format.h"
 #include "kernels/mla/mla_decode.h"
+#include "kernels/mla/mla_decode_params.h"
 
 ABSL_FLAG(mlaserve::IntList, batch, (mlaserve::IntList{{1, 8, 32, 64, 128}}),
           "Batch sizes, each in [1, 65536].");
@@ -46,6 +47,12 @@ ABSL_FLAG(mlaserve::IntList, combine_row_warps, (mlaserve::IntList{{-1}}),
           "MlaDecodeParams::combine_row_warps values to run (-1: the default rule, 0: the "
           "per-chunk combine, suffix /cc, 1: one warp a row where the call has more than 16 rows, "
           "suffix /cw).");
+ABSL_FLAG(bool, timeline, false,
+          "After each configuration's timing: its graph replayed once more with the last call's "
+          "timeline on (MlaDecodeParams::timeline): the split and combine blocks' phases, us after "
+          "the first split block's entry, min / median / max over blocks, on stderr. Needs kernels "
+          "built with cmake -DMLASERVE_KERNEL_TIMELINE=ON (other builds say there are no stamps); "
+          "the sliced variants and the combines only.");
 ABSL_FLAG(std::vector<std::string>, format, std::vector<std::string>({"bf16", "fp8", "fp8_tiled"}),
           "KV cache formats.");
 
@@ -114,6 +121,65 @@ __global__ void FillBf16(uint16_t* x, size_t n, uint64_t seed) {
 struct Result {
   double us, bytes;
 };
+
+// --timeline: the calls of the timed graph once more, the last with its timeline on, so that the
+// stamped call runs behind the others as in the timed replays; then each event's spread over the
+// blocks that reached it.
+void PrintTimeline(MlaDecodeParams p, const std::vector<uint8_t*>& pools, cudaStream_t stream) {
+  constexpr int kRows = 2 * mla::kMlaTimelineBlocks, kEvents = mla::kMlaTimelineEvents;
+  unsigned long long* d_tl;
+  CHECK_CUDA(cudaMalloc(&d_tl, sizeof(unsigned long long) * kRows * kEvents));
+  CHECK_CUDA(cudaMemsetAsync(d_tl, 0, sizeof(unsigned long long) * kRows * kEvents, stream));
+  cudaGraph_t graph;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (size_t c = 0; c < pools.size(); ++c) {
+    p.kv_pool = pools[c];
+    p.timeline = c + 1 == pools.size() ? d_tl : nullptr;
+    if (!InvokeMlaDecode(p, stream).ok()) std::exit(1);
+  }
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<unsigned long long> h(static_cast<size_t>(kRows) * kEvents);
+  CHECK_CUDA(cudaMemcpy(h.data(), d_tl, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaFree(d_tl));
+  unsigned long long t0 = ~0ull;
+  for (int r = 0; r < mla::kMlaTimelineBlocks; ++r) {
+    const unsigned long long e = h[static_cast<size_t>(r) * kEvents + mla::kMlaEntry];
+    if (e != 0) t0 = std::min(t0, e);
+  }
+  if (t0 == ~0ull) {
+    std::fprintf(stderr,
+                 "  timeline: no stamps (kernels built without MLASERVE_KERNEL_TIMELINE, "
+                 "or a variant without them)\n");
+    return;
+  }
+  static const char* const kNames[kEvents] = {"entry",      "scheduled",   "q_ready",
+                                              "first_tile", "tiles_done",  "split_exit",
+                                              "combine_in", "combine_exit"};
+  std::string line =
+      "  timeline (us after the first split block's entry; min/median/max (blocks)):";
+  for (int e = 0; e < kEvents; ++e) {
+    const bool combine = e >= mla::kMlaCombineEntry;
+    std::vector<double> v;
+    for (int r = 0; r < mla::kMlaTimelineBlocks; ++r) {
+      const unsigned long long x =
+          h[(static_cast<size_t>(r) + (combine ? mla::kMlaTimelineBlocks : 0)) * kEvents + e];
+      if (x != 0 && x >= t0) v.push_back((x - t0) * 1e-3);
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), " %s %.1f/%.1f/%.1f (%zu)", kNames[e], v.front(),
+                  v[v.size() / 2], v.back(), v.size());
+    line += buf;
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
 
 Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int variant,
                   int max_workers, int min_share, int combine_row_warps, int kv_tma_l2) {
@@ -197,6 +263,7 @@ Result TimeConfig(KvCacheFormat format, int heads, int batch, int context, int v
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   const double us = bench::MedianReplayUs(exec, stream, copies);
+  if (absl::GetFlag(FLAGS_timeline)) PrintTimeline(p, pools, stream);
   const double bytes =
       double(batch) * context * row_bytes + double(q_elems) * 2 + double(out_elems) * 2;
   CHECK_CUDA(cudaGraphExecDestroy(exec));

@@ -14,7 +14,7 @@ build() {
   objs=""
   for f in $files; do
     src=kernels/moe/nvfp4_moe_gemm_$f.cu
-    case $f in fp8_* | nvfp4_moe_few_expert_layer) src=kernels/moe/$f.cu ;; esac
+    case $f in fp8_*) src=kernels/moe/$f.cu ;; esac
     /usr/local/cuda/bin/nvcc -I"$PWD" -O2 -DNDEBUG --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -std=c++17 -lineinfo "$@" -c $src -o build-moe/variants/${name}_$f.o -Xptxas -v 2>&1 | grep -E "registers|spill" | sed "s/^/$name $f: /"
     objs="$objs variants/${name}_$f.o"
   done
@@ -59,8 +59,3 @@ build FEW16 "$D" -DMLASERVE_FEW_EXPERT_WARPS=16 -DMLASERVE_FEW_EXPERT_RING_MIN_B
 # all_256 x 8 tokens, the few-expert kernel 43 -> 45% at ep8 x 4 tokens; bench/RESULTS.md).
 build RAW "$D" -DMLASERVE_MOE_DIAG_NO_DEQUANT
 ls -la build-moe/variants/ | grep bench
-# Diagnostic: the fused few-expert layer with its per-block timeline stamps (moe_bench --decode
-# --timeline; FewExpertLayerEvent in moe_few_expert_layer.h). Its register allocation differs
-# from the default's (12 bytes of spills at the 80-register cap), so time the layer itself on the
-# default binary.
-build TIMELINE "nvfp4_moe_few_expert_layer" -DMLASERVE_MOE_TIMELINE

@@ -139,8 +139,8 @@ ABSL_FLAG(std::string, l2_flush, "read",
 ABSL_FLAG(bool, timeline, false,
           "Decode, 1-4 tokens: after the timings, one graph replay of the fused layer with a "
           "timeline of each block's phases (FewExpertLayerEvent), printed as min / median / max "
-          "over blocks. Needs kernels built with MLASERVE_MOE_TIMELINE "
-          "(bench/moe/build_variants.sh TIMELINE); other builds leave it empty and say so.");
+          "over blocks. Needs kernels built with MLASERVE_KERNEL_TIMELINE "
+          "(cmake -DMLASERVE_KERNEL_TIMELINE=ON); other builds leave it empty and say so.");
 ABSL_FLAG(int, decode_active, 0,
           "Decode steps: redraw the routing until this rank's local experts hold exactly this many "
           "active ones (0: the first draw, as before; -1: the expected number, round(tokens x "
@@ -599,8 +599,8 @@ int main(int argc, char** argv) {
             "down_wait_begin", "down_wait_end", "last_item_done", "exit"};
         if (blocks == 0) {
           timeline_line =
-              "  timeline: no stamps (kernels built without MLASERVE_MOE_TIMELINE: "
-              "bench/moe/build_variants.sh TIMELINE)\n";
+              "  timeline: no stamps (kernels built without MLASERVE_KERNEL_TIMELINE: "
+              "cmake -DMLASERVE_KERNEL_TIMELINE=ON)\n";
         } else {
           char buf[256];
           std::snprintf(buf, sizeof(buf),

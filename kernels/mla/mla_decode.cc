@@ -451,6 +451,7 @@ absl::Status InvokeMlaDecode(const MlaDecodeParams& p, cudaStream_t stream) {
           ? 1
           : 0;
   k.kv_tma_l2 = p.kv_tma_l2;
+  k.timeline = p.timeline;
   if (!k.inline_schedule) {
     if (auto s = CudaStatus(mla::LaunchMlaDecodeSchedule(k, stream), "MLA decode schedule");
         !s.ok()) {

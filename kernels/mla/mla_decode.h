@@ -96,6 +96,10 @@ struct MlaDecodeParams {
   // 16-64 x 4k, 0.95-1.00x from 524k tokens (hence the bound); the 128-B fills add nothing.
   // Default 1; 0-3 for benchmarks.
   int kv_tma_l2 = 1;
+  // Diagnostics (mla_decode_bench --timeline): a device buffer of 2 * mla::kMlaTimelineBlocks *
+  // mla::kMlaTimelineEvents uint64 (mla_decode_params.h) where the sliced split kernel and the
+  // combine stamp their blocks' phases in builds with MLASERVE_KERNEL_TIMELINE; null: none.
+  unsigned long long* timeline = nullptr;
 };
 
 // Query i of sequence b attends to positions 0 .. seq_lens[b] - s_q + i, as MlaDecodeRef.

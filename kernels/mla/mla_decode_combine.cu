@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/mla/mla_decode_params.h"
+#include "kernels/mla/mla_decode_timeline.cuh"
 #include "kernels/programmatic_launch.cuh"
 
 namespace mlaserve::mla {
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   // read before the split kernel has finished (its schedule, partials and outputs).
   pdl::WaitForPrerequisiteGrid();
   pdl::AllowDependentLaunch();  // a programmatic successor (the v expand) may set up
+  MlaTimelineStamp(p, kMlaTimelineBlocks + blockIdx.x, kMlaCombineEntry);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int chunk = blockIdx.x % kChunks;
   const int b = blockIdx.x / kChunks / p.rows, row = blockIdx.x / kChunks % p.rows;
@@ -168,6 +170,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   if (p.lse != nullptr && chunk == 0 && lane == 0) {
     p.lse[static_cast<size_t>(b) * p.rows + row] = RowLse(mx, wsum);
   }
+  MlaTimelineStamp(p, kMlaTimelineBlocks + blockIdx.x, kMlaCombineExit);
 }
 
 // One warp per (sequence, query row), kRowWarps a block (MlaDecodeParams::combine_row_warps): the
@@ -180,6 +183,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     MlaDecodeCombineRowsKernel(const MlaDecodeKernelParams p) {
   pdl::WaitForPrerequisiteGrid();
   pdl::AllowDependentLaunch();
+  MlaTimelineStamp(p, kMlaTimelineBlocks + blockIdx.x, kMlaCombineEntry);
   const int lane = threadIdx.x & 31;
   const int pair = blockIdx.x * kRowWarps + (threadIdx.x >> 5);
   if (pair >= p.batch * p.rows) return;
@@ -241,6 +245,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   if (p.lse != nullptr && lane == 0) {
     p.lse[static_cast<size_t>(b) * p.rows + row] = RowLse(mx, wsum);
   }
+  MlaTimelineStamp(p, kMlaTimelineBlocks + blockIdx.x, kMlaCombineExit);
 }
 constexpr int kCombineRowWarps = 8;
 

@@ -78,7 +78,27 @@ struct MlaDecodeKernelParams {
   int32_t* __restrict__ schedule;  // [batch + 2]: cost prefix P[0..batch], then tiles per worker
   float* __restrict__ o_part;      // [num_workers + batch, rows, 512]: normalized partial outputs
   float* __restrict__ lse_part;    // [num_workers + batch, rows]: their log2-sum-exp (log2 units)
+  // Diagnostics (MlaDecodeParams::timeline): [2 * kMlaTimelineBlocks][kMlaTimelineEvents], or null.
+  unsigned long long* __restrict__ timeline;
 };
+
+// The timeline's events (MlaDecodeParams::timeline; stamped by thread 0 of each block in builds
+// with MLASERVE_KERNEL_TIMELINE, by the sliced split kernel and the combines only): split block i
+// writes row i, combine block i row kMlaTimelineBlocks + i (blocks past kMlaTimelineBlocks
+// write nothing). Where a block handles several sequence pieces, the piece events are its last
+// piece's; an event a block never reaches stays as the caller left it (zeroed).
+enum MlaTimelineEvent {
+  kMlaEntry = 0,      // split kernel: first instruction
+  kMlaScheduled,      // its share known (the schedule computed or read)
+  kMlaQReady,         // the piece's ring filled and q loaded, before its first tile
+  kMlaFirstTileDone,  // the piece's first tile computed (pieces of 2+ tiles)
+  kMlaTilesDone,      // the piece's last tile computed
+  kMlaSplitExit,      // partial outputs stored
+  kMlaCombineEntry,   // combine block: after the wait for the split kernel
+  kMlaCombineExit,    // its rows written (blocks with unsplit rows exit before)
+  kMlaTimelineEvents
+};
+inline constexpr int kMlaTimelineBlocks = 8192;
 
 // Resident blocks per SM of a split-decode kernel with `smem_bytes` of dynamic shared memory
 // (after opting in to that much); 0 when the opt-in or the query fails.

@@ -49,6 +49,7 @@
 #include "kernels/mla/e4m3_convert.cuh"
 #include "kernels/mla/mla_decode_params.h"
 #include "kernels/mla/mla_decode_schedule.cuh"
+#include "kernels/mla/mla_decode_timeline.cuh"
 #include "kernels/programmatic_launch.cuh"
 #include "kernels/warp_ptx.cuh"
 
@@ -189,6 +190,7 @@ __global__ void __launch_bounds__(
   // Launched plainly: a programmatically launched combine may become resident now and wait for
   // this grid.
   pdl::AllowDependentLaunch();
+  MlaTimelineStamp(p, blockIdx.x, kMlaEntry);
   using namespace sliced;
   using Cfg = Config<kFormat, kTile, kStages, kSchedMax, kQkE4m3>;
   constexpr bool kBf16 = Cfg::kBf16, kTiled = Cfg::kTiled;
@@ -215,6 +217,7 @@ __global__ void __launch_bounds__(
   const int cost_end = min(cost_begin + share, total);
   if (cost_begin >= cost_end) return;
   const int first_seq = FirstSequence(prefix, p.batch, cost_begin);
+  MlaTimelineStamp(p, blockIdx.x, kMlaScheduled);
 
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t part_base = smem_base + kStages * Cfg::kStageBytes;  // [4][16][kTileP] f32, P
@@ -407,8 +410,10 @@ __global__ void __launch_bounds__(
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
     float sigma = 0.0f;  // fp8_tiled: largest tile scale of this warp's tile so far (O's unit).
 
+    MlaTimelineStamp(p, blockIdx.x, kMlaQReady);
     for (int t = t_begin; t < t_end; ++t) {
       const int it = t - t_begin;
+      if (it == 1) MlaTimelineStamp(p, blockIdx.x, kMlaFirstTileDone);
       CpAsyncWait<kStages - 2>();
       __syncwarp();  // This warp's slice of tile t is in smem; its stage from t-1 is free.
       {
@@ -692,6 +697,7 @@ __global__ void __launch_bounds__(
     }
     CpAsyncWait<0>();
     __syncthreads();  // The next piece's prologue reuses the stages and the exchange buffers.
+    MlaTimelineStamp(p, blockIdx.x, kMlaTilesDone);
 
     const float unit = kTiled ? sigma : 1.0f;
     const float inv_lo = l_lo > 0.0f ? p.out_scale * unit / l_lo : 0.0f;
@@ -767,6 +773,7 @@ __global__ void __launch_bounds__(
       }
     }
   }
+  MlaTimelineStamp(p, blockIdx.x, kMlaSplitExit);
 }
 
 template <KvCacheFormat kFormat, int kTile, int kStages, int kSchedMax, bool kQkE4m3>

@@ -101,10 +101,11 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
   int* s_misc = s_act_begin + kFewExpertLayerMaxRows + 1;  // n_active, valid-assignment mask
 
   // Diagnostics (FewExpertLayerArgs::timeline): thread 0's %globaltimer at each event, in builds
-  // with MLASERVE_MOE_TIMELINE only (bench/moe/build_variants.sh TIMELINE): at 80 registers (3
-  // blocks an SM) even these few stores moved ptxas's allocation to 4-12 bytes of spills.
+  // with MLASERVE_KERNEL_TIMELINE only (cmake -DMLASERVE_KERNEL_TIMELINE=ON): at 80 registers (3
+  // blocks an SM) even these few stores moved ptxas's allocation to 4-12 bytes of spills, so the
+  // default build has none.
   auto stamp = [&](int event) {
-#ifdef MLASERVE_MOE_TIMELINE
+#ifdef MLASERVE_KERNEL_TIMELINE
     if (A.timeline != nullptr && tid == 0) {
       A.timeline[blockIdx.x * kFewExpertLayerTimelineEvents + event] = GlobalTimerNs();
     }

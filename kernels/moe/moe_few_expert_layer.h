@@ -28,8 +28,8 @@
 
 namespace mlaserve {
 
-// Diagnostics (moe_bench --timeline on, with a build whose kernels have MLASERVE_MOE_TIMELINE:
-// bench/moe/build_variants.sh TIMELINE): where a call passes a timeline, thread 0 of every block
+// Diagnostics (moe_bench --timeline on, with a build whose kernels have MLASERVE_KERNEL_TIMELINE:
+// cmake -DMLASERVE_KERNEL_TIMELINE=ON): where a call passes a timeline, thread 0 of every block
 // writes the %globaltimer (ns) at these points of its run into
 // [block][kFewExpertLayerTimelineEvents] (an event a block never reaches stays as it was: the
 // caller zeroes the buffer). Other builds write nothing.
