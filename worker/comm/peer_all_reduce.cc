@@ -1,6 +1,5 @@
 #include "worker/comm/peer_all_reduce.h"
 
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -36,13 +35,14 @@ absl::StatusOr<std::unique_ptr<PeerAllReduce>> PeerAllReduce::Create(MPI_Comm co
   self->params_.timeout_ns =
       timeout_s > 0 ? static_cast<uint64_t>(timeout_s * 1e9) : self->params_.timeout_ns;
 
-  absl::Status mine;
+  // The same answer on every rank, before any collective.
   if (size > kOneShotMaxRanks) {
-    mine = absl::UnavailableError(absl::StrCat("the one-shot all-reduce takes at most ",
+    return absl::UnavailableError(absl::StrCat("the one-shot all-reduce takes at most ",
                                                kOneShotMaxRanks, " ranks (", size, " here)"));
   }
-  const size_t bytes = OneShotWorkspaceBytes(std::min(size, kOneShotMaxRanks), max_elems);
-  if (mine.ok() && bytes == 0) {
+  absl::Status mine;
+  const size_t bytes = OneShotWorkspaceBytes(size, max_elems);
+  if (bytes == 0) {
     mine = absl::InvalidArgumentError(
         absl::StrCat("one-shot all-reduce: max_elems ", max_elems, " must be > 0"));
   }
