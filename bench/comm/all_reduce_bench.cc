@@ -159,12 +159,8 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   }
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int local_rank = 0, local_size = 1;
-  MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_free(&local);
+  const mlaserve::HostRanks host = mlaserve::RanksOnHost(MPI_COMM_WORLD);
+  const int local_rank = host.rank, local_size = host.size;
   int shared_local = local_size > devices ? 1 : 0, shared = 0;
   MPI_Allreduce(&shared_local, &shared, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   CHECK_CUDA(cudaSetDevice(local_rank % devices));

@@ -420,11 +420,7 @@ int Run(int argc, char** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     if (world_size % dcp != 0) UsageError("--dcp must divide the number of ranks");
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-    int local_rank = 0;
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_free(&local);
+    const int local_rank = RanksOnHost(MPI_COMM_WORLD).rank;
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
         cudaSetDevice(local_rank % devices) != cudaSuccess) {

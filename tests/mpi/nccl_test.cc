@@ -485,13 +485,8 @@ int main(int argc, char** argv) {
     g_skip = "no CUDA device";
   } else {
     // One GPU per rank of this host, as the worker assigns them.
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-    int local_rank = 0;
-    int local_size = 1;
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_size(local, &local_size);
-    MPI_Comm_free(&local);
+    const mlaserve::HostRanks host = mlaserve::RanksOnHost(MPI_COMM_WORLD);
+    const int local_rank = host.rank, local_size = host.size;
     if (local_size > devices) {
       g_create = absl::FailedPreconditionError("this host runs " + std::to_string(local_size) +
                                                " ranks but has " + std::to_string(devices) +

@@ -148,12 +148,8 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     mine = "no CUDA device";
   } else {
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-    int local_rank = 0, local_size = 1;
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_size(local, &local_size);
-    MPI_Comm_free(&local);
+    const mlaserve::HostRanks host = mlaserve::RanksOnHost(MPI_COMM_WORLD);
+    const int local_rank = host.rank, local_size = host.size;
     const int device = local_rank % devices;
     int mode = cudaComputeModeDefault;
     cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, device);

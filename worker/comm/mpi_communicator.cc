@@ -80,6 +80,18 @@ absl::Status MpiCommunicator::AgreeOnStatus(const absl::Status& mine) {
                       absl::StrCat("rank ", first, ": ", msg));
 }
 
+HostRanks RanksOnHost(MPI_Comm comm) {
+  HostRanks r;
+  MPI_Comm local;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) != MPI_SUCCESS) {
+    return r;
+  }
+  MPI_Comm_rank(local, &r.rank);
+  MPI_Comm_size(local, &r.size);
+  MPI_Comm_free(&local);
+  return r;
+}
+
 void FinalizeMpiAtExit() {
   std::atexit([] {
     int finalized = 0;

@@ -33,6 +33,16 @@ class MpiCommunicator : public Communicator {
   int size_ = 1;
 };
 
+// This process's rank and the number of ranks among `comm`'s ranks on its host
+// (MPI_COMM_TYPE_SHARED; collective over comm): rank i of a host takes GPU i % device count in
+// the programs that see every GPU of the host (the GPU tests over MPI, the multi-GPU benches; the
+// worker gets its GPU from deploy/mlaserve-rank instead).
+struct HostRanks {
+  int rank = 0;
+  int size = 1;
+};
+HostRanks RanksOnHost(MPI_Comm comm);
+
 // Registers an exit handler that calls MPI_Finalize unless it has been called: an MPI program
 // that exits on a usage error (common/command_line.h exits 2 on every rank) then ends as a
 // program that finalized, and mpirun reports only the exit status.
