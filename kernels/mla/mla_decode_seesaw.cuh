@@ -545,6 +545,23 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
     // 16 + token % 8 * 2.
     auto store_p = [&](const float(&s)[32]) {
       const uint32_t pb = own_p;
+#ifdef MLASERVE_SEESAW_STMATRIX_P
+      // Experiment (session 37, not yet run; kernels/mla/NOTES.md session 30's idea, FlashMLA's
+      // form): 4 stmatrix .x4 a thread instead of 16 32-bit stores. Matrices of one instruction:
+      // (rows 16wq..+7, 16-B chunk j), (rows +8..+15, j), (rows 16wq..+7, j + 1), (+8..+15, j + 1);
+      // lane t gives the address of row t % 8 of matrix t / 8, and each register is the lane's
+      // m8n8 fragment (row g, columns 2c, 2c + 1), which is how the accumulator pairs lie.
+      const int srow = 16 * wq + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        const uint32_t addr = pb + srow * 128 + (((j + (lane >> 4)) ^ (lane & 7)) << 4);
+        asm volatile(
+            "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+            "r"(PackBf16(s[4 * j], s[4 * j + 1])), "r"(PackBf16(s[4 * j + 2], s[4 * j + 3])),
+            "r"(PackBf16(s[4 * j + 4], s[4 * j + 5])), "r"(PackBf16(s[4 * j + 6], s[4 * j + 7]))
+            : "memory");
+      }
+#else
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t lo = pb + lrow_lo * 128 + ((j ^ (lrow_lo & 7)) << 4) + 4 * c;
@@ -555,6 +572,7 @@ __global__ void __launch_bounds__(seesaw::kThreads, 1)
                      "r"(PackBf16(s[4 * j + 2], s[4 * j + 3]))
                      : "memory");
       }
+#endif
       wgmma::FenceProxyAsyncShared();
     };
     // O += P V over this warpgroup's 256 dims: own P from registers, V from its own buffer.
