@@ -36,6 +36,14 @@ __device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem, bool v
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(valid ? 4 : 0));
 }
+// The %globaltimer (ns, the same clock for every SM and kernel): bounded waits and the kernels'
+// timeline stamps.
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kN>
 __device__ __forceinline__ void CpAsyncWait() {

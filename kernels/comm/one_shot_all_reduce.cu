@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/comm/one_shot_all_reduce.h"
+#include "kernels/warp_ptx.cuh"
 
 namespace mlaserve {
 namespace {
@@ -51,12 +52,6 @@ __device__ __forceinline__ bool HasSentinel(const uint4& v) {
 // -0.0 halves to +0.0.
 __device__ __forceinline__ uint32_t Canonical(uint32_t w) {
   return w & ~(__vcmpeq2(w, kSentinelPair) & kSentinelPair);
-}
-
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 __device__ __forceinline__ void AddPair(uint32_t w, float& lo, float& hi) {
@@ -127,11 +122,11 @@ __global__ void __launch_bounds__(kOneShotThreads)
         const uint4* src = Slot(own, l, p.ranks, gen, q, e0);
         v = LoadSys(src);
         if (HasSentinel(v)) {
-          const uint64_t t0 = GlobalTimerNs();
+          const uint64_t t0 = ptx::GlobalTimerNs();
           do {
             v = LoadSys(src);
             if (!HasSentinel(v)) break;
-            if (GlobalTimerNs() - t0 > p.timeout_ns) {
+            if (ptx::GlobalTimerNs() - t0 > p.timeout_ns) {
               if (p.error != nullptr) {
                 *reinterpret_cast<volatile uint32_t*>(p.error) = static_cast<uint32_t>(q) + 1;
                 __threadfence_system();

@@ -62,8 +62,9 @@ struct OneShotAllReduceParams {
   void* peers[kOneShotMaxRanks] = {};
   void* data = nullptr;  // bf16 [count], 16-byte aligned; summed over ranks in place
   int64_t count = 0;     // <= max_elems; the same on every rank
-  // Blocks of the kernel (0: one a chunk up to the device's SM count). Ranks that share one GPU
-  // (tests) bound it so that every rank's blocks are resident at once.
+  // Blocks of the kernel (0: one a chunk up to the device's SM count, queried at each call; callers
+  // that call often pass the SM count). Ranks that share one GPU (tests) bound it so that every
+  // rank's blocks are resident at once.
   int max_blocks = 0;
   uint64_t timeout_ns = 60ull * 1000 * 1000 * 1000;
   uint32_t* error =

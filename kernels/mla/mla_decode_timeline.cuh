@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/mla/mla_decode_params.h"
+#include "kernels/warp_ptx.cuh"
 
 namespace mlaserve::mla {
 
@@ -15,9 +16,7 @@ __device__ __forceinline__ void MlaTimelineStamp(const MlaDecodeKernelParams& p,
                                                  int event) {
 #ifdef MLASERVE_KERNEL_TIMELINE
   if (p.timeline != nullptr && threadIdx.x == 0 && row < 2 * kMlaTimelineBlocks) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    p.timeline[static_cast<size_t>(row) * kMlaTimelineEvents + event] = t;
+    p.timeline[static_cast<size_t>(row) * kMlaTimelineEvents + event] = ptx::GlobalTimerNs();
   }
 #else
   (void)p;

@@ -78,12 +78,6 @@ __device__ __forceinline__ int LoadAcquireGpu(const int* p) {
   return v;
 }
 
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-
 template <class Format>
 __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>)
     FewExpertLayerKernel(const FewExpertLayerParams<Format> P) {
@@ -107,7 +101,7 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
   auto stamp = [&](int event) {
 #ifdef MLASERVE_KERNEL_TIMELINE
     if (A.timeline != nullptr && tid == 0) {
-      A.timeline[blockIdx.x * kFewExpertLayerTimelineEvents + event] = GlobalTimerNs();
+      A.timeline[blockIdx.x * kFewExpertLayerTimelineEvents + event] = ptx::GlobalTimerNs();
     }
 #else
     (void)event;
@@ -262,9 +256,9 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
       // 20 s and the launch fails with an error instead of hanging the stream.
       stamp(kLayerDownWaitBegin);
       if (tid == 0) {
-        const uint64_t t0 = GlobalTimerNs();
+        const uint64_t t0 = ptx::GlobalTimerNs();
         while (LoadAcquireGpu(A.counters) < G) {
-          if (GlobalTimerNs() - t0 > 20'000'000'000ull) __trap();
+          if (ptx::GlobalTimerNs() - t0 > 20'000'000'000ull) __trap();
           __nanosleep(64);
         }
       }

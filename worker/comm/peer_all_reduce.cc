@@ -53,6 +53,13 @@ absl::StatusOr<std::unique_ptr<PeerAllReduce>> PeerAllReduce::Create(MPI_Comm co
     mine = CudaStatus(cudaDeviceGetPCIBusId(me.bus_id, sizeof(me.bus_id), device),
                       "cudaDeviceGetPCIBusId");
   }
+  // The kernel's grid cap, once here rather than queried at every call (a decode step makes two
+  // all-reduces a layer).
+  if (mine.ok()) {
+    mine = CudaStatus(
+        cudaDeviceGetAttribute(&self->params_.max_blocks, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute");
+  }
   if (mine.ok()) {
     mine = CudaStatus(cudaMalloc(&self->own_, bytes),
                       absl::StrCat("cudaMalloc of the one-shot workspace (", bytes, " B)").c_str());
