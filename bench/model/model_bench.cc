@@ -36,13 +36,13 @@
 // (issue 22: logits against N = 1, greedy identical in bf16 KV). The whole model must fit on one
 // GPU for it (cut the layers of a full-size config, e.g. 4 of Kimi-K2.5's).
 //
-// Decode roofline: the bytes a step must read (every non-expert weight once, the routed experts
-// the batch is expected to touch: E * (1 - (1 - k/E)^B) per MoE layer for uniform routing, and
-// the KV cache of every sequence in its format) over the device-to-device copy bandwidth measured
-// here (bytes read + written per second: HBM's total rate, which a read-only stream does not
-// exceed). Prefill ceiling: its GEMM FLOPs (2 x active parameters per token,
-// plus attention's 2 x heads x (qk + v) x keys per query) over the bf16 GEMM rate measured here
-// (an 8192^3 LinearGemm). Each figure is the median of the timed repetitions.
+// Decode roofline: the bytes a step must read (every non-expert weight once, but of the embedding
+// table only the step's B rows; the routed experts the batch is expected to touch: E * (1 - (1 -
+// k/E)^B) per MoE layer for uniform routing; the KV cache of every sequence in its format) over
+// the device-to-device copy bandwidth measured here (bytes read + written per second: HBM's total
+// rate, which a read-only stream does not exceed). Prefill ceiling: its GEMM FLOPs (2 x active
+// parameters per token, plus attention's 2 x heads x (qk + v) x keys per query) over the bf16 GEMM
+// rate measured here (an 8192^3 LinearGemm). Each figure is the median of the timed repetitions.
 //
 // --deterministic off,on runs every figure in each mode (ModelOptions::deterministic: batch-
 // invariant kernels, every token's attention through the decode kernel), on the same loaded
@@ -193,6 +193,9 @@ ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, moe_few_expert_layer, mlaserve::OnOff{false},
           "Where the few-expert kernel runs a 1-4 token step: the routed experts' whole layer as "
           "one fused launch (CudaOps::SetMoeFewExpertLayer).");
+ABSL_FLAG(int, moe_few_expert_layer_l2_prefetch, 0,
+          "That fused launch's L2 prefetch depth: items ahead whose weights its blocks bring into "
+          "L2 by bulk prefetches (CudaOps::SetMoeFewExpertLayerL2Prefetch; 0: none).");
 ABSL_FLAG(mlaserve::OnOff, moe_wave_tail, mlaserve::OnOff{true},
           "Decode steps on the routed experts' tile kernel: the tiles of a last, mostly empty wave "
           "on the few-expert kernel (CudaOps::SetMoeWaveTail).");
@@ -472,6 +475,7 @@ int Run(int argc, char** argv) {
     (*ops)->SetMlaFp8TensorCores(absl::GetFlag(FLAGS_mla_fp8_tensor_cores).on);
     (*ops)->SetMoeFewExpert(absl::GetFlag(FLAGS_moe_few_expert).on);
     (*ops)->SetMoeFewExpertLayer(absl::GetFlag(FLAGS_moe_few_expert_layer).on);
+    (*ops)->SetMoeFewExpertLayerL2Prefetch(absl::GetFlag(FLAGS_moe_few_expert_layer_l2_prefetch));
     (*ops)->SetMoeWaveTail(absl::GetFlag(FLAGS_moe_wave_tail).on);
     (*ops)->SetSkinnyTensorCoreRows(FlagInRange(FLAGS_skinny_mma_rows, 0, 16));
     (*ops)->SetDecodeGemmRows(FlagInRange(FLAGS_decode_gemm_rows, 0, 64));
@@ -576,6 +580,10 @@ int Run(int argc, char** argv) {
     DeepseekV3Model& m = **model;
     const double weights = static_cast<double>(m.weight_bytes());
     const double experts = static_cast<double>(m.expert_bytes());
+    // The embedding table is gathered, not multiplied: a step reads its tokens' rows only (before
+    // session 38 the decode roofline counted the rank's whole slice, 2.35 GB / ranks for Kimi-K2.5,
+    // and the prefill ceiling its parameters' FLOPs).
+    const double embedding = static_cast<double>(m.embedding_bytes());
     int moe_layers = 0;
     for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsMoeLayer(l);
     const ShardRange vocab = m.vocab_shard();
@@ -656,7 +664,7 @@ int Run(int argc, char** argv) {
         if (rep > 0) t.push_back(Now() - t0);
       }
       const double sec = MaxOverRanks(Median(t), mpi);
-      const double active = (weights - experts) / 2 +
+      const double active = (weights - experts - embedding) / 2 +
                             experts / 2 * c.num_experts_per_tok / std::max(c.n_routed_experts, 1);
       const double attn = 2.0 * m.heads_shard().count * (c.qk_head_dim() + c.v_head_dim) * P / 2.0 *
                           c.num_hidden_layers;
@@ -754,7 +762,8 @@ int Run(int argc, char** argv) {
         // context parallelism.
         const double kv_bytes = double(B) * (context + steps / 2) * c.num_hidden_layers *
                                 KvCacheBytesPerToken(*fmt) / dcp;
-        const double bytes = (weights - experts) + experts * touched + kv_bytes;
+        const double dense = weights - experts - embedding + double(B) * c.hidden_size * 2;
+        const double bytes = dense + experts * touched + kv_bytes;
         // HBM moves about the same bytes per second whichever way they go: the copy's read +
         // write rate is also the ceiling of a read-only step.
         const double floor = bytes / bw;
@@ -764,8 +773,8 @@ int Run(int argc, char** argv) {
             "ms, ratio %.2f\n",
             kv.c_str(), det.c_str(), graphs.c_str(),
             graphs == "on" && captured == 0 ? " (none captured: ran eagerly)" : "", B, context,
-            sec * 1e3, B / sec, 1 / sec, bytes / 1e9, (weights - experts) / 1e9,
-            experts * touched / 1e9, kv_bytes / 1e9, floor * 1e3, sec / floor);
+            sec * 1e3, B / sec, 1 / sec, bytes / 1e9, dense / 1e9, experts * touched / 1e9,
+            kv_bytes / 1e9, floor * 1e3, sec / floor);
       }
     }  // det_modes
     if (auto st = m.set_deterministic(false); !st.ok()) return 1;

@@ -74,6 +74,12 @@ struct FewExpertLayerArgs {
   // resets them). One pair per stream of launches: launches sharing a pair must not overlap.
   int* counters = nullptr;
   bool programmatic = false;  // launched programmatically dependent on the stream's previous kernel
+  // Items whose weights a block asks the copy engine to bring into L2 ahead of its register loads
+  // (cp.async.bulk.prefetch.L2): its first N items at its start, then item w + (N - 1) * grid as
+  // it moves on to item w. 0: none. With one or two active experts a rank (a 1-token step) the
+  // layer's weights (~25 MB for Kimi-K2.5) are then all requested at once, down's included, where
+  // the register rings keep ~4 chunks a warp in flight and down's stream waits for gate_up's.
+  int l2_prefetch_items = 0;
   // Diagnostics: [grid][kFewExpertLayerTimelineEvents] stamps (see FewExpertLayerEvent), or null.
   uint64_t* timeline = nullptr;
 };
@@ -126,6 +132,7 @@ cudaError_t RunFewExpertLayer(const MoeParams& p, const GemmParams& gate_up, con
   a.counters = p.few_expert_layer_counters;
   a.programmatic = programmatic;
   a.timeline = p.few_expert_layer_timeline;
+  a.l2_prefetch_items = p.few_expert_layer_l2_prefetch;
   if (p.shared_ready == nullptr) {
     a.shared_out = p.shared_out;
     a.out = p.out;

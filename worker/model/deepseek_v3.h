@@ -122,6 +122,8 @@ class DeepseekV3Model {
 
   // Bytes of weights and KV cache this rank holds.
   size_t weight_bytes() const { return weight_bytes_; }
+  // Of which the embedding table's slice (a step reads only its tokens' rows of it).
+  size_t embedding_bytes() const { return embed_.nbytes(); }
   // Of which the routed experts (all layers; a decode step reads only the chosen experts').
   size_t expert_bytes() const;
   size_t kv_cache_bytes() const;
