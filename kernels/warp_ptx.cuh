@@ -44,19 +44,6 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   return t;
 }
 
-// Asks the copy engine to bring [gmem, gmem + bytes) into L2 (cp.async.bulk.prefetch.L2, SM90+;
-// PTX ISA 8.0, "Data Movement and Conversion Instructions: cp.async.bulk.prefetch"): gmem and
-// bytes multiples of 16. Nothing waits for it and nothing lands in shared memory or registers; a
-// later load of those bytes hits L2 if they arrived and were not evicted. A no-op before SM90.
-__device__ __forceinline__ void PrefetchBulkL2(const void* gmem, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-#else
-  (void)gmem;
-  (void)bytes;
-#endif
-}
-
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kN>
 __device__ __forceinline__ void CpAsyncWait() {

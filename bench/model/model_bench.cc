@@ -193,9 +193,6 @@ ABSL_FLAG(mlaserve::OnOff, moe_few_expert, mlaserve::OnOff{true},
 ABSL_FLAG(mlaserve::OnOff, moe_few_expert_layer, mlaserve::OnOff{false},
           "Where the few-expert kernel runs a 1-4 token step: the routed experts' whole layer as "
           "one fused launch (CudaOps::SetMoeFewExpertLayer).");
-ABSL_FLAG(int, moe_few_expert_layer_l2_prefetch, 0,
-          "That fused launch's L2 prefetch depth: items ahead whose weights its blocks bring into "
-          "L2 by bulk prefetches (CudaOps::SetMoeFewExpertLayerL2Prefetch; 0: none).");
 ABSL_FLAG(mlaserve::OnOff, moe_wave_tail, mlaserve::OnOff{true},
           "Decode steps on the routed experts' tile kernel: the tiles of a last, mostly empty wave "
           "on the few-expert kernel (CudaOps::SetMoeWaveTail).");
@@ -475,7 +472,6 @@ int Run(int argc, char** argv) {
     (*ops)->SetMlaFp8TensorCores(absl::GetFlag(FLAGS_mla_fp8_tensor_cores).on);
     (*ops)->SetMoeFewExpert(absl::GetFlag(FLAGS_moe_few_expert).on);
     (*ops)->SetMoeFewExpertLayer(absl::GetFlag(FLAGS_moe_few_expert_layer).on);
-    (*ops)->SetMoeFewExpertLayerL2Prefetch(absl::GetFlag(FLAGS_moe_few_expert_layer_l2_prefetch));
     (*ops)->SetMoeWaveTail(absl::GetFlag(FLAGS_moe_wave_tail).on);
     (*ops)->SetSkinnyTensorCoreRows(FlagInRange(FLAGS_skinny_mma_rows, 0, 16));
     (*ops)->SetDecodeGemmRows(FlagInRange(FLAGS_decode_gemm_rows, 0, 64));

@@ -141,11 +141,6 @@ ABSL_FLAG(bool, timeline, false,
           "timeline of each block's phases (FewExpertLayerEvent), printed as min / median / max "
           "over blocks. Needs kernels built with MLASERVE_KERNEL_TIMELINE "
           "(cmake -DMLASERVE_KERNEL_TIMELINE=ON); other builds leave it empty and say so.");
-ABSL_FLAG(mlaserve::IntList, fused_l2_prefetch, mlaserve::IntList{},
-          "Decode, 1-4 tokens: the fused layer timed again with each of these "
-          "few_expert_layer_l2_prefetch values (items ahead whose weights its blocks prefetch "
-          "into L2; 0: none), printed as extra 'fused l2=N' columns after the row (and, with "
-          "--timeline, a timeline line each).");
 ABSL_FLAG(int, decode_active, 0,
           "Decode steps: redraw the routing until this rank's local experts hold exactly this many "
           "active ones (0: the first draw, as before; -1: the expected number, round(tokens x "
@@ -201,7 +196,6 @@ int main(int argc, char** argv) {
   CK(cudaMemset(layer_counters, 0, 2 * sizeof(int)));
   // --timeline: the fused layer's per-block stamps (a grid is at most the resident blocks).
   const bool want_timeline = absl::GetFlag(FLAGS_timeline);
-  const std::vector<int> fused_l2 = FlagIntsInRange(FLAGS_fused_l2_prefetch, 0, 64, true);
   constexpr int kTimelineBlocks = 4096;
   uint64_t* timeline = nullptr;
   if (want_timeline) {
@@ -512,21 +506,6 @@ int main(int argc, char** argv) {
                        : InvokeNvfp4Moe(p_fused, s));
         });
       }
-      // The fused layer with other L2 prefetch depths (--fused-l2-prefetch), same draw.
-      std::vector<double> us_fused_l2;
-      for (int n : fused_l2) {
-        if (!layer_ok) break;
-        Nvfp4MoeParams p_l2 = p_fused;
-        Int4MoeParams q_l2 = q_fused;
-        Fp8MoeParams f_l2 = f_fused;
-        p_l2.few_expert_layer_l2_prefetch = q_l2.few_expert_layer_l2_prefetch =
-            f_l2.few_expert_layer_l2_prefetch = n;
-        us_fused_l2.push_back(time_layer([&] {
-          CK(is_fp8    ? InvokeFp8Moe(f_l2, s)
-             : is_int4 ? InvokeInt4Moe(q_l2, s)
-                       : InvokeNvfp4Moe(p_l2, s));
-        }));
-      }
       // Prefill tiles (NVFP4, INT4) on the mma.sync kernel, against the default (the SM90 wgmma kernel
       // where the device has it, moe_weight_only_wgmma.cuh): the layer, plain launches.
       double us_mma = 0;
@@ -577,17 +556,13 @@ int main(int argc, char** argv) {
       // The fused layer's phases, from one graph replay after an L2 flush (the timed replays'
       // conditions).
       std::string timeline_line;
-      for (int tl_i = -1; want_timeline && layer_ok && tl_i < static_cast<int>(fused_l2.size());
-           ++tl_i) {
-        const int tl_l2 = tl_i < 0 ? p_fused.few_expert_layer_l2_prefetch : fused_l2[tl_i];
+      if (want_timeline && layer_ok) {
         const size_t tl_bytes = kTimelineBlocks * kFewExpertLayerTimelineEvents * sizeof(uint64_t);
         Nvfp4MoeParams p_tl = p_fused;
         Int4MoeParams q_tl = q_fused;
         Fp8MoeParams f_tl = f_fused;
         p_tl.few_expert_layer_timeline = q_tl.few_expert_layer_timeline =
             f_tl.few_expert_layer_timeline = timeline;
-        p_tl.few_expert_layer_l2_prefetch = q_tl.few_expert_layer_l2_prefetch =
-            f_tl.few_expert_layer_l2_prefetch = tl_l2;
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -626,15 +601,13 @@ int main(int argc, char** argv) {
           timeline_line =
               "  timeline: no stamps (kernels built without MLASERVE_KERNEL_TIMELINE: "
               "cmake -DMLASERVE_KERNEL_TIMELINE=ON)\n";
-          break;
         } else {
           char buf[256];
           std::snprintf(buf, sizeof(buf),
-                        "  timeline (fused l2=%d, one graph replay of %.1f us, %d blocks; us after "
-                        "the first block's entry, min / median / max over the blocks that reach "
-                        "it):",
-                        tl_l2, ms * 1e3, blocks);
-          timeline_line += buf;
+                        "  timeline (fused, one graph replay of %.1f us, %d blocks; us after the "
+                        "first block's entry, min / median / max over the blocks that reach it):",
+                        ms * 1e3, blocks);
+          timeline_line = buf;
           for (int e = 0; e < kFewExpertLayerTimelineEvents; ++e) {
             std::vector<double> v;
             for (int b = 0; b < kTimelineBlocks; ++b) {
@@ -672,11 +645,6 @@ int main(int argc, char** argv) {
           few_auto ? "(auto) " : "", us_few_graph, pct(us_few_graph), us_fused, pct(us_fused),
           us_mma, us_mma > 0 ? flop_per_row * rows / (us_mma * 1e-6) / 1e12 : 0.0, us_tail_graph,
           pct(us_tail_graph));
-      for (size_t i = 0; i < us_fused_l2.size(); ++i) {
-        std::printf("  fused l2=%d %8.1f us %5.1f%%", fused_l2[i], us_fused_l2[i],
-                    pct(us_fused_l2[i]));
-      }
-      if (!us_fused_l2.empty()) std::printf("\n");
       std::fputs(timeline_line.c_str(), stdout);
       std::fflush(stdout);
       CK(cudaFree(ws));

@@ -120,21 +120,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   __shared__ Cols acc_smem[kCombineWarps][32];
   __shared__ float wsum_smem[kCombineWarps];
   __shared__ float mx_smem[kCombineWarps];
-  // The warp's first round of partials is requested before the max pass: their weights need the
-  // max, their loads do not, so batch 1's hundreds of partials a row cost one dependent round
-  // trip fewer (session 38's timeline: the combine took 3.9 us of a 28 us batch-1 x 32k call).
-  // The arithmetic and its order are as before.
-  const int col = chunk * 128 + lane * 4;
-  float l_first[kCombineUnroll];
-  Cols v_first[kCombineUnroll];
-#pragma unroll
-  for (int u = 0; u < kCombineUnroll; ++u) {
-    const int s = warp + u * kCombineWarps;
-    if (s < n) {
-      l_first[u] = p.lse_part[(slot0 + s) * p.rows + row];
-      v_first[u] = Cols::Load(p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim + col);
-    }
-  }
   float mx = -INFINITY;
   for (int s = threadIdx.x; s < n; s += kCombineWarps * 32) {
     mx = fmaxf(mx, p.lse_part[(slot0 + s) * p.rows + row]);
@@ -149,6 +134,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
 
   Cols acc = Cols::Zero();
   float wsum = 0.0f;
+  const int col = chunk * 128 + lane * 4;
   for (int s0 = warp; s0 < n; s0 += kCombineWarps * kCombineUnroll) {
     float w[kCombineUnroll];
     Cols v[kCombineUnroll];
@@ -157,11 +143,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
       const int s = s0 + u * kCombineWarps;
       w[u] = 0.0f;
       if (s < n) {
-        const bool first = s0 == warp;
-        const float l = first ? l_first[u] : p.lse_part[(slot0 + s) * p.rows + row];
+        const float l = p.lse_part[(slot0 + s) * p.rows + row];
         w[u] = mx == -INFINITY ? 0.0f : exp2f(l - mx);  // Empty pieces (lse -inf) weigh 0.
-        v[u] = first ? v_first[u]
-                     : Cols::Load(p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim + col);
+        v[u] = Cols::Load(p.o_part + ((slot0 + s) * p.rows + row) * kMlaLatentDim + col);
       }
     }
 #pragma unroll

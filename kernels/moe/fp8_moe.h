@@ -63,9 +63,6 @@ struct Fp8MoeParams {
   int* few_expert_layer_counters = nullptr;
   // Diagnostics for that launch (moe_few_expert_layer.h, FewExpertLayerArgs::timeline), or null.
   uint64_t* few_expert_layer_timeline = nullptr;
-  // Items ahead whose weights the fused layer's blocks prefetch into L2
-  // (FewExpertLayerArgs::l2_prefetch_items; 0: none).
-  int few_expert_layer_l2_prefetch = 0;
 };
 
 // Each stage alone, launched plainly; InvokeFp8Moe runs all four.

@@ -63,9 +63,6 @@ struct Int4MoeParams {
   int* few_expert_layer_counters = nullptr;
   // Diagnostics for that launch (moe_few_expert_layer.h, FewExpertLayerArgs::timeline), or null.
   uint64_t* few_expert_layer_timeline = nullptr;
-  // Items ahead whose weights the fused layer's blocks prefetch into L2
-  // (FewExpertLayerArgs::l2_prefetch_items; 0: none).
-  int few_expert_layer_l2_prefetch = 0;
   // 128-token tiles on the SM90 warpgroup-MMA kernel where the device has it (as
   // Nvfp4MoeParams::prefill_wgmma; false: the mma.sync kernel, bit-identical to decode tiles).
   bool prefill_wgmma = true;

@@ -603,7 +603,6 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     np.wave_tail = wave_tail;
     np.expected_tiles = expected_tiles;
     np.few_expert_layer_counters = layer_counters;
-    np.few_expert_layer_l2_prefetch = p.few_expert_layer_l2_prefetch;
     np.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeNvfp4Moe(np, stream); e != cudaSuccess) {
       return CudaStatus(e, "NVFP4 experts");
@@ -637,7 +636,6 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     ip.wave_tail = wave_tail;
     ip.expected_tiles = expected_tiles;
     ip.few_expert_layer_counters = layer_counters;
-    ip.few_expert_layer_l2_prefetch = p.few_expert_layer_l2_prefetch;
     ip.prefill_wgmma = p.prefill_wgmma;
     if (cudaError_t e = InvokeInt4Moe(ip, stream); e != cudaSuccess) {
       return CudaStatus(e, "INT4 experts");
@@ -671,7 +669,6 @@ absl::Status InvokeMoeExperts(const MoeExpertsGpu& g, const MoeExpertsRunParams&
     fp.wave_tail = wave_tail;
     fp.expected_tiles = expected_tiles;
     fp.few_expert_layer_counters = layer_counters;
-    fp.few_expert_layer_l2_prefetch = p.few_expert_layer_l2_prefetch;
     if (cudaError_t e = InvokeFp8Moe(fp, stream); e != cudaSuccess) {
       return CudaStatus(e, "FP8 experts");
     }

@@ -161,8 +161,6 @@ struct MoeExpertsRunParams {
   // default until measured on a GPU. Calls on one MoeExpertsGpu with it on must not overlap in
   // time (they share its counters): one stream per layer's experts, as the worker runs them.
   bool few_expert_layer = false;
-  // That fused launch's L2 prefetch depth (FewExpertLayerArgs::l2_prefetch_items; 0: none).
-  int few_expert_layer_l2_prefetch = 0;
   // Small decode batches' dispatch launched programmatically dependent on the router, as the
   // GEMMs and the combine after it are (Nvfp4MoeParams::programmatic_dispatch); false: plainly.
   bool programmatic_dispatch = true;

@@ -231,42 +231,6 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
     ptx::CpAsyncCommit();
   };
 
-  // Bulk L2 prefetches of the block's items (FewExpertLayerArgs::l2_prefetch_items): by the last
-  // warp, whose register loads of the first chunks follow at once. An item's weights are one
-  // contiguous range of codes and one of scales per expert it covers (an m-block's m-tiles are
-  // stored back to back, each over the whole K).
-  const int l2_ahead = A.l2_prefetch_items;
-  auto l2_range = [&](const uint8_t* base, size_t bytes) {
-    constexpr size_t kPiece = 16384;
-    if (((reinterpret_cast<uintptr_t>(base) | bytes) & 15) != 0) return;
-    for (size_t off = static_cast<size_t>(lane) * kPiece; off < bytes; off += 32 * kPiece) {
-      ptx::PrefetchBulkL2(base + off, static_cast<uint32_t>(min(kPiece, bytes - off)));
-    }
-  };
-  auto l2_item = [&](int w) {
-    if (w >= T) return;
-    if (w < G) {
-      const int le = s_act_e[w / gu_mblocks];
-      const size_t c0 = static_cast<size_t>(w % gu_mblocks) * mt_gu * gu_chunks;
-      const size_t n = static_cast<size_t>(mt_gu) * gu_chunks;
-      l2_range(P.gate_up.w_codes + le * gu_expert_code + c0 * kChunkCode, n * kChunkCode);
-      l2_range(P.gate_up.w_scales + le * (gu_expert_code / kScaleDiv) + c0 * kChunkScale,
-               n * kChunkScale);
-      return;
-    }
-    const size_t c0 = static_cast<size_t>(w - G) * mt_dn * dn_chunks;
-    const size_t n = static_cast<size_t>(mt_dn) * dn_chunks;
-    for (int a = 0; a < n_active; ++a) {
-      const int le = s_act_e[a];
-      l2_range(P.down.w_codes + le * dn_expert_code + c0 * kChunkCode, n * kChunkCode);
-      l2_range(P.down.w_scales + le * (dn_expert_code / kScaleDiv) + c0 * kChunkScale,
-               n * kChunkScale);
-    }
-  };
-  if (warp == kFewExpertWarps - 1) {
-    for (int k = 0; k < l2_ahead; ++k) l2_item(blockIdx.x + k * gridDim.x);
-  }
-
   Unit u = unit_at(blockIdx.x, 0);
   if (u.w < T) prefetch(u);
   if (static_cast<int>(blockIdx.x) < G) {  // every token's x row over the whole hidden
@@ -325,9 +289,6 @@ __global__ void __launch_bounds__(kFewExpertThreads, kFewExpertMinBlocks<Format>
     // buffer) go out before this unit's epilogue.
     const Unit nu = next_of(u);
     const bool item_ends = nu.w != u.w;
-    if (item_ends && l2_ahead > 0 && warp == kFewExpertWarps - 1) {
-      l2_item(nu.w + (l2_ahead - 1) * gridDim.x);
-    }
     if (nu.w < T) {
       prefetch(nu);
       if (!gate_up && nu.nrows > 0) load_h(nu, hbuf ^ 1);

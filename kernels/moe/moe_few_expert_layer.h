@@ -13,8 +13,15 @@
 // weight streams overlap; each down item covers a block of output rows for every active expert and
 // sums the experts in slot order itself (no combine, no fp32 round trip through global memory).
 //
-// Not yet measured on a GPU: off by default (MoeExpertsRunParams::few_expert_layer) until
-// moe_bench --decode and the model bench say where it wins.
+// Measured (bench/RESULTS.md, sessions 17 and 38): the same bits as the four launches, faster
+// alone at one token (H100: 24.0 against 26.4 us from graphs, Kimi EP8, one active expert) but
+// not in the model's step, so off by default (MoeExpertsRunParams::few_expert_layer). Session
+// 38's timeline (moe_bench --timeline) of that call: gate_up's 16.5 MB stream in ~9.7 us (56% of
+// copy bandwidth) while a third of the blocks wait for it, then down's 8.3 MB in ~5 us: the two
+// streams do not overlap. Tried there and dropped: every block asking the copy engine for its
+// items' weights in L2 up front (cp.async.bulk.prefetch.L2, one or two items ahead): 1.13-1.53x
+// slower at 1-4 tokens; the prefetches delayed each block's x row and first chunks (staged at
+// 5.4 us median instead of 3.7) and the streams ran no faster.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -74,12 +81,6 @@ struct FewExpertLayerArgs {
   // resets them). One pair per stream of launches: launches sharing a pair must not overlap.
   int* counters = nullptr;
   bool programmatic = false;  // launched programmatically dependent on the stream's previous kernel
-  // Items whose weights a block asks the copy engine to bring into L2 ahead of its register loads
-  // (cp.async.bulk.prefetch.L2): its first N items at its start, then item w + (N - 1) * grid as
-  // it moves on to item w. 0: none. With one or two active experts a rank (a 1-token step) the
-  // layer's weights (~25 MB for Kimi-K2.5) are then all requested at once, down's included, where
-  // the register rings keep ~4 chunks a warp in flight and down's stream waits for gate_up's.
-  int l2_prefetch_items = 0;
   // Diagnostics: [grid][kFewExpertLayerTimelineEvents] stamps (see FewExpertLayerEvent), or null.
   uint64_t* timeline = nullptr;
 };
@@ -132,7 +133,6 @@ cudaError_t RunFewExpertLayer(const MoeParams& p, const GemmParams& gate_up, con
   a.counters = p.few_expert_layer_counters;
   a.programmatic = programmatic;
   a.timeline = p.few_expert_layer_timeline;
-  a.l2_prefetch_items = p.few_expert_layer_l2_prefetch;
   if (p.shared_ready == nullptr) {
     a.shared_out = p.shared_out;
     a.out = p.out;

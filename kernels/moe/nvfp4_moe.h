@@ -65,9 +65,6 @@ struct Nvfp4MoeParams {
   int* few_expert_layer_counters = nullptr;
   // Diagnostics for that launch (moe_few_expert_layer.h, FewExpertLayerArgs::timeline), or null.
   uint64_t* few_expert_layer_timeline = nullptr;
-  // Items ahead whose weights the fused layer's blocks prefetch into L2
-  // (FewExpertLayerArgs::l2_prefetch_items; 0: none).
-  int few_expert_layer_l2_prefetch = 0;
   // 128-token tiles: both GEMMs on the SM90 warpgroup-MMA kernel where the device has it
   // (moe_weight_only_wgmma.cuh); false keeps them on the mma.sync kernel, whose results are
   // bit-identical to the decode tiles' (the batch-invariant mode sets false).

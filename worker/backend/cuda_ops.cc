@@ -94,7 +94,6 @@ struct CudaOps::Impl {
   bool fused_mla_input = true;  // SetFusedMlaInput
   bool moe_few_expert = true;   // SetMoeFewExpert
   bool moe_few_expert_layer = false;  // SetMoeFewExpertLayer
-  int moe_few_expert_layer_l2 = 0;    // SetMoeFewExpertLayerL2Prefetch
   bool moe_wave_tail = true;          // SetMoeWaveTail
   bool moe_prefill_wgmma = true;  // SetMoePrefillWgmma
   bool fused_prologues = false;  // SetFusedPrologues
@@ -339,9 +338,6 @@ void CudaOps::SetGemmHeuristicChoice(int rank, int no_split_rows) {
 void CudaOps::SetFusedMlaInput(bool on) { impl_->fused_mla_input = on; }
 void CudaOps::SetMoeFewExpert(bool on) { impl_->moe_few_expert = on; }
 void CudaOps::SetMoeFewExpertLayer(bool on) { impl_->moe_few_expert_layer = on; }
-void CudaOps::SetMoeFewExpertLayerL2Prefetch(int items) {
-  impl_->moe_few_expert_layer_l2 = std::max(items, 0);
-}
 void CudaOps::SetMoeWaveTail(bool on) { impl_->moe_wave_tail = on; }
 void CudaOps::SetMoePrefillWgmma(bool on) { impl_->moe_prefill_wgmma = on; }
 void CudaOps::SetFusedPrologues(bool on) { impl_->fused_prologues = on; }
@@ -1674,7 +1670,6 @@ void CudaOps::RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor& we
                                                                        : MoeDecodeKernel::kTile;
   p.prefill_wgmma = impl_->moe_prefill_wgmma && !impl_->batch_invariant;
   p.few_expert_layer = impl_->moe_few_expert_layer;
-  p.few_expert_layer_l2_prefetch = impl_->moe_few_expert_layer_l2;
   p.wave_tail = impl_->moe_wave_tail ? -1 : 0;  // -1: only under kAuto (never invariant)
   p.programmatic_dispatch = impl_->programmatic_dispatch;
   if (pass_join) p.shared_ready = impl_->join_event;

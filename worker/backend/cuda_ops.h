@@ -218,9 +218,6 @@ class CudaOps : public Ops {
   // down in one persistent kernel, the combine inside; the same bits). Off by default: written in
   // session 17 without a GPU, not yet measured.
   void SetMoeFewExpertLayer(bool on);
-  // That fused launch's bulk L2 prefetch of its blocks' next items' weights
-  // (FewExpertLayerArgs::l2_prefetch_items: items ahead, 0 none). 0 by default.
-  void SetMoeFewExpertLayerL2Prefetch(int items);
   // Where a decode step's routed experts stay on the tile kernel: the tiles of its last wave, when
   // that wave would be less than half full, on the few-expert kernel (MoeExpertsRunParams::
   // wave_tail). On by default (session 25); never in the batch-invariant mode.

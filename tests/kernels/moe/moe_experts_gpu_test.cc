@@ -407,16 +407,13 @@ void RunCase(const Case& c, uint64_t seed) {
     // it; its output must be the four-launch few-expert sequence's bit for bit.
     constexpr MoeDecodeKernel kTile = MoeDecodeKernel::kTile, kFew = MoeDecodeKernel::kFewExpert,
                               kAuto = MoeDecodeKernel::kAuto;
-    // The fused layer also with its bulk L2 prefetches (few_expert_layer_l2_prefetch 1 and 2:
-    // they move no data the kernel reads, so the bits stay the four launches'). Last, the tile
-    // kernel with a forced wave tail (MoeExpertsRunParams::wave_tail) of one tile: a wave of T - 1
-    // of the step's T 16-token tiles (TileWaveSplit then gives the last tile to the few-expert
-    // kernel where T >= 4).
+    // Last, the tile kernel with a forced wave tail (MoeExpertsRunParams::wave_tail) of one
+    // tile: a wave of T - 1 of the step's T 16-token tiles (TileWaveSplit then gives the last
+    // tile to the few-expert kernel where T >= 4).
     struct Run {
       bool with_shared;
       MoeDecodeKernel kernel;
       bool layer = false, event = false, wave = false;
-      int l2 = 0;
     };
     const Run runs[] = {{false, kTile},
                         {true, kTile},
@@ -429,9 +426,6 @@ void RunCase(const Case& c, uint64_t seed) {
                         {true, kFew, true, true},
                         {false, kFew, true, true},
                         {true, kFew, true},
-                        {false, kFew, true, false, false, 1},
-                        {true, kFew, true, false, false, 2},
-                        {true, kFew, true, true, false, 2},
                         {false, kTile, false, false, true},
                         {true, kTile, false, false, true}};
     int tiles16 = 0;  // the step's 16-token tiles on this rank
@@ -447,7 +441,7 @@ void RunCase(const Case& c, uint64_t seed) {
     cudaEvent_t shared_ready;
     CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     CUDA_OK(cudaEventCreateWithFlags(&shared_ready, cudaEventDisableTiming));
-    for (const auto& [with_shared, kernel, layer, event, wave, l2] : runs) {
+    for (const auto& [with_shared, kernel, layer, event, wave] : runs) {
       if (wave && tiles16 < 4) continue;
       // for the messages: 0 tile, 1 few-expert, 2 auto, 3 fused layer, 4 fused layer + event,
       // 5 tile with a wave tail
@@ -470,7 +464,6 @@ void RunCase(const Case& c, uint64_t seed) {
       p.workspace_bytes = ws_bytes;
       p.decode_kernel = kernel;
       p.few_expert_layer = layer;
-      p.few_expert_layer_l2_prefetch = l2;
       p.wave_tail = wave ? tiles16 - 1 : -1;
       if (event) {
         CUDA_OK(cudaEventRecord(shared_ready, side));
@@ -492,8 +485,7 @@ void RunCase(const Case& c, uint64_t seed) {
           }
         }
         EXPECT_EQ(differing, 0u) << "tokens " << tokens << " shared " << with_shared << " event "
-                                 << event << " l2 " << l2
-                                 << ": the fused layer differs from the four launches, "
+                                 << event << ": the fused layer differs from the four launches, "
                                  << "first at t=" << first / H << " o=" << first % H << " ("
                                  << Bf16ToFloat(got[first]) << " against "
                                  << Bf16ToFloat(few_out[with_shared][first]) << ")";
@@ -823,7 +815,6 @@ TEST(MoeExpertsGpuTest, FewExpertLayerReplaysInAGraphBitForBit) {
     p.decode_kernel = MoeDecodeKernel::kFewExpert;
     MoeExpertsRunParams fused = p, ref = p;
     fused.few_expert_layer = true;
-    fused.few_expert_layer_l2_prefetch = tokens == 2 ? 0 : 2;  // with and without its prefetches
     fused.out = d_fused.ptr;
     fused.workspace = d_ws_fused.ptr;
     fused.workspace_bytes = ws_bytes;
